@@ -1,0 +1,24 @@
+"""`cobatch bench NAME [options]`: runs one benchmark of bench/ and prints its Markdown table."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHMARKS = {
+    "decode-step": "bench.decode_step",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
+        print("usage: cobatch bench NAME [--quick] [options]\n\nbenchmarks:")
+        for name, module in BENCHMARKS.items():
+            doc = (importlib.import_module(module).__doc__ or "").strip().splitlines()[0]
+            print(f"  {name:16} {doc}")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    return importlib.import_module(BENCHMARKS[argv[0]]).main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

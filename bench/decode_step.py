@@ -1,0 +1,86 @@
+"""Decode-step micro-benchmark: the engine against a raw llama_decode + argmax loop, same process.
+
+For each batch size B, both run the same B prompts and generate the same number of tokens; only
+steps in which every row is a generating sequence are timed (prefill is excluded for both).
+The engine's step time is split into its verbs: schedule, build batch, decode, sample, postprocess.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+from bench.prompts import benchmark_prompts
+from bench.raw_loop import run_raw_loop
+from bench.table import markdown_table
+from engine import Engine
+from engine.profile import PHASES
+
+SAMPLING = {
+    "greedy": {},
+    "sampled": {"temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 1},
+}
+
+
+def engine_run(engine: Engine, prompts: list[str], n_generate: int, sampling: dict) -> dict:
+    engine.profile(reset=True)
+    handles = [engine.submit(p, max_tokens=n_generate, ignore_eos=True, **sampling) for p in prompts]
+    for h in handles:
+        h.result()
+    decode = engine.profile()["decode"]
+    per_step = decode.per_step_ms()
+    return {"tok_s": decode.tokens_per_second, "steps": decode.steps, **{f"{p}_ms": per_step[p] for p in PHASES}}
+
+
+def run(batch_sizes: list[int], n_generate: int, trials: int, threads: int, model_path: str | None) -> str:
+    engine = Engine(model_path, n_threads=threads, max_batch=max(batch_sizes), n_ctx=4096,
+                    step_token_budget=512)
+    rows = []
+    try:
+        prompts_all = benchmark_prompts(max(batch_sizes))
+        token_prompts = [engine.tokenize(p) for p in prompts_all]
+        engine_run(engine, prompts_all[:2], 4, {})  # warm-up: first decode allocates buffers
+        for b in batch_sizes:
+            raw, eng = {"greedy": [], "sampled": []}, []
+            for _ in range(trials):
+                r = run_raw_loop(engine.model, token_prompts[:b], n_generate, n_threads=threads)
+                raw["greedy"].append(b * r.steps / r.decode_seconds)
+                eng.append({mode: engine_run(engine, prompts_all[:b], n_generate, cfg)
+                            for mode, cfg in SAMPLING.items()})
+            raw_tps = statistics.median(raw["greedy"])
+            g = _median_run([e["greedy"] for e in eng])
+            s = _median_run([e["sampled"] for e in eng])
+            rows.append([b, raw_tps, g["tok_s"], g["tok_s"] / raw_tps, s["tok_s"], s["tok_s"] / raw_tps,
+                         g["decode_ms"], g["schedule_ms"] + g["build_batch_ms"], g["sample_ms"], s["sample_ms"],
+                         g["postprocess_ms"]])
+    finally:
+        engine.close()
+    return markdown_table(
+        ["B", "raw loop tok/s", "engine greedy tok/s", "ratio", "engine sampled tok/s", "ratio",
+         "decode ms/step", "schedule+build ms", "sample ms (greedy)", "sample ms (sampled)", "postprocess ms"],
+        rows,
+    )
+
+
+def _median_run(runs: list[dict]) -> dict:
+    return sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cobatch bench decode-step", description=__doc__)
+    parser.add_argument("--batch-sizes", default="1,4,8,16,32")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens generated per request")
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
+    args = parser.parse_args(argv)
+    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    if args.quick:
+        sizes, args.tokens, args.trials = [1, 4], 6, 1
+    print(run(sizes, args.tokens, args.trials, args.threads, args.model))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""Fixed, varied prompts so every benchmark feeds the same work to every contender."""
+from __future__ import annotations
+
+TOPICS = [
+    "the history of the printing press", "how volcanoes form", "a recipe for bread",
+    "the rules of chess", "why the sky is blue", "the life of honey bees",
+    "how a steam engine works", "the water cycle", "a trip to the mountains",
+    "the invention of the telephone", "how to learn a language", "the planets of the solar system",
+    "a day at the beach", "the causes of rain", "how computers store numbers", "the Roman empire",
+]
+
+
+def benchmark_prompts(n: int) -> list[str]:
+    """n distinct short prompts (about a dozen tokens each, like llama-batched-bench's PP=12)."""
+    return [f"Write a short paragraph about {TOPICS[i % len(TOPICS)]} (part {i // len(TOPICS) + 1}):"
+            for i in range(n)]

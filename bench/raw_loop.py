@@ -1,0 +1,80 @@
+"""The baseline: a plain llama_decode + numpy argmax loop, no scheduler, no engine.
+
+It prefills all prompts in one batch (each under its own seq id, as llama-batched-bench does),
+then decodes all of them together one token per step. Used as the golden-output reference and
+as the micro-benchmark's ceiling.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bindings import Batch, Context, ContextSettings, DecodeOutcome, Model
+
+
+@dataclass
+class RawLoopRun:
+    tokens: list[list[int]]  # generated token ids per prompt
+    decode_seconds: float  # wall time of the generation steps (after prefill)
+    steps: int
+    # margins[i][j]: gap between the best and second-best logit when token j of prompt i was chosen
+    margins: list[list[float]] = field(default_factory=list)
+
+
+def run_raw_loop(
+    model: Model,
+    prompts: list[list[int]],
+    n_generate: int,
+    n_threads: int = 2,
+    n_ctx: int = 4096,
+    batch_rows: int = 512,
+    record_margins: bool = False,
+) -> RawLoopRun:
+    n = len(prompts)
+    if sum(len(p) for p in prompts) > batch_rows:
+        raise ValueError("the raw loop prefills every prompt in one batch: raise batch_rows")
+    settings = ContextSettings(
+        n_ctx=n_ctx, n_batch=batch_rows, n_ubatch=batch_rows, n_seq_max=max(n, 1),
+        n_threads=n_threads, n_threads_batch=n_threads, flash_attn=0,
+    )
+    margins: list[list[float]] = [[] for _ in range(n)]
+
+    def choose(logits: np.ndarray) -> np.ndarray:
+        if record_margins:
+            top2 = np.partition(logits, -2, axis=1)[:, -2:]
+            for i, gap in enumerate(np.abs(top2[:, 1] - top2[:, 0]).tolist()):
+                margins[i].append(gap)
+        return np.argmax(logits, axis=1)
+
+    with Context(model, settings) as ctx:
+        batch = Batch(batch_rows)
+        for i, prompt in enumerate(prompts):
+            batch.add_run(np.asarray(prompt, dtype=np.int32), 0, i, logits_last=True)
+        _decode(ctx, batch)
+        next_tokens = choose(ctx.logits(n))
+        generated = [next_tokens]
+        positions = np.array([len(p) for p in prompts], dtype=np.int32)
+        batch.clear()
+        batch.seq_ids[:n, 0] = np.arange(n)
+        batch.n_seq_id[:n] = 1
+        batch.logits[:n] = 1
+        start = time.perf_counter()
+        for _ in range(n_generate - 1):
+            batch.token[:n] = next_tokens
+            batch.pos[:n] = positions
+            batch.n_tokens = n
+            _decode(ctx, batch)
+            next_tokens = choose(ctx.logits(n))
+            positions += 1
+            generated.append(next_tokens)
+        elapsed = time.perf_counter() - start
+        tokens = np.stack(generated, axis=1).tolist()
+        return RawLoopRun(tokens, elapsed, n_generate - 1, margins)
+
+
+def _decode(ctx: Context, batch: Batch) -> None:
+    outcome = ctx.decode(batch)
+    if outcome is not DecodeOutcome.OK:
+        raise RuntimeError(f"raw loop decode returned {outcome}")

@@ -1,0 +1,6 @@
+"""The only package that touches llama_cpp or ctypes: thin, typed wrappers over llama.cpp's C API."""
+from bindings.batch import Batch
+from bindings.context import Context, ContextSettings, DecodeError, DecodeOutcome
+from bindings.model import Model
+
+__all__ = ["Batch", "Context", "ContextSettings", "DecodeError", "DecodeOutcome", "Model"]

@@ -1,0 +1,127 @@
+"""A llama_context with one unified KV cache shared by every sequence, and its memory ops."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import llama_cpp
+import numpy as np
+
+from bindings.batch import Batch
+from bindings.model import Model
+
+
+LLAMA_MAX_SEQ = 256  # llama.cpp's compile-time limit on seq ids (src/llama-cparams.h)
+
+
+class DecodeOutcome(enum.Enum):
+    OK = 0
+    KV_FULL = 1  # no KV slot for the batch: free cells or shrink the batch, then retry
+    ABORTED = 2
+
+
+class DecodeError(RuntimeError):
+    """llama_decode failed in a way that retrying cannot fix."""
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    n_ctx: int = 8192
+    n_batch: int = 512  # most tokens one llama_decode call may carry
+    n_ubatch: int = 512
+    n_seq_max: int = 32
+    n_threads: int = 2
+    n_threads_batch: int = 2
+    # Gemma 3's sliding-window layers keep only the window unless this is set; prefix reuse of
+    # arbitrary ranges needs the full cache, plain serving does not.
+    swa_full: bool = False
+    flash_attn: int = -1  # llama_flash_attn_type: -1 auto, 0 off, 1 on
+
+
+class Context:
+    """Owns a `llama_context`; close it before its Model."""
+
+    def __init__(self, model: Model, settings: ContextSettings = ContextSettings()) -> None:
+        if not 1 <= settings.n_seq_max <= LLAMA_MAX_SEQ:
+            raise ValueError(f"n_seq_max must be between 1 and {LLAMA_MAX_SEQ}")
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = settings.n_ctx
+        params.n_batch = settings.n_batch
+        params.n_ubatch = min(settings.n_ubatch, settings.n_batch)
+        params.n_seq_max = settings.n_seq_max
+        params.n_threads = settings.n_threads
+        params.n_threads_batch = settings.n_threads_batch
+        params.kv_unified = True
+        params.swa_full = settings.swa_full
+        params.flash_attn_type = settings.flash_attn
+        params.no_perf = True
+        handle = llama_cpp.llama_init_from_model(model.handle, params)
+        if not handle:
+            raise RuntimeError(f"llama.cpp could not create a context with {settings}")
+        self._handle = handle
+        self._memory = llama_cpp.llama_get_memory(handle)
+        self.model = model
+        self.settings = settings
+        self.n_ctx: int = llama_cpp.llama_n_ctx(handle)
+        self.n_vocab = model.n_vocab
+
+    def decode(self, batch: Batch) -> DecodeOutcome:
+        if batch.n_tokens == 0:
+            raise ValueError("cannot decode an empty batch")
+        if batch.n_tokens > self.settings.n_batch:
+            raise ValueError(f"batch of {batch.n_tokens} tokens exceeds n_batch={self.settings.n_batch}")
+        status = llama_cpp.llama_decode(self._handle, batch.as_struct())
+        if status in (0, 1, 2):
+            return DecodeOutcome(status)
+        raise DecodeError(f"llama_decode failed with status {status}")
+
+    def logits(self, n_outputs: int) -> np.ndarray:
+        """The output rows of the last decode, in batch order, as a view valid until the next decode."""
+        if n_outputs == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = llama_cpp.llama_get_logits(self._handle)
+        if not ptr:
+            raise DecodeError("llama.cpp returned no logits")
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
+
+    def logits_row(self, row: int) -> np.ndarray:
+        """Logits for batch row `row` (which must have requested output)."""
+        ptr = llama_cpp.llama_get_logits_ith(self._handle, row)
+        if not ptr:
+            raise ValueError(f"batch row {row} produced no logits")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    # KV memory ops. Positions: p0 inclusive, p1 exclusive; -1 means "to the end".
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        return bool(llama_cpp.llama_memory_seq_rm(self._memory, seq_id, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_cp(self._memory, src, dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        llama_cpp.llama_memory_seq_keep(self._memory, seq_id)
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """Smallest position held for the sequence, or -1 if it holds none."""
+        return llama_cpp.llama_memory_seq_pos_min(self._memory, seq_id)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Largest position held for the sequence, or -1 if it holds none."""
+        return llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id)
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._memory, True)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            llama_cpp.llama_free(self._handle)
+            self._handle = None
+            self._memory = None
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+

@@ -1,0 +1,35 @@
+"""Loads llama.cpp once per process and keeps its logging quiet unless asked."""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+import llama_cpp
+
+_init_lock = threading.Lock()
+_initialised = False
+
+
+@llama_cpp.llama_log_callback
+def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp logs every tensor at load; only errors are worth a user's attention.
+    if level == 4 or os.environ.get("COBATCH_LLAMA_LOG"):  # GGML_LOG_LEVEL_ERROR; 5 (CONT) is progress dots
+        try:
+            os.write(2, text)
+        except OSError:
+            pass
+
+
+def ensure_backend() -> None:
+    global _initialised
+    with _init_lock:
+        if not _initialised:
+            llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _initialised = True
+
+
+def system_info() -> str:
+    ensure_backend()
+    return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")

@@ -1,0 +1,332 @@
+"""The engine: one thread running schedule → build batch → decode → sample and postprocess."""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence as Seq
+
+import numpy as np
+
+from bindings import DecodeOutcome, Model
+from engine.config import EngineConfig
+from engine.handle import RequestHandle
+from engine.model_source import resolve_model
+from engine.profile import StepProfile
+from engine.request import (
+    EngineClosedError,
+    FinishReason,
+    GenerationResult,
+    PromptTooLongError,
+    Request,
+    RequestError,
+)
+from engine.runner import ModelRunner
+from engine.scheduler import Chunk, Scheduler, StepPlan
+from engine.sequence import Sequence
+from sampling.params import InvalidParameterError, SamplingParams
+from sampling.sampler import BatchSampler
+from sampling.vocabulary import TokenVocabulary
+
+_SAMPLING_FIELDS = {"temperature", "top_k", "top_p", "seed"}
+_IDLE_WAIT_S = 0.05
+
+
+class QueueFullError(RequestError):
+    pass
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int
+    waiting: dict[str, int]
+    kv_cells_used: int
+    kv_cells_total: int
+    preemptions: int
+    steps: int
+
+
+class Engine:
+    """Serves one GGUF model to many concurrent requests with continuous batching.
+
+    Use `submit()` for a handle (stream, await, cancel) or `generate()` to block for results.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        config: EngineConfig | None = None,
+        **config_overrides: Any,
+    ) -> None:
+        base = config or EngineConfig()
+        self.config = EngineConfig(**{**base.__dict__, **config_overrides}) if config_overrides else base
+        self.model = Model(resolve_model(model_path))
+        try:
+            self._runner = ModelRunner(self.model, self.config)
+        except BaseException:
+            self.model.close()
+            raise
+        self.vocabulary = TokenVocabulary(
+            self.model.token_bytes, self.model.eog_tokens, self.model.special_tokens
+        )
+        self.n_ctx = self._runner.n_cells
+        self._scheduler = Scheduler(
+            self.n_ctx, self.config.max_batch, self.config.step_token_budget, self._runner.forget
+        )
+        self._sampler = BatchSampler(self.model.n_vocab)
+        self._profiles = {"decode": StepProfile(), "mixed": StepProfile()}
+        self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
+        self._wakeup = threading.Event()
+        self._live: dict[str, Sequence] = {}
+        self._accepting = True
+        self._stopping = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="cobatch-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_default(cls, **config_overrides: Any) -> "Engine":
+        """The embedded Gemma 3 270M model."""
+        return cls(None, **config_overrides)
+
+    # ---- client API -------------------------------------------------------------------------
+    def submit(self, request: Request | str | Seq[int], **options: Any) -> RequestHandle:
+        """Queue a request. Raises InvalidParameterError, PromptTooLongError, QueueFullError or
+        EngineClosedError without changing anything else."""
+        return self.submit_many([request], **options)[0]
+
+    def submit_many(self, requests: Seq[Request | str | Seq[int]], **options: Any) -> list[RequestHandle]:
+        """Queue several requests at once: all are accepted, or none is (same errors as submit).
+        They reach the scheduler together, so they are admitted in the same step when they fit."""
+        sequences = [self._new_sequence(self._as_request(r, dict(options))) for r in requests]
+        with self._lock:
+            if not self._accepting:
+                raise EngineClosedError("the engine is shutting down")
+            ids = [s.request_id for s in sequences]
+            if len(set(ids)) < len(ids) or any(i in self._live for i in ids):
+                raise InvalidParameterError("request ids must be unique among live requests")
+            if self._queued() + len(sequences) > self.config.max_waiting:
+                raise QueueFullError(f"{self.config.max_waiting} requests are already waiting")
+            for seq in sequences:
+                self._live[seq.request_id] = seq
+            self._inbox.append(("submit", sequences))
+        self._wakeup.set()
+        return [s.handle for s in sequences]
+
+    def generate(self, prompts: str | Seq[str] | Seq[Seq[int]], **options: Any) -> list[GenerationResult]:
+        """Run many prompts concurrently and block until all have finished."""
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        handles = self.submit_many(prompts, **options)
+        return [h.result() for h in handles]
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        return self.model.tokenize(text, add_bos=add_bos)
+
+    def inspect(self, fn: Callable[[ModelRunner], Any], timeout: float = 30.0) -> Any:
+        """Run fn(runner) on the engine thread between two steps (llama.cpp is not thread-safe)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.append(("call", (fn, future)))
+        self._wakeup.set()
+        return future.result(timeout)
+
+    def stats(self) -> EngineStats:
+        running = list(self._scheduler.running)
+        return EngineStats(
+            running=len(running),
+            waiting={p.value: len(q) for p, q in self._scheduler.waiting.items()},
+            kv_cells_used=sum(s.n_computed for s in running),
+            kv_cells_total=self.n_ctx,
+            preemptions=self._scheduler.preemptions,
+            steps=sum(p.steps for p in self._profiles.values()),
+        )
+
+    def profile(self, reset: bool = False) -> dict[str, StepProfile]:
+        """Step timings so far, split into pure decode steps and steps carrying prompt chunks."""
+        snap = {kind: p.copy() for kind, p in self._profiles.items()}
+        if reset:
+            self._profiles = {kind: StepProfile() for kind in self._profiles}
+        return snap
+
+    def close(self, drain_timeout: float = 0.0) -> None:
+        """Stop accepting requests, let running ones finish for up to drain_timeout seconds,
+        cancel the rest, then free the context and the model (in that order)."""
+        with self._lock:
+            self._accepting = False
+        deadline = time.monotonic() + drain_timeout
+        while self._live and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._stopping = True
+        self._wakeup.set()
+        self._thread.join()
+        self._runner.close()
+        self.model.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- engine thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wakeup.clear()
+            self._drain_inbox()
+            if not self._scheduler.has_work():
+                self._wakeup.wait(_IDLE_WAIT_S)
+                continue
+            try:
+                self._step()
+            except Exception as exc:  # a bug must fail requests, not kill the engine thread
+                self._fail_running(exc)
+        self._drain_inbox()
+        for seq in list(self._live.values()):
+            self._finish(seq, FinishReason.CANCELLED, error="the engine shut down")
+
+    def _step(self) -> None:
+        clock = time.perf_counter
+        t0 = clock()
+        plan = self._scheduler.schedule()
+        t1 = clock()
+        if not plan.chunks:
+            return
+        self._runner.build_batch(plan)
+        t2 = clock()
+        outcome = self._runner.decode()
+        t3 = clock()
+        if outcome is not DecodeOutcome.OK:
+            self._recover(outcome)
+            return
+        for chunk in plan.chunks:
+            chunk.seq.n_computed += chunk.length
+        sampled = [c for c in plan.chunks if c.wants_logits]
+        tokens = self._sample(sampled)
+        t4 = clock()
+        self._postprocess(sampled, tokens)
+        t5 = clock()
+        kind = "decode" if plan.n_tokens == len(sampled) else "mixed"
+        self._profiles[kind].record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, len(sampled))
+
+    def _sample(self, sampled: list[Chunk]) -> list[int]:
+        if not sampled:
+            return []
+        logits = self._runner.output_logits()
+        params = [c.seq.request.sampling for c in sampled]
+        rngs = [c.seq.rng for c in sampled]
+        return self._sampler.sample(logits, params, rngs).tolist()
+
+    def _postprocess(self, sampled: list[Chunk], tokens: list[int]) -> None:
+        now = time.perf_counter()
+        for chunk, token in zip(sampled, tokens):
+            seq = chunk.seq
+            try:
+                reason = self._append_token(seq, token, now)
+            except Exception as exc:
+                self._finish(seq, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
+                continue
+            if reason is not None:
+                self._finish(seq, reason)
+
+    def _append_token(self, seq: Sequence, token: int, now: float) -> FinishReason | None:
+        seq.tokens.append(token)
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+        if token in self.model.eog_tokens and not seq.request.ignore_eos:
+            return FinishReason.STOP
+        seq.handle.publish_delta(seq.stop_filter.feed(seq.detokenizer.push(token)))
+        if seq.stop_filter.stopped:
+            return FinishReason.STOP
+        if seq.n_generated >= seq.request.max_tokens:
+            return FinishReason.LENGTH
+        if len(seq.tokens) > self.n_ctx:  # the next token would need a position past the context
+            return FinishReason.CONTEXT_LENGTH
+        return None
+
+    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
+        if not seq.stop_filter.stopped:
+            seq.handle.publish_delta(seq.stop_filter.feed(seq.detokenizer.flush()))
+            seq.handle.publish_delta(seq.stop_filter.flush())
+        seq.finish_reason = reason
+        self._scheduler.finish(seq)
+        self._live.pop(seq.request_id, None)
+        seq.handle.publish_result(seq.result(error))
+
+    def _recover(self, outcome: DecodeOutcome) -> None:
+        # llama.cpp rolls back a failed batch, so only the choice of who runs next changes.
+        if outcome is DecodeOutcome.KV_FULL:
+            running = self._scheduler.running
+            if len(running) > 1:
+                self._scheduler.preempt(running[-1])
+            elif running:
+                self._finish(running[0], FinishReason.ERROR, error="the KV cache has no room for it")
+
+    def _fail_running(self, exc: Exception) -> None:
+        message = f"engine step failed: {type(exc).__name__}: {exc}"
+        for seq in list(self._scheduler.running):
+            self._finish(seq, FinishReason.ERROR, error=message)
+
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            kind, payload = self._inbox.popleft()
+            if kind == "submit":
+                for seq in payload:
+                    if seq.finish_reason is None:  # it may have been cancelled while in the inbox
+                        self._scheduler.add(seq)
+            elif kind == "cancel":
+                seq = self._live.get(payload)
+                if seq is not None:
+                    self._finish(seq, FinishReason.CANCELLED)
+            elif kind == "call":
+                fn, future = payload
+                try:
+                    future.set_result(fn(self._runner))
+                except Exception as exc:
+                    future.set_exception(exc)
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _request_cancel(self, request_id: str) -> None:
+        self._inbox.append(("cancel", request_id))
+        self._wakeup.set()
+
+    def _queued(self) -> int:
+        in_inbox = sum(len(payload) for kind, payload in list(self._inbox) if kind == "submit")
+        return self._scheduler.n_waiting + in_inbox
+
+    def _new_sequence(self, request: Request) -> Sequence:
+        prompt_ids = self._prompt_ids(request)
+        handle = RequestHandle(request.request_id, len(prompt_ids), self._request_cancel)
+        rng = np.random.default_rng(request.sampling.seed)
+        return Sequence(request, prompt_ids, handle, self.model.token_bytes, rng)
+
+    def _as_request(self, request: Request | str | Seq[int], options: dict[str, Any]) -> Request:
+        if isinstance(request, Request):
+            if options:
+                raise InvalidParameterError("pass options inside the Request, not beside it")
+            return request
+        unknown = set(options) - _SAMPLING_FIELDS - set(Request.__dataclass_fields__)
+        if unknown:
+            raise InvalidParameterError(f"unknown option(s): {', '.join(sorted(unknown))}")
+        sampling = SamplingParams(**{k: options.pop(k) for k in list(options) if k in _SAMPLING_FIELDS})
+        return Request(prompt=request, sampling=sampling, **options)
+
+    def _prompt_ids(self, request: Request) -> list[int]:
+        if isinstance(request.prompt, str):
+            ids = self.model.tokenize(request.prompt, add_bos=request.add_bos)
+        else:
+            ids = list(request.prompt)
+            bad = [t for t in ids if t >= self.model.n_vocab]
+            if bad:
+                raise InvalidParameterError(
+                    f"token id {bad[0]} is outside the vocabulary (size {self.model.n_vocab})"
+                )
+        if not ids:
+            raise InvalidParameterError("the prompt tokenizes to nothing")
+        if len(ids) >= self.n_ctx:
+            raise PromptTooLongError(
+                f"prompt has {len(ids)} tokens but the context holds {self.n_ctx}; "
+                f"shorten it to at most {self.n_ctx - 1} tokens"
+            )
+        return ids

@@ -1,0 +1,110 @@
+"""The client's view of one submitted request: stream deltas, await the result, cancel."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import AsyncIterator, Callable, Iterator
+
+from engine.request import GenerationResult
+
+
+class RequestHandle:
+    """Thread-safe: the engine thread publishes, any thread or event loop consumes."""
+
+    def __init__(self, request_id: str, prompt_tokens: int, canceller: Callable[[str], None]) -> None:
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self._canceller = canceller
+        self._cond = threading.Condition()
+        self._deltas: list[str] = []
+        self._result: GenerationResult | None = None
+        self._loop_events: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    # Engine side.
+    def publish_delta(self, text: str) -> None:
+        if text:
+            with self._cond:
+                self._deltas.append(text)
+                self._wake()
+
+    def publish_result(self, result: GenerationResult) -> None:
+        with self._cond:
+            if self._result is None:
+                self._result = result
+                self._wake()
+
+    # Client side.
+    def cancel(self) -> None:
+        """Stop generating; the result arrives with finish_reason 'cancelled' (or the real one if it
+        finished first). Safe to call at any stage and more than once."""
+        if not self.done():
+            self._canceller(self.request_id)
+
+    def streamed_text(self) -> str:
+        """All text deltas published so far, joined."""
+        with self._cond:
+            return "".join(self._deltas)
+
+    def done(self) -> bool:
+        return self._result is not None
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._result is not None, timeout):
+                raise TimeoutError(f"{self.request_id} did not finish within {timeout} s")
+            assert self._result is not None
+            return self._result
+
+    def stream(self) -> Iterator[str]:
+        """Blocking iterator over text deltas."""
+        seen = 0
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: len(self._deltas) > seen or self._result is not None)
+                fresh, finished = self._deltas[seen:], self._result is not None
+            seen += len(fresh)
+            yield from fresh
+            if finished and seen == len(self._deltas):
+                return
+
+    def __await__(self):
+        return self._await_result().__await__()
+
+    async def _await_result(self) -> GenerationResult:
+        async for _ in self._iterate():
+            pass
+        assert self._result is not None
+        return self._result
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        with self._cond:
+            self._loop_events.append((loop, event))
+        seen = 0
+        try:
+            while True:
+                with self._cond:
+                    fresh, finished = self._deltas[seen:], self._result is not None
+                    if not fresh and not finished:
+                        event.clear()
+                if fresh:
+                    seen += len(fresh)
+                    for delta in fresh:
+                        yield delta
+                    continue
+                if finished:
+                    return
+                await event.wait()
+        finally:
+            with self._cond:
+                self._loop_events.remove((loop, event))
+
+    def _wake(self) -> None:
+        self._cond.notify_all()
+        for loop, event in self._loop_events:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(event.set)

@@ -1,0 +1,105 @@
+"""What a client asks for and what it gets back."""
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from sampling.params import InvalidParameterError, SamplingParams
+
+_request_ids = itertools.count(1)
+
+
+class Priority(str, enum.Enum):
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # an end-of-generation token or a stop string
+    LENGTH = "length"  # max_tokens reached
+    CONTEXT_LENGTH = "context_length"  # the sequence filled the model's context
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+
+
+class RequestError(Exception):
+    """A request that cannot be served as asked; nothing else in the engine is affected."""
+
+
+class PromptTooLongError(RequestError, ValueError):
+    pass
+
+
+class EngineClosedError(RequestError):
+    pass
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request. `prompt` is text, or token ids used as they are."""
+
+    prompt: str | Sequence[int]
+    max_tokens: int = 512
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    priority: Priority = Priority.BATCH
+    add_bos: bool = True
+    ignore_eos: bool = False  # keep going past end-of-generation tokens (benchmarks)
+    request_id: str = field(default_factory=lambda: f"req-{next(_request_ids)}")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prompt, str):
+            if not self.prompt:
+                raise InvalidParameterError("prompt must not be empty")
+        else:
+            ids = tuple(self.prompt)
+            if not ids:
+                raise InvalidParameterError("prompt must not be empty")
+            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+                raise InvalidParameterError("prompt token ids must be non-negative integers")
+            object.__setattr__(self, "prompt", ids)
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise InvalidParameterError(f"max_tokens must be an integer, got {self.max_tokens!r}")
+        if self.max_tokens < 1:
+            raise InvalidParameterError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise InvalidParameterError("stop must be a list of non-empty strings")
+        object.__setattr__(self, "stop", stop)
+        try:
+            object.__setattr__(self, "priority", Priority(self.priority))
+        except ValueError:
+            raise InvalidParameterError(
+                f"priority must be 'interactive' or 'batch', got {self.priority!r}"
+            ) from None
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Measured for one request, in milliseconds from its submission.
+
+    generation_time_ms runs from admission (first scheduled) to finish, so it covers prefill and
+    decode; tokens_per_second is tokens_generated over that time.
+    """
+
+    prompt_tokens: int
+    tokens_generated: int
+    queue_time_ms: float
+    ttft_ms: float | None
+    generation_time_ms: float
+    latency_ms: float
+    tokens_per_second: float
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    metrics: RequestMetrics
+    error: str | None = None

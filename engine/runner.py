@@ -1,0 +1,67 @@
+"""Turns a StepPlan into one llama_batch, decodes it, and hands back the output logits."""
+from __future__ import annotations
+
+import numpy as np
+
+from bindings import Batch, Context, ContextSettings, DecodeOutcome, Model
+from engine.config import EngineConfig
+from engine.scheduler import StepPlan
+
+
+class ModelRunner:
+    """Owns the llama.cpp context. Only the engine thread may call it."""
+
+    def __init__(self, model: Model, config: EngineConfig) -> None:
+        self.model = model
+        self.context = Context(
+            model,
+            ContextSettings(
+                n_ctx=config.n_ctx,
+                n_batch=config.step_token_budget,
+                n_ubatch=config.step_token_budget,
+                n_seq_max=config.max_batch,
+                n_threads=config.n_threads,
+                n_threads_batch=config.n_threads,
+                swa_full=config.swa_full,
+                flash_attn=1 if config.flash_attn else 0,
+            ),
+        )
+        self.batch = Batch(config.step_token_budget)
+        self._n_outputs = 0
+
+    @property
+    def n_cells(self) -> int:
+        return self.context.n_ctx
+
+    def build_batch(self, plan: StepPlan) -> None:
+        batch = self.batch
+        batch.clear()
+        single = [c for c in plan.chunks if c.length == 1]
+        if single:
+            # Decode rows, one per generating sequence, filled in one vectorised write.
+            n = len(single)
+            batch.token[:n] = [c.seq.tokens[c.start] for c in single]
+            batch.pos[:n] = [c.start for c in single]
+            batch.seq_ids[:n, 0] = [c.seq.seq_id for c in single]
+            batch.n_seq_id[:n] = 1
+            batch.logits[:n] = [c.wants_logits for c in single]
+            batch.n_tokens = n
+        for c in plan.chunks:
+            if c.length > 1:
+                tokens = np.asarray(c.seq.tokens[c.start : c.start + c.length], dtype=np.int32)
+                batch.add_run(tokens, c.start, c.seq.seq_id, c.wants_logits)
+        # The sampler reads output rows in batch order; keep the plan in that order too.
+        plan.chunks = single + [c for c in plan.chunks if c.length > 1]
+        self._n_outputs = batch.n_outputs
+
+    def decode(self) -> DecodeOutcome:
+        return self.context.decode(self.batch)
+
+    def output_logits(self) -> np.ndarray:
+        return self.context.logits(self._n_outputs)
+
+    def forget(self, seq_id: int) -> None:
+        self.context.seq_rm(seq_id, -1, -1)
+
+    def close(self) -> None:
+        self.context.close()

@@ -1,0 +1,86 @@
+"""A request as the engine runs it: its tokens, what of them is in the KV cache, its output."""
+from __future__ import annotations
+
+import enum
+import time
+
+import numpy as np
+
+from engine.handle import RequestHandle
+from engine.request import FinishReason, GenerationResult, Request, RequestMetrics
+from engine.text import IncrementalDetokenizer, StopStringFilter
+
+
+class SequenceState(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"  # prefilling or decoding: it feeds tokens[n_computed:] a chunk at a time
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Invariant: tokens[:n_computed] are in the KV cache under seq_id, at positions 0..n_computed-1.
+
+    Prefill and decode are one motion: each step feeds the next chunk of tokens not yet computed;
+    when a chunk reaches the end of `tokens`, its last row yields logits and a new token is appended.
+    A preempted sequence keeps its tokens and output and simply recomputes from position 0.
+    """
+
+    def __init__(
+        self,
+        request: Request,
+        prompt_ids: list[int],
+        handle: RequestHandle,
+        token_bytes: tuple[bytes, ...],
+        rng: np.random.Generator,
+    ) -> None:
+        self.request = request
+        self.handle = handle
+        self.rng = rng
+        self.tokens: list[int] = list(prompt_ids)
+        self.n_prompt = len(prompt_ids)
+        self.n_computed = 0
+        self.seq_id: int | None = None
+        self.state = SequenceState.WAITING
+        self.detokenizer = IncrementalDetokenizer(token_bytes)
+        self.stop_filter = StopStringFilter(request.stop)
+        self.finish_reason: FinishReason | None = None
+        self.submitted_at = time.perf_counter()
+        self.admitted_at: float | None = None
+        self.first_token_at: float | None = None
+        self.preemptions = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens) - self.n_prompt
+
+    @property
+    def n_pending(self) -> int:
+        return len(self.tokens) - self.n_computed
+
+    def result(self, error: str | None = None) -> GenerationResult:
+        now = time.perf_counter()
+        admitted = self.admitted_at if self.admitted_at is not None else now
+        generation_s = now - admitted
+        ms = lambda seconds: round(seconds * 1000.0, 3)  # noqa: E731
+        metrics = RequestMetrics(
+            prompt_tokens=self.n_prompt,
+            tokens_generated=self.n_generated,
+            queue_time_ms=ms(admitted - self.submitted_at),
+            ttft_ms=None if self.first_token_at is None else ms(self.first_token_at - self.submitted_at),
+            generation_time_ms=ms(generation_s),
+            latency_ms=ms(now - self.submitted_at),
+            tokens_per_second=round(self.n_generated / generation_s, 3) if generation_s > 0 else 0.0,
+        )
+        assert self.finish_reason is not None
+        return GenerationResult(
+            request_id=self.request_id,
+            text=self.stop_filter.text,
+            token_ids=tuple(self.tokens[self.n_prompt :]),
+            finish_reason=self.finish_reason,
+            metrics=metrics,
+            error=error,
+        )

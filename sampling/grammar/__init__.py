@@ -1,0 +1,90 @@
+"""JSON Schema -> byte-level pushdown automaton -> per-token masks, for constrained decoding.
+
+Public API
+----------
+``compile_grammar(schema, vocab) -> CompiledGrammar`` (cached per (canonical schema JSON,
+id(vocab))); ``CompiledGrammar.matcher() -> GrammarMatcher`` per request; the matcher gives
+``allowed_mask(remaining_tokens=None)``, ``is_allowed(token, remaining_tokens=None)``,
+``advance(token)``, ``is_complete``, ``is_finished``, ``min_tokens_to_complete()``.
+``schema=None`` is OpenAI's ``json_object`` mode: any JSON *object* (not any value).
+
+Design
+------
+1. schema.py turns the schema into a regular-expression IR over bytes (one IR per *rule*:
+   rule 0 is the document; every ``$ref`` target that can reach itself is its own rule and
+   its uses are ``Call`` nodes; non-recursive refs are inlined). "Any JSON value" is a rule.
+2. nfa.py / dfa.py build a Thompson NFA and determinise each rule (alphabet compression,
+   trimming of states that cannot finish, Moore minimisation). All rules share one state
+   numbering and one [states x 256] transition table; call edges sit beside it.
+3. A matcher state is a set of stacks of automaton states (the top state is in the rule being
+   matched, lower entries are return states). Non-recursive schemas always have exactly one
+   stack of height one, i.e. a plain DFA state; ambiguity between recursive branches keeps
+   several stacks alive until the bytes disambiguate (like a GLR parser).
+4. distance.py computes, per state, U = tokens needed to finish the rule (exact shortest path
+   over a budget token set that includes every single-byte token) — see its docstring for why
+   a mask "U(after token) <= remaining - 1" can never get stuck and always completes in time.
+5. frames.py walks a numpy byte-trie of the vocabulary (vocab_index.py, built once per vocab)
+   from a state, giving U-after-token for all tokens with one gather per trie level, pruning
+   dead subtrees. Cached per state (LRU): a mask is then one vector comparison. Tokens whose
+   bytes cross a call or return boundary inside the token are few; they are simulated exactly
+   on the stack set. ``is_allowed`` looks the token up in a cached table, or runs its bytes
+   through the automaton (memoised per (state, byte)).
+
+Output format and restrictions (all make the language *smaller*, so output stays valid)
+---------------------------------------------------------------------------------------
+* Compact JSON: no whitespace at all outside strings.
+* Object members appear in the schema's ``properties`` order; required ones must appear,
+  optional ones may be skipped. If ``additionalProperties`` is true/a schema, extra members
+  come after the declared ones, with unescaped keys different from every declared name.
+  ABSENT ``additionalProperties`` means no extra members when ``properties`` is given, and
+  any members (values of any type) when it is not.
+* ``prefixItems`` without ``items``: no further items. Integers never print as ``-0``.
+* Strings: any valid UTF-8 except raw controls, plus all JSON escapes; counted strings
+  (``minLength``/``maxLength``, counted in characters) offer ``\\u`` escapes only for
+  control characters. ``pattern`` / ``format`` strings write characters raw when JSON allows.
+* ``pattern`` must match the whole string (anchors implied): see regex.py for the subset.
+* ``format``: date, time, date-time, email, uuid, ipv4 (formats.py); 29 February is never
+  produced. ``pattern``/``format`` cannot be combined with min/maxLength (unsupported).
+* Numbers with bounds: integers in range, plus decimals ``I.F`` whose every fraction stays in
+  range; no exponents. Integer bounds are exact.
+* ``enum``/``const`` may only be accompanied by ``type`` (and ``nullable``).
+* ``oneOf`` compiles as ``anyOf`` when the branches are provably disjoint (oneof.py);
+  otherwise it is reported unsupported.
+* ``allOf`` is merged (allof.py); disagreeing keywords it cannot merge are unsupported.
+* ``$ref`` only to local JSON pointers, without sibling keywords.
+* Duplicate keys among *extra* members are not prevented.
+"""
+from __future__ import annotations
+
+import json
+import threading
+
+from ..vocabulary import TokenVocabulary
+from .compiled import CompiledGrammar
+from .errors import SchemaError, UnsupportedSchemaError
+from .matcher import GrammarMatcher
+from .vocab_index import index_for
+
+__all__ = ["CompiledGrammar", "GrammarMatcher", "SchemaError", "UnsupportedSchemaError", "compile_grammar"]
+
+_CACHE: dict[tuple[str, int], CompiledGrammar] = {}
+_CACHE_LOCK = threading.Lock()
+_CACHE_MAX = 64
+
+
+def compile_grammar(schema: dict | bool | None, vocab: TokenVocabulary) -> CompiledGrammar:
+    """Compile `schema` (None = any JSON object) for `vocab`; cached, so repeats are near-free."""
+    try:
+        key = (json.dumps(schema, sort_keys=True, separators=(",", ":"), allow_nan=False), id(vocab))
+    except (TypeError, ValueError) as e:
+        raise SchemaError(f"schema is not JSON-serialisable: {e}") from None
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None and hit.idx.token_bytes is vocab.token_bytes:
+            return hit
+    grammar = CompiledGrammar(schema, index_for(vocab))
+    with _CACHE_LOCK:
+        _CACHE[key] = grammar
+        while len(_CACHE) > _CACHE_MAX:
+            _CACHE.pop(next(iter(_CACHE)))
+    return grammar

@@ -1,0 +1,220 @@
+"""CompiledGrammar: the automaton, token distances and shared caches for one (schema, vocab)."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from . import dfa, distance
+from .errors import SchemaError
+from .frames import U16_INF, Frame, walk
+from .nfa import NFA
+from .schema import SchemaCompiler
+from .vocab_index import VocabIndex
+
+Stack = tuple[int, ...]        # global automaton states, bottom (root rule) ... top
+StateSet = frozenset           # of Stack: the live parses (more than one only with recursion)
+
+INF = int(distance.INF)
+MAX_STACKS = 512
+
+
+class CompiledGrammar:
+    """Immutable once built, except for caches (guarded by a lock; safe to share)."""
+
+    def __init__(self, schema: object, idx: VocabIndex, *, frame_cache: int = 256) -> None:
+        comp = SchemaCompiler(schema)
+        rules = comp.compile()
+        nfa = NFA()
+        frags = [nfa.build(r) for r in rules]
+        aut = dfa.build(nfa, frags)
+        self._check_left_recursion(aut)
+        U = distance.token_distances(aut, distance.budget_tokens(idx, comp.literals))
+        if U[aut.rule_start[0]] >= INF:
+            raise SchemaError("no document satisfying this schema can be written with this vocabulary")
+        if (U[U < INF] >= int(U16_INF)).any():
+            raise SchemaError("schema needs over 65534 tokens to complete: not supported")
+        # Make token-unreachable-to-accept states dead, so that table walks and byte-wise
+        # simulation agree (both then only ever see states with finite U).
+        trans = aut.trans.copy()
+        trans[U[trans] >= INF] = dfa.DEAD
+        trans[U >= INF] = dfa.DEAD
+        self.idx = idx
+        self.trans = trans
+        self.trans_flat = trans.ravel().astype(np.int32)   # int32 halves memory traffic in walks
+        self._rows: dict[int, list[int]] = {}
+        self.accept = [bool(a) for a in aut.accept]
+        self.U = [int(u) for u in U]
+        self.u16 = np.minimum(U, int(U16_INF)).astype(np.uint16)
+        self.rule_start = aut.rule_start
+        self.calls = [tuple((q, r) for q, r in cs if U[r] < INF and U[aut.rule_start[q]] < INF)
+                      for cs in aut.calls]
+        self.has_out = [bool(x) for x in (trans != dfa.DEAD).any(axis=1)]
+        boundary = np.array([1 if c else 0 for c in self.calls], dtype=np.uint8)
+        boundary |= (aut.accept & (aut.rule_of > 0)).astype(np.uint8) * 2
+        self.boundary = boundary
+        self.recursive = len(rules) > 1
+        self.n_states = aut.n_states
+        self.start: StateSet = frozenset([(aut.rule_start[0],)])
+        self._lock = threading.Lock()
+        self._frames: OrderedDict[int, Frame] = OrderedDict()
+        self._frame_cap = frame_cache
+        self._step: dict[tuple[StateSet, int], StateSet] = {}
+        self._closure: dict[StateSet, frozenset] = {}
+        self._best: OrderedDict[StateSet, np.ndarray] = OrderedDict()
+
+    @staticmethod
+    def _check_left_recursion(aut: dfa.Automaton) -> None:
+        # A rule whose start state calls (transitively, via start states) itself would make
+        # the stack grow without consuming input.
+        graph = {r: {q for q, _ in aut.calls[s]} for r, s in enumerate(aut.rule_start)}
+        for r in graph:
+            seen, todo = set(), list(graph[r])
+            while todo:
+                q = todo.pop()
+                if q == r:
+                    raise SchemaError("left-recursive $ref: a schema refers to itself before any output")
+                if q not in seen:
+                    seen.add(q)
+                    todo.extend(graph.get(q, ()))
+
+    def matcher(self) -> "GrammarMatcher":
+        from .matcher import GrammarMatcher
+        return GrammarMatcher(self)
+
+    # ------------------------------------------------------------ stack simulation
+    def row(self, g: int) -> list[int]:
+        r = self._rows.get(g)
+        if r is None:
+            r = self._rows[g] = self.trans[g].tolist()
+        return r
+
+    def closure(self, S: StateSet) -> frozenset:
+        """Configurations whose top state consumes the next byte (after calls / returns)."""
+        c = self._closure.get(S)
+        if c is not None:
+            return c
+        out: set[Stack] = set()
+        todo = list(S)
+        while todo:
+            s = todo.pop()
+            if s in out:
+                continue
+            out.add(s)
+            g = s[-1]
+            for q, ret in self.calls[g]:
+                todo.append(s[:-1] + (ret, self.rule_start[q]))
+            if len(s) > 1 and self.accept[g]:
+                todo.append(s[:-1])
+        c = frozenset(out)
+        if len(self._closure) > 100_000:
+            self._closure.clear()
+        self._closure[S] = c
+        return c
+
+    def step(self, S: StateSet, b: int) -> StateSet:
+        key = (S, b)
+        r = self._step.get(key)
+        if r is not None:
+            return r
+        out = set()
+        for c in (S if not self.recursive else self.closure(S)):
+            n = self.row(c[-1])[b]
+            if n:
+                out.add(c[:-1] + (n,))
+        if len(out) > MAX_STACKS:
+            raise RuntimeError("grammar too ambiguous: too many simultaneous parses")
+        r = frozenset(out)
+        if len(self._step) > 500_000:
+            self._step.clear()
+        self._step[key] = r
+        return r
+
+    def run(self, S: StateSet, data: bytes) -> StateSet:
+        for b in data:
+            S = self.step(S, b)
+            if not S:
+                break
+        return S
+
+    def distance(self, S: StateSet) -> int:
+        U = self.U
+        return min((sum(U[g] for g in s) for s in S), default=INF)
+
+    def is_complete(self, S: StateSet) -> bool:
+        return self.distance(S) == 0
+
+    def is_finished(self, S: StateSet) -> bool:
+        if not self.is_complete(S):
+            return False
+        configs = self.closure(S) if self.recursive else S
+        return not any(self.has_out[c[-1]] for c in configs)
+
+    # ------------------------------------------------------------ token tables
+    def frame(self, g: int) -> Frame:
+        with self._lock:
+            f = self._frames.get(g)
+            if f is not None:
+                self._frames.move_to_end(g)
+                return f
+        f = walk(self.idx, self.trans_flat, g, self.u16, self.boundary)
+        with self._lock:
+            self._frames[g] = f
+            while len(self._frames) > self._frame_cap:
+                self._frames.popitem(last=False)
+        return f
+
+    def cached_frame(self, g: int) -> Frame | None:
+        return self._frames.get(g)
+
+    def best(self, S: StateSet) -> np.ndarray:
+        """uint16 [vocab]: U of the state set after each token (65535 = not allowed)."""
+        if len(S) == 1:
+            (s,) = S
+            if len(s) == 1 and not self.calls[s[0]]:
+                f = self.frame(s[0])
+                if not f.cand_call.size:
+                    return f.u_end          # the common case: the table alone is exact
+        with self._lock:
+            hit = self._best.get(S)
+            if hit is not None:
+                self._best.move_to_end(S)
+                return hit
+        best = None
+        cands: set[int] = set()
+        for c in self.closure(S):
+            rest = sum(self.U[g] for g in c[:-1])
+            f = self.frame(c[-1])
+            val = f.u_end.astype(np.int64)
+            val[f.u_end == U16_INF] = INF
+            val += rest
+            best = val if best is None else np.minimum(best, val)
+            cands.update(f.cand_call.tolist())
+            if len(c) > 1:
+                cands.update(f.cand_ret.tolist())
+        for t in cands:
+            best[t] = self.distance(self.run(S, self.idx.token_bytes[t]))
+        out = np.minimum(best, int(U16_INF)).astype(np.uint16)
+        with self._lock:
+            self._best[S] = out
+            while len(self._best) > 64:
+                self._best.popitem(last=False)
+        return out
+
+    def token_distance(self, S: StateSet, t: int) -> int:
+        """U after token t (INF if not allowed), without building a full table if possible."""
+        if self.idx.excluded[t]:
+            return INF
+        if len(S) == 1:
+            (s,) = S
+            if len(s) == 1 and not self.calls[s[0]]:
+                f = self.cached_frame(s[0])
+                if f is not None and not f.cand_call.size:
+                    v = int(f.u_end[t])
+                    return INF if v == int(U16_INF) else v
+        hit = self._best.get(S)
+        if hit is not None:
+            v = int(hit[t])
+            return INF if v == int(U16_INF) else v
+        return self.distance(self.run(S, self.idx.token_bytes[t]))

@@ -1,0 +1,107 @@
+"""Distance to completion, in tokens, for every automaton state ("complete within budget").
+
+U[g] = fewest tokens that take state g to its rule's accepting state, using only tokens from a
+budget set T (every single-byte token, plus multi-byte tokens likely to matter) and counting a
+call edge g -call(q)-> r as U[start q] + U[r]. Because U is an exact shortest-path fixpoint
+over real tokens, it is *achievable*: from any state with U = u there is a token leading to a
+state with U = u - 1. So a mask that only allows tokens whose successor has U <= remaining - 1
+can never strand the generator, and the document always completes within the budget. U is an
+upper bound on the true minimum (tokens outside T, or crossing a call boundary, might do
+better); with T = the whole vocabulary (small vocabularies) and no recursion it is exact.
+
+Computed with a bucket-queue Dijkstra over unit token edges plus the call hyperedges
+(Knuth's generalisation: a hyperedge fires once both of its inputs are final).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .dfa import DEAD, Automaton
+from .vocab_index import VocabIndex
+
+INF = np.int32(2**30)
+_STRUCTURAL = frozenset(b'{}[]",:-.0123456789')
+
+
+def budget_tokens(idx: VocabIndex, literals: set[bytes], exact_limit: int = 4096) -> list[bytes]:
+    """The token byte strings the distance is computed over."""
+    texts = {idx.token_bytes[i] for i in np.flatnonzero(~idx.excluded)}
+    if len(texts) <= exact_limit:
+        return sorted(texts)
+    subs = set()
+    for lit in literals:
+        for i in range(len(lit)):
+            for j in range(i + 2, min(len(lit), i + 24) + 1):
+                subs.add(lit[i:j])
+    keep = [t for t in texts if len(t) == 1 or t in subs or (len(t) <= 8 and _STRUCTURAL.issuperset(t))]
+    return sorted(keep)
+
+
+def _token_edges(aut: Automaton, toks: list[bytes], chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """Unique (src, dst) state pairs with some token in `toks` leading src -> dst (bytes only)."""
+    toks = sorted(toks, key=len, reverse=True)
+    lens = np.array([len(t) for t in toks], dtype=np.int64)
+    width = int(lens[0]) if toks else 0
+    mat = np.zeros((len(toks), width), dtype=np.int64)
+    for i, t in enumerate(toks):
+        mat[i, : len(t)] = np.frombuffer(t, dtype=np.uint8)
+    active = [int((lens > p).sum()) for p in range(width)]
+    flat = aut.trans.ravel().astype(np.int64)
+    n = aut.n_states
+    srcs, dsts = [], []
+    for lo in range(1, n, chunk):
+        rows = np.arange(lo, min(n, lo + chunk), dtype=np.int64)
+        st = np.repeat(rows[:, None], len(toks), axis=1)
+        for p in range(width):
+            k = active[p]
+            st[:, :k] = flat[st[:, :k] * 256 + mat[None, :k, p]]
+        codes = np.unique((rows[:, None] * n + st)[st != DEAD])
+        srcs.append(codes // n)
+        dsts.append(codes % n)
+    if not srcs:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(srcs), np.concatenate(dsts)
+
+
+def token_distances(aut: Automaton, toks: list[bytes]) -> np.ndarray:
+    n = aut.n_states
+    src, dst = _token_edges(aut, toks)
+    order = np.argsort(dst, kind="stable")
+    src = src[order]
+    start = np.searchsorted(dst[order], np.arange(n + 1))
+    hyper: dict[int, list[tuple[int, int, int]]] = {}
+    for g, cs in enumerate(aut.calls):
+        for q, ret in cs:
+            e = (g, aut.rule_start[q], ret)
+            hyper.setdefault(e[1], []).append(e)
+            hyper.setdefault(ret, []).append(e)
+    in_hyper = np.zeros(n, dtype=bool)
+    in_hyper[list(hyper)] = True
+    U = np.full(n, INF, dtype=np.int32)
+    buckets: dict[int, list[np.ndarray]] = {0: [np.flatnonzero(aut.accept)]}
+    while buckets:
+        k = min(buckets)
+        cand = np.unique(np.concatenate(buckets.pop(k)))
+        new = cand[U[cand] == INF]
+        new = new[new != DEAD]
+        if new.size == 0:
+            continue
+        U[new] = k
+        preds = np.concatenate([src[start[x]:start[x + 1]] for x in new]) if new.size < 32 else \
+            src[_ranges(start[new], start[new + 1])]
+        preds = preds[U[preds] == INF]
+        if preds.size:
+            buckets.setdefault(k + 1, []).append(preds)
+        for x in new[in_hyper[new]]:
+            for g, a, b in hyper[int(x)]:
+                if U[g] == INF and U[a] < INF and U[b] < INF:
+                    buckets.setdefault(int(U[a] + U[b]), []).append(np.array([g]))
+    return U
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    lens = hi - lo
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.repeat(lo - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(total)

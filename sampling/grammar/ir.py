@@ -1,0 +1,99 @@
+"""A tiny regular-expression IR over bytes, plus calls to other rules (for recursion).
+
+Schema compilation produces IR trees; `nfa.py` turns them into a Thompson NFA. IR nodes are
+immutable and may be shared: every use is instantiated afresh by the NFA builder.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import utf8
+
+
+@dataclass(frozen=True)
+class Bytes:
+    """Exactly one byte whose value is in `mask` (bit i set = byte i allowed)."""
+    mask: int
+
+
+@dataclass(frozen=True)
+class Seq:
+    items: tuple
+
+
+@dataclass(frozen=True)
+class Alt:
+    """Any one of `items`; an empty Alt matches nothing (the empty language)."""
+    items: tuple
+
+
+@dataclass(frozen=True)
+class Repeat:
+    item: object
+    lo: int
+    hi: int | None  # None = unbounded
+
+
+@dataclass(frozen=True)
+class Call:
+    """Match one instance of another rule (pushdown call); used only for recursive $refs."""
+    rule: int
+
+
+@dataclass(frozen=True)
+class Obj:
+    """`{` members `}` where `members` are (member_ir, required) emitted in this order,
+    comma-separated, optional ones skippable; then `extra` (a member IR) any number of times."""
+    members: tuple
+    extra: object | None
+
+
+EMPTY = Seq(())
+NEVER = Alt(())
+
+
+def byte_mask(values) -> int:
+    m = 0
+    for v in values:
+        m |= 1 << v
+    return m
+
+
+def range_mask(lo: int, hi: int) -> int:
+    return ((1 << (hi + 1)) - 1) ^ ((1 << lo) - 1)
+
+
+def lit(data: bytes) -> Seq:
+    return Seq(tuple(Bytes(1 << b) for b in data))
+
+
+def seq(*items) -> object:
+    flat = []
+    for it in items:
+        if isinstance(it, Seq):
+            flat.extend(it.items)
+        else:
+            flat.append(it)
+    if any(it == NEVER for it in flat):
+        return NEVER
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+def alt(*items) -> object:
+    flat = []
+    for it in items:
+        if isinstance(it, Alt):
+            flat.extend(it.items)
+        elif it not in flat:
+            flat.append(it)
+    return flat[0] if len(flat) == 1 else Alt(tuple(flat))
+
+
+def opt(item) -> object:
+    return Repeat(item, 0, 1)
+
+
+def chars(ranges: list[tuple[int, int]]) -> object:
+    """One Unicode character from the code point ranges, as raw UTF-8."""
+    seqs = utf8.sequences(ranges)
+    return alt(*(Seq(tuple(Bytes(range_mask(lo, hi)) for lo, hi in s)) for s in seqs))

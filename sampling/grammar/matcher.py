@@ -1,0 +1,99 @@
+"""GrammarMatcher: one request's position in a CompiledGrammar."""
+from __future__ import annotations
+
+import numpy as np
+
+from .compiled import INF, CompiledGrammar, StateSet
+from .frames import U16_INF
+
+
+class GrammarMatcher:
+    """Tracks the bytes generated so far; cheap to create (all tables live in the grammar)."""
+
+    def __init__(self, grammar: CompiledGrammar) -> None:
+        self._g = grammar
+        self._S: StateSet = grammar.start
+        self._ended = False           # an EOG token was accepted
+
+    # ------------------------------------------------------------ queries
+    @property
+    def is_complete(self) -> bool:
+        """The bytes so far form a complete valid document (EOG is allowed)."""
+        return self._ended or self._g.is_complete(self._S)
+
+    @property
+    def is_finished(self) -> bool:
+        """Complete, and no further byte could extend the document: the engine may stop."""
+        return self._ended or self._g.is_finished(self._S)
+
+    def min_tokens_to_complete(self) -> int:
+        """Tokens within which the document can certainly be completed (0 when complete).
+
+        This is the distance the budget logic uses: exact over the budget token set, hence an
+        upper bound on the true minimum (see distance.py); for small vocabularies and
+        non-recursive schemas it is the exact minimum."""
+        return 0 if self._ended else self._g.distance(self._S)
+
+    def allowed_mask(self, remaining_tokens: int | None = None) -> np.ndarray:
+        """bool[vocab]: tokens allowed next. EOG only when complete. With `remaining_tokens`,
+        only tokens after which the document can still be completed in remaining_tokens - 1
+        tokens; if no token meets the budget (the caller gave less than
+        min_tokens_to_complete()), the tokens getting closest to completion are allowed."""
+        g = self._g
+        if self._ended:
+            return np.zeros(g.idx.size, dtype=bool)
+        best = g.best(self._S)
+        if remaining_tokens is None:
+            mask = best != U16_INF
+        else:
+            mask = best <= max(min(remaining_tokens - 1, int(U16_INF) - 1), -1)
+            if not mask.any() and not self.is_complete:
+                mask = best == best.min()
+                if best.min() == U16_INF:
+                    mask[:] = False
+        if g.is_complete(self._S):
+            mask[g.idx.eog] = True
+        return mask
+
+    def is_allowed(self, token: int, remaining_tokens: int | None = None) -> bool:
+        """Whether `token` is allowed next; agrees exactly with allowed_mask(remaining_tokens)."""
+        g = self._g
+        if self._ended or not 0 <= token < g.idx.size:
+            return False
+        if token in g.idx.eog_set:
+            return g.is_complete(self._S)
+        d = g.token_distance(self._S, token)
+        if remaining_tokens is None:
+            return d < INF
+        if d <= remaining_tokens - 1:
+            return True
+        if d >= INF or self.is_complete:
+            return False
+        return bool(self.allowed_mask(remaining_tokens)[token])   # the rare over-budget fallback
+
+    # ------------------------------------------------------------ updates
+    def advance(self, token: int) -> None:
+        """Consume `token`; ValueError if it is not allowed (state unchanged then)."""
+        g = self._g
+        if self._ended:
+            raise ValueError("the document has already ended (EOG was accepted)")
+        if not 0 <= token < g.idx.size:
+            raise ValueError(f"token {token} is outside the vocabulary")
+        if token in g.idx.eog_set:
+            if not g.is_complete(self._S):
+                raise ValueError(f"end-of-generation token {token} before the document is complete")
+            self._ended = True
+            return
+        if g.idx.excluded[token]:
+            raise ValueError(f"token {token} is a special token and never allowed here")
+        S = g.run(self._S, g.idx.token_bytes[token])
+        if not S:
+            raise ValueError(f"token {token} ({g.idx.token_bytes[token]!r}) is not allowed here")
+        self._S = S
+
+    def advance_bytes(self, data: bytes) -> None:
+        """Consume raw bytes (e.g. a forced prefix); ValueError if they are not allowed."""
+        S = self._g.run(self._S, data)
+        if not S:
+            raise ValueError(f"bytes {data!r} are not allowed here")
+        self._S = S

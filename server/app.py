@@ -1,0 +1,127 @@
+"""The Starlette application: routes, error handling and the engine's lifecycle.
+
+    app = create_app(lambda: Engine(path, n_ctx=4096), ServerSettings(drain_timeout=30))
+
+Startup begins loading the model on a background thread and returns at once; /health says
+"loading" (503) until it is ready. Shutdown stops admission, lets running requests finish for
+up to drain_timeout seconds, cancels the rest and closes the engine if the app owns it.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from server import generate_routes, openai_routes
+from server.context import ServerContext, ServerSettings
+from server.errors import APIError, InternalError, MethodNotAllowed, NotFound
+from server.generation import GenerationService
+from server.health import health_payload
+from server.metrics import ServerMetrics
+from server.state import DRAINING, OK, ServingState
+
+log = logging.getLogger("cobatch.server")
+
+Handler = Callable[[Request, ServerContext], Awaitable[Response]]
+
+
+def create_app(
+    loader: Callable[[], Any],
+    settings: ServerSettings = ServerSettings(),
+    *,
+    on_load_failure: Callable[[BaseException], None] | None = None,
+) -> Starlette:
+    """`loader` builds (or returns) the Engine; it runs once, on a background thread."""
+    state = ServingState(
+        loader,
+        owns_engine=settings.owns_engine,
+        drain_timeout=settings.drain_timeout,
+        model_id=settings.model_id,
+        on_load_failure=on_load_failure,
+    )
+
+    def engine_stats() -> Any:
+        # Readable while serving and draining; after close the engine is gone as far as we care.
+        return state.engine.stats() if state.engine is not None and state.status in (OK, DRAINING) else None
+
+    metrics = ServerMetrics(engine_stats, lambda: state.in_flight)
+    ctx = ServerContext(settings, state, metrics, GenerationService(state, metrics))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state.start_loading()
+        yield
+        state.begin_shutdown()
+        await run_in_threadpool(state.wait_stopped, settings.drain_timeout + 15.0)
+
+    routes = [
+        Route("/health", _plain(health, ctx), methods=["GET"]),
+        Route("/metrics", _plain(prometheus, ctx), methods=["GET"]),
+        Route("/generate", _api(generate_routes.generate, ctx, "generate"), methods=["POST"]),
+        Route("/v1/models", _api(openai_routes.list_models, ctx, "models"), methods=["GET"]),
+        Route("/v1/models/{model:path}", _api(openai_routes.get_model, ctx, "models"), methods=["GET"]),
+        Route("/v1/completions", _api(openai_routes.completions, ctx, "completions"), methods=["POST"]),
+        Route(
+            "/v1/chat/completions",
+            _api(openai_routes.chat_completions, ctx, "chat_completions"),
+            methods=["POST"],
+        ),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_exception})
+    app.state.ctx = ctx
+    return app
+
+
+def _api(handler: Handler, ctx: ServerContext, endpoint: str) -> Callable[[Request], Awaitable[Response]]:
+    """Turns APIErrors into their responses and any other exception into a 500 for this request
+    only: the server, the engine and other requests carry on."""
+
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request, ctx)
+        except APIError as err:
+            ctx.metrics.observe_rejection(endpoint, err.status_code, err.code or err.error_type)
+            return err.response()
+        except Exception as exc:
+            log.exception("request to %s failed", request.url.path)
+            ctx.metrics.observe_rejection(endpoint, 500, "internal_error")
+            return InternalError(f"internal error while serving this request: {type(exc).__name__}: {exc}").response()
+
+    return run
+
+
+def _plain(handler: Handler, ctx: ServerContext) -> Callable[[Request], Awaitable[Response]]:
+    async def run(request: Request) -> Response:
+        return await handler(request, ctx)
+
+    return run
+
+
+async def health(request: Request, ctx: ServerContext) -> Response:
+    payload = health_payload(ctx.state)
+    return JSONResponse(payload, status_code=200 if ctx.state.status == OK else 503)
+
+
+async def prometheus(request: Request, ctx: ServerContext) -> Response:
+    body, content_type = ctx.metrics.exposition()
+    return Response(body, media_type=content_type)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Routing errors (unknown path, wrong method) in the same JSON shape as every other error."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return NotFound(f"no route for {request.url.path}").response()
+    if exc.status_code == 405:
+        err = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
+        err.headers.update(exc.headers or {})
+        return err.response()
+    return JSONResponse({"error": {"message": exc.detail, "type": "http_error", "param": None, "code": None}},
+                        status_code=exc.status_code, headers=exc.headers)

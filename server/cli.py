@@ -1,0 +1,114 @@
+"""`cobatch serve` (the HTTP server) and `cobatch bench` (delegated to bench.cli)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "bench":
+        # bench owns its own arguments (including --help); import it only when asked for.
+        from bench.cli import main as bench_main
+
+        return bench_main(args[1:])
+    parser = _parser()
+    options = parser.parse_args(args)
+    if options.command != "serve":
+        parser.print_help()
+        return 2
+    problem = _model_spec_problem(options.model)
+    if problem:
+        parser.error(problem)
+    return serve(options)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cobatch", description="Continuous-batching LLM inference server.")
+    commands = parser.add_subparsers(dest="command")
+    serve_cmd = commands.add_parser("serve", help="serve the model over HTTP (native and OpenAI-compatible APIs)")
+    serve_cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve_cmd.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    serve_cmd.add_argument(
+        "--model", default=None,
+        help="GGUF file path, or owner/repo/file.gguf on Hugging Face (default: the bundled Gemma 3 270M)",
+    )
+    serve_cmd.add_argument("--n-ctx", type=int, default=8192, help="KV cache cells shared by all requests")
+    serve_cmd.add_argument("--max-batch", type=int, default=32, help="sequences generating at once")
+    serve_cmd.add_argument("--step-token-budget", type=int, default=256, help="tokens per decode step")
+    serve_cmd.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1), help="CPU threads")
+    serve_cmd.add_argument("--max-waiting", type=int, default=1024, help="queued requests before 429")
+    serve_cmd.add_argument(
+        "--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S,
+        help="seconds running requests get to finish at shutdown (default 30)",
+    )
+    serve_cmd.add_argument("--model-id", default=None, help="name to serve the model as (default: file stem)")
+    serve_cmd.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    return parser
+
+
+def _model_spec_problem(spec: str | None) -> str | None:
+    """Fail at once on a local path that does not exist (a Hugging Face spec is checked when loading)."""
+    if spec is None or Path(spec).expanduser().is_file():
+        return None
+    text = spec[len("hf://"):] if spec.startswith("hf://") else spec
+    parts = text.split("/")
+    if len(parts) >= 3 and parts[-1].endswith(".gguf") and not Path(spec).is_absolute():
+        return None
+    return f"--model {spec}: no such file (give a GGUF path, or owner/repo/file.gguf on Hugging Face)"
+
+
+def serve(options: argparse.Namespace) -> int:
+    import uvicorn  # imported here so `cobatch bench` does not pay for the server stack
+
+    from server.app import create_app
+    from server.context import ServerSettings
+    from server.draining_server import DrainingServer
+
+    logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine_options = dict(
+        n_ctx=options.n_ctx,
+        max_batch=options.max_batch,
+        step_token_budget=options.step_token_budget,
+        n_threads=options.threads,
+        max_waiting=options.max_waiting,
+    )
+
+    def load_engine() -> Any:
+        from engine import Engine
+
+        return Engine(options.model, **engine_options)
+
+    server_box: list[Any] = []
+    failed: list[BaseException] = []
+
+    def on_load_failure(exc: BaseException) -> None:
+        failed.append(exc)  # a server with no model is no use: exit (non-zero) instead of idling
+        if server_box:
+            server_box[0].should_exit = True
+
+    settings = ServerSettings(drain_timeout=options.drain_timeout, model_id=options.model_id)
+    app = create_app(load_engine, settings, on_load_failure=on_load_failure)
+    config = uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        log_level=options.log_level,
+        lifespan="on",
+        # Backstop only: the app's own drain finishes or cancels requests within drain_timeout.
+        timeout_graceful_shutdown=int(options.drain_timeout) + 10,
+    )
+    server = DrainingServer(config, on_signal=app.state.ctx.state.begin_shutdown)
+    server_box.append(server)
+    server.run()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""HTTP errors in one shape, shared by /generate and the OpenAI-compatible routes.
+
+Every error body is `{"error": {"message", "type", "param", "code"}}`: the shape the official
+OpenAI clients parse, so their exceptions carry our message unchanged.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from starlette.responses import JSONResponse
+
+
+class APIError(Exception):
+    """A request that the server answers with an error status; nothing else is affected."""
+
+    status_code = 500
+    error_type = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+
+
+class BadRequest(APIError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class NotFound(APIError):
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class MethodNotAllowed(APIError):
+    status_code = 405
+    error_type = "invalid_request_error"
+
+
+class PayloadTooLarge(APIError):
+    status_code = 413
+    error_type = "invalid_request_error"
+
+
+class TooManyRequests(APIError):
+    status_code = 429
+    error_type = "rate_limit_error"
+
+
+class InternalError(APIError):
+    status_code = 500
+    error_type = "server_error"
+
+
+class NotImplementedFeature(APIError):
+    """Something the API defines but this engine cannot do yet: said plainly, never faked."""
+
+    status_code = 501
+    error_type = "not_implemented_error"
+
+
+class ServiceUnavailable(APIError):
+    status_code = 503
+    error_type = "service_unavailable_error"
+
+
+class GatewayTimeout(APIError):
+    status_code = 504
+    error_type = "timeout_error"

@@ -1,0 +1,79 @@
+"""`POST /generate`: the native API. JSON in, JSON out, or SSE with `"stream": true`.
+
+Streaming events:
+  event: delta   data: {"text": "<new text>"}                       one per text delta
+  event: done    data: {"text", "finish_reason", "metrics", ...}     last event on success
+  event: error   data: {"error": {...}, "finish_reason", "metrics"}  last event on failure
+"""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from engine import GenerationResult, RequestHandle
+from server import structured
+from server.context import ServerContext
+from server.generation import error_for_result, metrics_payload
+from server.schemas import parse_generate
+from server.spec import GenerationSpec
+from server.sse import EventStreamResponse, encode_event
+from server.validation import read_json_object
+
+ENDPOINT = "generate"
+
+
+async def generate(request: Request, ctx: ServerContext) -> Response:
+    body = await read_json_object(request, ctx.settings.max_body_bytes)
+    engine = ctx.require_engine()
+    spec = parse_generate(body, n_ctx=engine.n_ctx)
+    handle, _ = await ctx.service.submit(lambda: spec, ENDPOINT, "gen")
+    headers = {"x-request-id": handle.request_id}
+    if spec.stream:
+        return EventStreamResponse(
+            _events(handle, spec),
+            on_disconnect=lambda: ctx.service.client_left(handle, ENDPOINT, spec.priority),
+            error_event=lambda err: encode_event(err.body(), event="error"),
+            headers=headers,
+        )
+    result = await ctx.service.wait(handle, request.receive, ENDPOINT, spec.priority)
+    if result is None:
+        return Response(status_code=499)  # nobody is listening; uvicorn drops it
+    error = error_for_result(result)
+    if error is not None:
+        error.headers.update(headers)
+        return error.response()
+    return JSONResponse(_final_payload(result, spec), headers=headers)
+
+
+def _final_payload(result: GenerationResult, spec: GenerationSpec) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "id": result.request_id,
+        "text": result.text,
+        "finish_reason": result.finish_reason.value,
+        "metrics": metrics_payload(result),
+    }
+    if spec.structured is not None:
+        # Only a complete generation can be parsed; one cut off by max_tokens has no value.
+        payload["structured_data"] = (
+            structured.parse_structured_text(result.text) if result.finish_reason.value == "stop" else None
+        )
+    return payload
+
+
+async def _events(handle: RequestHandle, spec: GenerationSpec) -> AsyncIterator[bytes]:
+    try:
+        async for delta in handle:
+            yield encode_event({"text": delta}, event="delta")
+        result = await handle
+        error = error_for_result(result)
+        if error is None:
+            yield encode_event(_final_payload(result, spec), event="done")
+        else:
+            body = error.body()
+            body.update(finish_reason=result.finish_reason.value, metrics=metrics_payload(result))
+            yield encode_event(body, event="error")
+    finally:
+        if not handle.done():  # the stream was abandoned: don't leave the request running
+            handle.cancel()

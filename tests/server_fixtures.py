@@ -1,0 +1,159 @@
+"""Shared helpers for the server tests: a real uvicorn server on a background thread, a small
+real engine, and checks that the engine is idle with every KV sequence freed."""
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import httpx
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine import Engine
+from engine.model_source import default_model_path
+from server.app import create_app
+from server.context import ServerSettings
+
+SMALL_ENGINE = dict(n_ctx=4096, max_batch=16, step_token_budget=256)
+
+
+def make_engine(**overrides: Any) -> Engine:
+    return Engine(default_model_path(), **{**SMALL_ENGINE, **overrides})
+
+
+class LiveServer:
+    """uvicorn serving an app on 127.0.0.1 (a free port) from a daemon thread."""
+
+    def __init__(self, app: Any, engine: Engine | None = None, graceful_timeout: int = 30) -> None:
+        self.app = app
+        self.engine = engine
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            app, lifespan="on", log_level="warning", timeout_graceful_shutdown=graceful_timeout
+        )
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+
+    @property
+    def ctx(self) -> Any:
+        return self.app.state.ctx
+
+    def start(self) -> "LiveServer":
+        self._thread.start()
+        wait_until(lambda: self.server.started, 30, "uvicorn did not start")
+        return self
+
+    def stop(self, timeout: float = 60) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout)
+        self._sock.close()
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        wait_until(lambda: self.ctx.state.status == "ok", timeout, "model did not load")
+
+
+@contextlib.contextmanager
+def running_server(
+    loader: Callable[[], Any],
+    engine: Engine | None = None,
+    *,
+    wait_ready: bool = True,
+    **settings: Any,
+) -> Iterator[LiveServer]:
+    """An app on a shared engine: the app does not close it (the fixture that made it does)."""
+    options = {"owns_engine": False, "drain_timeout": 10.0, **settings}
+    server = LiveServer(create_app(loader, ServerSettings(**options)), engine).start()
+    try:
+        if wait_ready:
+            server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, message: str = "condition not met") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{message} within {timeout} s")
+        time.sleep(0.01)
+
+
+def kv_positions(engine: Engine) -> list[int]:
+    """seq_pos_max of every sequence id, read on the engine thread (-1: holds no KV)."""
+    n = engine.config.max_batch
+    return engine.inspect(lambda runner: [runner.context.seq_pos_max(i) for i in range(n)])
+
+
+def is_idle(engine: Engine) -> bool:
+    s = engine.stats()
+    return s.running == 0 and sum(s.waiting.values()) == 0 and s.kv_cells_used == 0
+
+
+def assert_engine_idle(engine: Engine, timeout: float = 15.0) -> None:
+    """Nothing running or queued, no KV cells counted, and llama.cpp holds no position for
+    any sequence id: whatever ran before left no seq id or KV behind."""
+    wait_until(lambda: is_idle(engine), timeout, f"engine not idle: {engine.stats()}")
+    assert kv_positions(engine) == [-1] * engine.config.max_batch
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[tuple[str | None, str]]:
+    """(event name, data) pairs from an SSE line stream."""
+    event, data = None, []
+    for line in lines:
+        if line == "":
+            if data:
+                yield event, "\n".join(data)
+            event, data = None, []
+        elif line.startswith("event:"):
+            event = line[len("event:"):].strip()
+        elif line.startswith("data:"):
+            data.append(line[len("data:"):].lstrip(" "))
+    if data:
+        yield event, "\n".join(data)
+
+
+def generate_stream(client: httpx.Client, body: dict) -> list[tuple[str | None, Any]]:
+    with client.stream("POST", "/generate", json={**body, "stream": True}) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return [(name, json.loads(data)) for name, data in sse_events(response.iter_lines())]
+
+
+def scrape(client: httpx.Client) -> dict[tuple[str, tuple], float]:
+    """/metrics as {(sample name, sorted labels): value}."""
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def metric(samples: dict, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
+
+
+def raw_http_request(port: int, path: str, body: dict) -> socket.socket:
+    """Send a POST by hand and return the open socket, so a test can hang up at a chosen moment."""
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+    )
+    return sock

@@ -1,0 +1,160 @@
+"""Property tests: random schemas from the supported subset, driven by random allowed tokens.
+
+Every finished output must be UTF-8 JSON that validates; a budget equal to
+min_tokens_to_complete() must always be met; that number must be the true minimum (by
+breadth-first search) for non-recursive schemas; masks must equal a brute-force per-token run.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sampling.grammar import compile_grammar
+from tests.test_grammar_support import EOG, VOCAB, drive, standard
+
+NAMES = st.sampled_from(["a", "b", "id", "name", "rating", "x y", "é", 'q"', "中文"])
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-50, 50), st.sampled_from(["", "a", "é", 'x"y', "abc"]))
+
+
+def _int_schema(draw_lo, draw_hi):
+    s = {"type": "integer"}
+    if draw_lo is not None:
+        s["minimum"] = draw_lo
+    if draw_hi is not None:
+        s["maximum"] = max(draw_hi, draw_lo or draw_hi)
+    return s
+
+
+LEAVES = st.one_of(
+    st.just({"type": "string"}),
+    st.builds(lambda lo, extra: {"type": "string", "minLength": lo, "maxLength": lo + extra},
+              st.integers(0, 3), st.integers(0, 3)),
+    st.builds(_int_schema, st.one_of(st.none(), st.integers(-120, 120)), st.one_of(st.none(), st.integers(-120, 1200))),
+    st.just({"type": "number"}),
+    st.builds(lambda lo: {"type": "number", "minimum": lo, "exclusiveMaximum": lo + 7.5}, st.integers(-10, 10)),
+    st.just({"type": "boolean"}),
+    st.just({"type": "null"}),
+    st.builds(lambda vals: {"enum": vals}, st.lists(SCALARS, min_size=1, max_size=4)),
+    st.builds(lambda v: {"const": v}, SCALARS),
+    st.sampled_from([{"type": "string", "pattern": p} for p in (r"[a-c]+\d?", r"(x|yz){1,2}", "[^\"]?é")]),
+    st.sampled_from([{"type": "string", "format": f} for f in ("date", "uuid", "ipv4")]),
+    st.just({}),
+)
+
+
+def _object(props, required_flags, extra):
+    s = {"type": "object", "properties": dict(props)}
+    s["required"] = [k for (k, _), r in zip(props, required_flags) if r]
+    if extra is not None:
+        s["additionalProperties"] = extra
+    return s
+
+
+def _compound(children):
+    return st.one_of(
+        st.builds(_object, st.lists(st.tuples(NAMES, children), max_size=3, unique_by=lambda kv: kv[0]),
+                  st.lists(st.booleans(), min_size=3, max_size=3),
+                  st.one_of(st.none(), st.just(False), st.just(True), children)),
+        st.builds(lambda it, lo, n: {"type": "array", "items": it, "minItems": lo, "maxItems": lo + n},
+                  children, st.integers(0, 2), st.integers(0, 2)),
+        st.builds(lambda it: {"type": "array", "items": it}, children),
+        st.builds(lambda a, b: {"prefixItems": [a, b], "items": False, "minItems": 1}, children, children),
+        st.builds(lambda a, b: {"anyOf": [a, b]}, children, children),
+        st.builds(lambda s: {**s, "nullable": True} if "type" in s and "enum" not in s else s, children),
+        st.builds(lambda a: {"allOf": [{"type": "object", "properties": {"k": a}, "required": ["k"]},
+                                       {"properties": {"z": {"type": "boolean"}}}]}, children),
+    )
+
+
+SCHEMAS = st.recursive(LEAVES, _compound, max_leaves=6)
+
+RECURSIVE = [
+    {"$defs": {"n": {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 9},
+                                                      "kids": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+                     "required": ["v"]}}, "$ref": "#/$defs/n"},
+    {"definitions": {"e": {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"$ref": "#/definitions/e"},
+                                                             "maxItems": 3}]}}, "$ref": "#/definitions/e"},
+    {"type": "object", "properties": {"list": {"$ref": "#/$defs/l"}}, "required": ["list"],
+     "$defs": {"l": {"anyOf": [{"type": "null"},
+                               {"type": "object", "properties": {"h": {"type": "string", "maxLength": 2},
+                                                                 "t": {"$ref": "#/$defs/l"}},
+                                "required": ["h", "t"]}]}}},
+    None,
+]
+
+
+def _true_minimum(g) -> int:
+    """Fewest tokens to a complete document, by BFS over matcher state sets."""
+    frontier, seen, depth = {g.start}, {g.start}, 0
+    texts = [b for i, b in enumerate(VOCAB.token_bytes) if not g.idx.excluded[i]]
+    while frontier:
+        if any(g.is_complete(S) for S in frontier):
+            return depth
+        nxt = set()
+        for S in frontier:
+            for t in texts:
+                R = g.run(S, t)
+                if R and g.distance(R) < 2**30 and R not in seen:
+                    seen.add(R)
+                    nxt.add(R)
+        frontier, depth = nxt, depth + 1
+        assert depth < 60
+    raise AssertionError("no complete document reachable")
+
+
+def _check_outputs(schema, seed, runs=4):
+    g = compile_grammar(schema, VOCAB)
+    validator = jsonschema.Draft202012Validator(standard(schema) if schema is not None else {"type": "object"})
+    start = g.matcher().min_tokens_to_complete()
+    rng = random.Random(seed)
+    for i in range(runs):
+        budget = start + rng.choice([0, 0, 1, 5, 30])
+        out, steps = drive(g, rng, budget=budget)
+        assert steps <= budget, (steps, budget)
+        value = json.loads(out.decode("utf-8"))
+        errors = list(validator.iter_errors(value))
+        assert not errors, (schema, out, errors[0].message)
+    return g, start
+
+
+def _check_masks_brute_force(g, rng, steps=12):
+    """allowed_mask (with and without budget) equals running every token's bytes."""
+    m = g.matcher()
+    for _ in range(steps):
+        S = m._S
+        brute = np.array([g.distance(g.run(S, b)) if not g.idx.excluded[i] and b else 2**30
+                          for i, b in enumerate(VOCAB.token_bytes)])
+        mask = m.allowed_mask()
+        expect = brute < 2**30
+        expect[EOG] = m.is_complete
+        assert (mask == expect).all()
+        rem = m.min_tokens_to_complete() + rng.choice([0, 1, 3])
+        bm = m.allowed_mask(rem)
+        expect_b = brute <= rem - 1
+        expect_b[EOG] = m.is_complete
+        assert (bm == expect_b).all()
+        choices = np.flatnonzero(mask & (np.arange(mask.size) != EOG))
+        if not choices.size:
+            break
+        m.advance(int(rng.choice(choices)))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(SCHEMAS, st.integers(0, 2**32))
+def test_random_schemas_generate_valid_documents(schema, seed):
+    g, start = _check_outputs(schema, seed)
+    if not g.recursive:
+        assert start == _true_minimum(g)
+    _check_masks_brute_force(g, random.Random(seed))
+
+
+def test_recursive_schemas():
+    for schema in RECURSIVE:
+        for seed in range(3):
+            g, start = _check_outputs(schema, seed, runs=6)
+        _check_masks_brute_force(g, random.Random(1), steps=25)

@@ -1,0 +1,90 @@
+"""A client that hangs up cancels its request at once and leaves no seq id or KV behind."""
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+
+from tests.server_fixtures import (
+    assert_engine_idle,
+    kv_positions,
+    make_engine,
+    metric,
+    raw_http_request,
+    running_server,
+    scrape,
+    wait_until,
+)
+
+LONG = {"prompt": "Write a very long story about a lighthouse keeper.", "max_tokens": 2000, "temperature": 0}
+# Steps the engine may take between the hang-up reaching the server and the cancel being applied:
+# the cancel lands before the next step, plus slack for the socket close to be noticed.
+MAX_STEPS_AFTER_HANGUP = 5
+PROMPT_TOKENS = 12  # LONG's prompt: KV positions past this mean tokens are being generated
+
+
+@pytest.fixture(scope="module")
+def live():
+    with make_engine() as engine, running_server(lambda: engine, engine) as server:
+        yield server
+
+
+@pytest.fixture
+def client(live):
+    with httpx.Client(base_url=live.url, timeout=60) as c:
+        yield c
+
+
+def _cancelled(client) -> float:
+    return metric(scrape(client), "cobatch_requests_total", finish_reason="cancelled")
+
+
+def _hang_up_and_check_freed(live, sock: socket.socket) -> None:
+    engine = live.engine
+    assert engine.stats().running == 1 and max(kv_positions(engine)) > 0  # it really holds KV
+    steps = engine.stats().steps
+    sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+    wait_until(lambda: engine.stats().running == 0, 10, "request still running after hang-up")
+    assert engine.stats().steps - steps <= MAX_STEPS_AFTER_HANGUP
+    assert_engine_idle(engine)
+
+
+def test_hang_up_mid_stream_cancels_and_frees_kv(live, client):
+    before = _cancelled(client)
+    sock = raw_http_request(live.port, "/generate", {**LONG, "stream": True})
+    received = b""
+    while b"event: delta" not in received:  # wait for tokens to flow
+        received += sock.recv(4096)
+    _hang_up_and_check_freed(live, sock)
+    assert _cancelled(client) - before == 1
+
+
+def test_hang_up_while_waiting_for_a_non_streamed_answer(live, client):
+    before = _cancelled(client)
+    disconnects = metric(scrape(client), "cobatch_client_disconnects_total", endpoint="generate")
+    sock = raw_http_request(live.port, "/generate", LONG)
+    wait_until(lambda: live.engine.stats().running == 1, 30, "not started")
+    wait_until(lambda: max(kv_positions(live.engine)) > PROMPT_TOKENS + 2, 30, "not generating")
+    _hang_up_and_check_freed(live, sock)
+    after = scrape(client)
+    assert metric(after, "cobatch_requests_total", finish_reason="cancelled") - before == 1
+    assert metric(after, "cobatch_client_disconnects_total", endpoint="generate") - disconnects == 1
+
+
+def test_hang_up_on_an_openai_completion(live, client):
+    sock = raw_http_request(live.port, "/v1/completions",
+                            {"model": "gemma-3-270m-Q4_K_M", "prompt": LONG["prompt"], "max_tokens": 2000})
+    wait_until(lambda: max(kv_positions(live.engine)) > PROMPT_TOKENS + 2, 30, "not generating")
+    _hang_up_and_check_freed(live, sock)
+
+
+def test_httpx_client_closing_a_stream_early(live, client):
+    with client.stream("POST", "/generate", json={**LONG, "stream": True}) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                break
+    assert_engine_idle(live.engine)
+    assert client.post("/generate", json={"prompt": "Still fine?", "max_tokens": 3}).status_code == 200
+    assert_engine_idle(live.engine)

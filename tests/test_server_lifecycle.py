@@ -1,0 +1,174 @@
+"""Loading → ok, load failure, draining at shutdown, and the `cobatch` command line."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server import cli
+from tests.server_fixtures import (
+    assert_engine_idle,
+    make_engine,
+    running_server,
+    sse_events,
+    wait_until,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with make_engine(n_ctx=2048, max_batch=4, step_token_budget=128) as eng:
+        yield eng
+
+
+def test_health_says_loading_until_the_model_is_ready(engine):
+    release = threading.Event()
+
+    def slow_loader():
+        release.wait(30)
+        return engine
+
+    with running_server(slow_loader, engine, wait_ready=False) as server, \
+            httpx.Client(base_url=server.url, timeout=30) as client:
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "loading"
+        refused = client.post("/generate", json={"prompt": "Hi", "max_tokens": 2})
+        assert refused.status_code == 503 and "still loading" in refused.json()["error"]["message"]
+        assert refused.headers["retry-after"] == "2"
+        assert client.get("/v1/models").status_code == 503
+        assert client.get("/metrics").status_code == 200  # scrapeable while loading
+        release.set()
+        wait_until(lambda: client.get("/health").status_code == 200, 30, "never became ready")
+        assert client.get("/health").json()["status"] == "ok"
+        assert client.post("/generate", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
+    assert_engine_idle(engine)
+
+
+def test_a_model_that_fails_to_load_is_reported(engine):
+    def broken_loader():
+        raise FileNotFoundError("model not found: /nowhere.gguf")
+
+    with running_server(broken_loader, wait_ready=False) as server, httpx.Client(base_url=server.url) as client:
+        wait_until(lambda: client.get("/health").json()["status"] == "failed", 10, "failure not reported")
+        health = client.get("/health")
+        assert health.status_code == 503 and "/nowhere.gguf" in health.json()["error"]
+        refused = client.post("/generate", json={"prompt": "Hi"})
+        assert refused.status_code == 503 and "failed to load" in refused.json()["error"]["message"]
+
+
+def _stream_in_background(url: str, body: dict) -> tuple[threading.Thread, dict]:
+    """Runs a streaming /generate on a thread; `out` gets 'first' (an Event) and 'events'."""
+    out: dict = {"first": threading.Event()}
+
+    def run():
+        with httpx.Client(base_url=url, timeout=60) as c, c.stream("POST", "/generate", json=body) as r:
+            events = []
+            for name, data in sse_events(r.iter_lines()):
+                events.append((name, json.loads(data)))
+                out["first"].set()
+            out["events"] = events
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_shutdown_refuses_new_requests_and_lets_running_ones_finish(engine):
+    with running_server(lambda: engine, engine, drain_timeout=30) as server, \
+            httpx.Client(base_url=server.url, timeout=30) as client:
+        thread, out = _stream_in_background(
+            server.url, {"prompt": "Tell me about whales.", "max_tokens": 24, "temperature": 0, "stream": True})
+        assert out["first"].wait(30)
+        server.ctx.state.begin_shutdown()  # what SIGTERM/SIGINT trigger
+        refused = client.post("/generate", json={"prompt": "Hi", "max_tokens": 2})
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "draining"
+        thread.join(60)
+        name, final = out["events"][-1]
+        assert name == "done" and final["finish_reason"] in ("length", "stop")
+        assert server.ctx.state.wait_stopped(10) and server.ctx.state.status == "stopped"
+    assert_engine_idle(engine)
+
+
+def test_drain_timeout_cancels_what_is_still_running(engine):
+    with running_server(lambda: engine, engine, drain_timeout=0.5) as server:
+        thread, out = _stream_in_background(
+            server.url, {"prompt": "Tell me everything about the ocean.", "max_tokens": 1900, "stream": True})
+        assert out["first"].wait(30)
+        started = time.monotonic()
+        server.ctx.state.begin_shutdown()
+        thread.join(30)
+        assert time.monotonic() - started < 10
+        name, final = out["events"][-1]
+        assert name == "error" and final["finish_reason"] == "cancelled"
+        assert "shutting down" in final["error"]["message"]
+    assert_engine_idle(engine)
+
+
+def test_bench_subcommand_delegates_to_bench_cli(monkeypatch):
+    seen = []
+    fake = types.ModuleType("bench.cli")
+    fake.main = lambda argv: seen.append(argv) or 7
+    monkeypatch.setitem(sys.modules, "bench.cli", fake)
+    assert cli.main(["bench", "--requests", "5", "--help"]) == 7
+    assert seen == [["--requests", "5", "--help"]]
+
+
+def test_serve_rejects_a_missing_model_file_at_once(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["serve", "--model", "/definitely/not/here.gguf"])
+    assert info.value.code == 2 and "no such file" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_cobatch_serve_drains_and_exits_cleanly_on_signal(sig):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--n-ctx", "1024",
+         "--max-batch", "2", "--step-token-budget", "64", "--drain-timeout", "30", "--log-level", "warning"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        def ready():
+            try:
+                return httpx.get(f"{url}/health", timeout=2).status_code == 200
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stdout.read()
+                return False
+
+        wait_until(ready, 120, "cobatch serve did not become ready")
+        thread, out = _stream_in_background(
+            url, {"prompt": "Name some birds.", "max_tokens": 20, "temperature": 0, "stream": True})
+        assert out["first"].wait(30)
+        proc.send_signal(sig)
+        thread.join(60)
+        assert proc.wait(60) == 0
+        name, final = out["events"][-1]
+        assert name == "done" and final["finish_reason"] in ("length", "stop")
+        with pytest.raises(httpx.TransportError):  # no longer listening
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
