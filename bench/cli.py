@@ -6,6 +6,7 @@ import sys
 
 BENCHMARKS = {
     "decode-step": "bench.decode_step",
+    "prefix-sharing": "bench.prefix_sharing",
 }
 
 

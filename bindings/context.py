@@ -44,6 +44,13 @@ class Context:
     def __init__(self, model: Model, settings: ContextSettings = ContextSettings()) -> None:
         if not 1 <= settings.n_seq_max <= LLAMA_MAX_SEQ:
             raise ValueError(f"n_seq_max must be between 1 and {LLAMA_MAX_SEQ}")
+        if settings.n_seq_max > min(settings.n_batch, settings.n_ubatch):
+            # llama.cpp reserves an output row per sequence at startup and aborts the process
+            # (GGML_ASSERT n_outputs_max) when a ubatch cannot hold them.
+            raise ValueError(
+                f"n_batch and n_ubatch must be >= n_seq_max ({settings.n_seq_max}), got "
+                f"{settings.n_batch} and {settings.n_ubatch}"
+            )
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = settings.n_ctx
         params.n_batch = settings.n_batch

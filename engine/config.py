@@ -7,12 +7,18 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EngineConfig:
+    """Engine settings. With the prefix cache on, Gemma 3's sliding-window layers keep their full
+    cache (llama.cpp's swa_full): a reused prefix needs every one of its cells, not just the last
+    window's, and a finished sequence's early cells would otherwise be gone."""
+
     n_ctx: int = 8192  # KV cells shared by all sequences (one unified cache)
     max_batch: int = 32  # sequences running at once
     step_token_budget: int = 256  # tokens per llama_decode: decode rows first, then prompt chunks
     n_threads: int = max(1, os.cpu_count() or 1)
     max_waiting: int = 1024  # queued requests before submit() refuses
-    swa_full: bool = False
+    block_size: int = 16  # KV cells per ledger block
+    prefix_cache: bool = True  # keep finished prompts' full blocks for reuse
+    cache_holders: int = 64  # seq ids reserved to hold cached prefixes (max_batch + this <= 256)
     # With llama.cpp's CPU flash attention, a row's result depends on how many KV cells the
     # whole unified cache holds, so a request's greedy text would change with its neighbours.
     # Off by default: each request's output is then independent of who else is running.
@@ -30,5 +36,9 @@ class EngineConfig:
             )
         if self.n_threads < 1:
             raise ValueError(f"n_threads must be >= 1, got {self.n_threads}")
+        if self.block_size < 1 or self.n_ctx % self.block_size:
+            raise ValueError(f"block_size must divide n_ctx, got {self.block_size} for {self.n_ctx}")
+        if self.cache_holders < 0 or self.max_batch + self.cache_holders > 256:
+            raise ValueError("cache_holders must be >= 0 and max_batch + cache_holders <= 256")
         if self.max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")

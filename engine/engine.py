@@ -14,6 +14,8 @@ import numpy as np
 from bindings import DecodeOutcome, Model
 from engine.config import EngineConfig
 from engine.handle import RequestHandle
+from engine.kv_cache import KvCache, KvCacheStats
+from engine.logprobs import snapshot_rows, token_logprob
 from engine.model_source import resolve_model
 from engine.profile import StepProfile
 from engine.request import (
@@ -43,8 +45,10 @@ class QueueFullError(RequestError):
 class EngineStats:
     running: int
     waiting: dict[str, int]
-    kv_cells_used: int
+    kv_cells_used: int  # cells the running sequences hold (shared prefix cells counted per user)
     kv_cells_total: int
+    kv: KvCacheStats
+    tokens_prefilled: int
     preemptions: int
     steps: int
 
@@ -73,9 +77,14 @@ class Engine:
             self.model.token_bytes, self.model.eog_tokens, self.model.special_tokens
         )
         self.n_ctx = self._runner.n_cells
-        self._scheduler = Scheduler(
-            self.n_ctx, self.config.max_batch, self.config.step_token_budget, self._runner.forget
+        cfg = self.config
+        holders = cfg.cache_holders if cfg.prefix_cache else 0
+        self.kv_cache = KvCache(
+            self._runner.context, self.n_ctx, cfg.block_size, running_ids=range(cfg.max_batch),
+            holder_ids=range(cfg.max_batch, cfg.max_batch + holders), prefix_cache=cfg.prefix_cache,
         )
+        self._scheduler = Scheduler(self.kv_cache, cfg.max_batch, cfg.step_token_budget)
+        self._kv_stats = self.kv_cache.stats()  # refreshed by the engine thread, read by anyone
         self._sampler = BatchSampler(self.model.n_vocab)
         self._profiles = {"decode": StepProfile(), "mixed": StepProfile()}
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
@@ -132,6 +141,10 @@ class Engine:
         self._wakeup.set()
         return future.result(timeout)
 
+    def kv_cells_in_use(self) -> int:
+        """Distinct KV cells held right now, measured through llama.cpp's seq_pos_min/max."""
+        return self.inspect(lambda runner: self.kv_cache.cells_in_use(runner.context))
+
     def stats(self) -> EngineStats:
         running = list(self._scheduler.running)
         return EngineStats(
@@ -139,6 +152,8 @@ class Engine:
             waiting={p.value: len(q) for p, q in self._scheduler.waiting.items()},
             kv_cells_used=sum(s.n_computed for s in running),
             kv_cells_total=self.n_ctx,
+            kv=self._kv_stats,
+            tokens_prefilled=self._scheduler.tokens_prefilled,
             preemptions=self._scheduler.preemptions,
             steps=sum(p.steps for p in self._profiles.values()),
         )
@@ -182,6 +197,7 @@ class Engine:
                 self._step()
             except Exception as exc:  # a bug must fail requests, not kill the engine thread
                 self._fail_running(exc)
+            self._kv_stats = self.kv_cache.stats()
         self._drain_inbox()
         for seq in list(self._live.values()):
             self._finish(seq, FinishReason.CANCELLED, error="the engine shut down")
@@ -214,9 +230,15 @@ class Engine:
         if not sampled:
             return []
         logits = self._runner.output_logits()
+        wanting = [i for i, c in enumerate(sampled) if c.seq.logprobs is not None]
+        raw = snapshot_rows(logits, wanting)
         params = [c.seq.request.sampling for c in sampled]
         rngs = [c.seq.rng for c in sampled]
-        return self._sampler.sample(logits, params, rngs).tolist()
+        tokens = self._sampler.sample(logits, params, rngs).tolist()
+        for i in wanting:
+            seq = sampled[i].seq
+            seq.logprobs.append(token_logprob(raw[i], tokens[i], seq.request.logprobs))
+        return tokens
 
     def _postprocess(self, sampled: list[Chunk], tokens: list[int]) -> None:
         now = time.perf_counter()
@@ -269,6 +291,8 @@ class Engine:
             self._finish(seq, FinishReason.ERROR, error=message)
 
     def _drain_inbox(self) -> None:
+        if not self._inbox:
+            return
         while self._inbox:
             kind, payload = self._inbox.popleft()
             if kind == "submit":
@@ -285,6 +309,7 @@ class Engine:
                     future.set_result(fn(self._runner))
                 except Exception as exc:
                     future.set_exception(exc)
+        self._kv_stats = self.kv_cache.stats()
 
     # ---- helpers ----------------------------------------------------------------------------
     def _request_cancel(self, request_id: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from sampling.params import InvalidParameterError, SamplingParams
 
@@ -48,6 +48,10 @@ class Request:
     priority: Priority = Priority.BATCH
     add_bos: bool = True
     ignore_eos: bool = False  # keep going past end-of-generation tokens (benchmarks)
+    # "json" constrains the output to JSON: to `json_schema` when given, else to any object.
+    format: str = "raw"
+    json_schema: Mapping[str, Any] | None = None
+    logprobs: int = 0  # with n > 0, each generated token's logprob and the n most likely
     request_id: str = field(default_factory=lambda: f"req-{next(_request_ids)}")
 
     def __post_init__(self) -> None:
@@ -69,6 +73,16 @@ class Request:
         if any(not isinstance(s, str) or not s for s in stop):
             raise InvalidParameterError("stop must be a list of non-empty strings")
         object.__setattr__(self, "stop", stop)
+        if isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20:
+            raise InvalidParameterError(f"logprobs must be an integer from 0 to 20, got {self.logprobs!r}")
+        if self.format not in ("raw", "json"):
+            raise InvalidParameterError(f"format must be 'raw' or 'json', got {self.format!r}")
+        if self.json_schema is not None:
+            if not isinstance(self.json_schema, Mapping):
+                raise InvalidParameterError("json_schema must be a JSON object")
+            object.__setattr__(self, "format", "json")
+        if self.format == "json" and stop:
+            raise InvalidParameterError("stop strings cannot be combined with JSON output: they would cut it")
         try:
             object.__setattr__(self, "priority", Priority(self.priority))
         except ValueError:
@@ -103,3 +117,5 @@ class GenerationResult:
     finish_reason: FinishReason
     metrics: RequestMetrics
     error: str | None = None
+    structured_data: Any = None  # the parsed JSON document, for format "json"
+    logprobs: tuple[Any, ...] | None = None  # TokenLogprob per generated token, when asked

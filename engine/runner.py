@@ -13,16 +13,20 @@ class ModelRunner:
 
     def __init__(self, model: Model, config: EngineConfig) -> None:
         self.model = model
+        n_seq_max = config.max_batch + (config.cache_holders if config.prefix_cache else 0)
+        # Our batches never exceed the step budget; llama.cpp still wants room for one output
+        # per seq id in a ubatch.
+        n_batch = max(config.step_token_budget, n_seq_max)
         self.context = Context(
             model,
             ContextSettings(
                 n_ctx=config.n_ctx,
-                n_batch=config.step_token_budget,
-                n_ubatch=config.step_token_budget,
-                n_seq_max=config.max_batch,
+                n_batch=n_batch,
+                n_ubatch=n_batch,
+                n_seq_max=n_seq_max,
                 n_threads=config.n_threads,
                 n_threads_batch=config.n_threads,
-                swa_full=config.swa_full,
+                swa_full=config.prefix_cache,
                 flash_attn=1 if config.flash_attn else 0,
             ),
         )
@@ -59,9 +63,6 @@ class ModelRunner:
 
     def output_logits(self) -> np.ndarray:
         return self.context.logits(self._n_outputs)
-
-    def forget(self, seq_id: int) -> None:
-        self.context.seq_rm(seq_id, -1, -1)
 
     def close(self) -> None:
         self.context.close()

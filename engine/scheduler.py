@@ -1,17 +1,18 @@
 """Decides, before each step, which sequences feed which tokens.
 
 Running sequences come first (decoding rows cost one token each), then prompt chunks under the
-step's token budget, then admissions. KV cells are counted so llama_decode never has to find
-out the cache is full: a sequence is admitted only when its whole pending prompt fits, and when
-growth runs out of cells the most recently admitted sequence is preempted and recomputed later.
+step's token budget, then admissions. KV blocks are reserved in the ledger before llama_decode
+ever sees a token, so it never has to discover that the cache is full: a sequence is admitted
+only when blocks for all its tokens fit (less what the prefix cache already holds), and when
+growth runs out of blocks the most recently admitted sequence is preempted (its computed blocks
+go to the prefix cache, its output is kept) and recomputed later.
 """
 from __future__ import annotations
 
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import Callable
-
+from engine.kv_cache import KvCache
 from engine.request import Priority
 from engine.sequence import Sequence, SequenceState
 
@@ -38,31 +39,20 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(
-        self,
-        n_cells: int,
-        max_running: int,
-        step_token_budget: int,
-        free_kv: Callable[[int], None],
-    ) -> None:
-        self.n_cells = n_cells
+    def __init__(self, kv: KvCache, max_running: int, step_token_budget: int) -> None:
+        self.kv = kv
         self.max_running = max_running
         self.step_token_budget = step_token_budget
-        self._free_kv = free_kv
-        self._free_ids = list(range(max_running - 1, -1, -1))
         self.waiting: dict[Priority, collections.deque[Sequence]] = {
             p: collections.deque() for p in Priority
         }
         self.running: list[Sequence] = []  # in admission order
         self.preemptions = 0
+        self.tokens_prefilled = 0  # prompt (and recomputed) tokens fed to llama_decode
 
     @property
     def n_waiting(self) -> int:
         return sum(len(q) for q in self.waiting.values())
-
-    @property
-    def cells_in_use(self) -> int:
-        return sum(s.n_computed for s in self.running)
 
     def add(self, seq: Sequence) -> None:
         seq.state = SequenceState.WAITING
@@ -82,20 +72,22 @@ class Scheduler:
                 budget -= 1
         for seq in self.running:
             if seq.n_pending > 1 and budget > 0:
-                n = min(seq.n_pending, budget)
-                plan.chunks.append(Chunk(seq, seq.n_computed, n))
-                budget -= n
+                budget -= self._prefill_chunk(plan, seq, budget)
         while budget > 0 and (seq := self._admit_next()) is not None:
-            n = min(seq.n_pending, budget)
-            plan.chunks.append(Chunk(seq, 0, n))
-            budget -= n
+            budget -= self._prefill_chunk(plan, seq, budget)
         return plan
+
+    def _prefill_chunk(self, plan: StepPlan, seq: Sequence, budget: int) -> int:
+        n = min(seq.n_pending, budget)
+        plan.chunks.append(Chunk(seq, seq.n_computed, n))
+        self.tokens_prefilled += n
+        return n
 
     def finish(self, seq: Sequence) -> None:
         """Take a finished or cancelled sequence out, freeing its KV before its id can be reused."""
         if seq.state is SequenceState.RUNNING:
             self.running.remove(seq)
-            self._release_id(seq)
+            self.kv.release(seq, keep_prefix=True)
         elif seq.state is SequenceState.WAITING:
             self.waiting[seq.request.priority].remove(seq)
         seq.state = SequenceState.FINISHED
@@ -103,45 +95,36 @@ class Scheduler:
     def preempt(self, seq: Sequence) -> None:
         """Put a running sequence back at the head of its queue; it keeps its tokens and output."""
         self.running.remove(seq)
-        self._release_id(seq)
+        self.kv.release(seq, keep_prefix=True)  # its recompute can then start from the cache
         seq.n_computed = 0
         seq.preemptions += 1
         self.preemptions += 1
         seq.state = SequenceState.WAITING
         self.waiting[seq.request.priority].appendleft(seq)
 
-    def _cells_committed(self) -> int:
-        # Every running sequence will hold all of its tokens once its prefill completes.
-        return sum(len(s.tokens) for s in self.running)
-
     def _make_room_for_growth(self, plan: StepPlan) -> None:
-        while len(self.running) > 1 and self._cells_committed() > self.n_cells:
-            victim = self.running[-1]
-            self.preempt(victim)
-            plan.preempted.append(victim)
+        # Every running sequence will hold all of its tokens after this step.
+        for seq in list(self.running):
+            while seq.state is SequenceState.RUNNING and not self.kv.try_reserve(seq, len(seq.tokens)):
+                if len(self.running) == 1:
+                    break  # alone and still short: it finishes at the context limit instead
+                victim = self.running[-1]
+                self.preempt(victim)
+                plan.preempted.append(victim)
 
     def _admit_next(self) -> Sequence | None:
-        if not self._free_ids or len(self.running) >= self.max_running:
+        if len(self.running) >= self.max_running or not self.kv.has_free_id:
             return None
         for priority in (Priority.INTERACTIVE, Priority.BATCH):
             queue = self.waiting[priority]
             if queue:
                 seq = queue[0]
-                # Room for its whole prompt plus one new token for every running sequence.
-                needed = len(seq.tokens) + len(self.running) + 1
-                if self._cells_committed() + needed > self.n_cells and self.running:
+                if not self.kv.try_admit(seq):
                     return None
                 queue.popleft()
-                seq.seq_id = self._free_ids.pop()
                 seq.state = SequenceState.RUNNING
                 if seq.admitted_at is None:
                     seq.admitted_at = time.perf_counter()
                 self.running.append(seq)
                 return seq
         return None
-
-    def _release_id(self, seq: Sequence) -> None:
-        assert seq.seq_id is not None
-        self._free_kv(seq.seq_id)
-        self._free_ids.append(seq.seq_id)
-        seq.seq_id = None

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import enum
+import json
 import time
+from typing import Any
 
 import numpy as np
 
@@ -32,10 +34,12 @@ class Sequence:
         handle: RequestHandle,
         token_bytes: tuple[bytes, ...],
         rng: np.random.Generator,
+        matcher: Any = None,
     ) -> None:
         self.request = request
         self.handle = handle
         self.rng = rng
+        self.matcher = matcher  # a grammar matcher when the output must be JSON
         self.tokens: list[int] = list(prompt_ids)
         self.n_prompt = len(prompt_ids)
         self.n_computed = 0
@@ -48,6 +52,8 @@ class Sequence:
         self.admitted_at: float | None = None
         self.first_token_at: float | None = None
         self.preemptions = 0
+        self.cached_tokens: int | None = None  # prompt tokens served from the prefix cache
+        self.logprobs: list[Any] | None = [] if request.logprobs else None
 
     @property
     def request_id(self) -> str:
@@ -60,6 +66,16 @@ class Sequence:
     @property
     def n_pending(self) -> int:
         return len(self.tokens) - self.n_computed
+
+    @property
+    def remaining_tokens(self) -> int:
+        """How many more tokens this sequence may generate (max_tokens and the context)."""
+        return self.request.max_tokens - self.n_generated
+
+    def structured_data(self) -> Any:
+        if self.matcher is None or not self.matcher.is_complete:
+            return None
+        return json.loads(self.stop_filter.text)
 
     def result(self, error: str | None = None) -> GenerationResult:
         now = time.perf_counter()
@@ -74,6 +90,7 @@ class Sequence:
             generation_time_ms=ms(generation_s),
             latency_ms=ms(now - self.submitted_at),
             tokens_per_second=round(self.n_generated / generation_s, 3) if generation_s > 0 else 0.0,
+            cached_tokens=self.cached_tokens or 0,
         )
         assert self.finish_reason is not None
         return GenerationResult(
@@ -83,4 +100,6 @@ class Sequence:
             finish_reason=self.finish_reason,
             metrics=metrics,
             error=error,
+            structured_data=self.structured_data(),
+            logprobs=None if self.logprobs is None else tuple(self.logprobs),
         )

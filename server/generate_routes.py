@@ -55,10 +55,7 @@ def _final_payload(result: GenerationResult, spec: GenerationSpec) -> dict[str, 
         "metrics": metrics_payload(result),
     }
     if spec.structured is not None:
-        # Only a complete generation can be parsed; one cut off by max_tokens has no value.
-        payload["structured_data"] = (
-            structured.parse_structured_text(result.text) if result.finish_reason.value == "stop" else None
-        )
+        payload["structured_data"] = structured.structured_data(result)
     return payload
 
 

@@ -2,9 +2,12 @@
 
 The engine cannot constrain sampling to a grammar yet. Requests that ask for JSON are fully
 validated here (so a bad schema is a 400 today and stays one later), then refused with 501 by
-`require_engine_support`. Wiring it later means: the engine sets `supports_structured_output`
-and accepts `submit(..., json_schema=<dict>)`; `StructuredOutput.engine_options()` already
-produces that keyword and `parse_structured_text` turns the result text into `structured_data`.
+`require_engine_support`. Wiring it later needs only the engine to declare it: a true
+`Engine.supports_structured_output`. Requests then go to `submit(..., format="json",
+json_schema=<dict or None>)` (the Request fields being added to the engine) and the response's
+`structured_data` is `GenerationResult.structured_data` when the engine fills it, else the
+result text parsed as JSON. The flag is explicit on purpose: an engine that merely accepts the
+fields but samples unconstrained would pass free text off as JSON.
 """
 from __future__ import annotations
 
@@ -16,17 +19,18 @@ import jsonschema
 
 from server.errors import BadRequest, InternalError, NotImplementedFeature
 
-# "format": "json" without a schema asks for a JSON object, like OpenAI's json_object mode.
+# What /generate's "format": "json" and OpenAI's json_object mean: any JSON object. It is
+# validated like a user schema but sent to the engine as "no schema" (its default is an object).
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 @dataclass(frozen=True)
 class StructuredOutput:
-    schema: dict[str, Any]
+    schema: dict[str, Any] | None  # None: any JSON object
     source: str  # which request field asked for it, for error messages
 
     def engine_options(self) -> dict[str, Any]:
-        return {"json_schema": self.schema}
+        return {"format": "json", "json_schema": self.schema}
 
 
 def check_json_schema(schema: Any, param: str) -> dict[str, Any]:
@@ -53,7 +57,7 @@ def from_generate_fields(output_format: str, json_schema: Any) -> StructuredOutp
             raise BadRequest("'json_schema' needs \"format\": \"json\"", param="json_schema")
         return StructuredOutput(check_json_schema(json_schema, "json_schema"), source="format")
     if output_format == "json":
-        return StructuredOutput(ANY_JSON_OBJECT, source="format")
+        return StructuredOutput(None, source="format")
     return None
 
 
@@ -70,7 +74,7 @@ def from_response_format(value: Any) -> StructuredOutput | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return StructuredOutput(ANY_JSON_OBJECT, source="response_format")
+        return StructuredOutput(None, source="response_format")
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict):
@@ -109,10 +113,17 @@ def require_engine_support(engine: Any, structured: StructuredOutput | None) -> 
         )
 
 
-def parse_structured_text(text: str) -> Any:
-    """The JSON value a constrained generation produced. A constrained sampler cannot produce
-    invalid JSON unless it stopped early, so failure here is reported, not hidden."""
+def structured_data(result: Any) -> Any:
+    """The JSON value a constrained generation produced: the engine's own parse when it gives
+    one, else the text parsed here. Only a generation that ended by itself is complete; one cut
+    off (max_tokens, context) has no value. Invalid JSON from a finished constrained generation
+    would be an engine bug, so it is reported, not hidden."""
+    if result.finish_reason.value != "stop":
+        return None
+    parsed = getattr(result, "structured_data", None)
+    if parsed is not None:
+        return parsed
     try:
-        return json.loads(text)
+        return json.loads(result.text)
     except json.JSONDecodeError as exc:
         raise InternalError(f"structured generation did not produce valid JSON: {exc}") from None

@@ -152,16 +152,22 @@ def _every_seq_id_is_free_again(live) -> None:
     n = engine.config.max_batch
 
     async def fill() -> None:
-        async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
-            async def hold(i: int) -> None:
-                body = {"prompt": f"Story {i}:", "max_tokens": 400, "stream": True}
-                async with client.stream("POST", "/generate", json=body) as r:
-                    async for line in r.aiter_lines():
-                        if line.startswith("data:"):
-                            break
-                    await asyncio.to_thread(wait_until, lambda: engine.stats().running == n, 60, "not all ran")
+        all_running = asyncio.Event()
 
-            await asyncio.gather(*(hold(i) for i in range(n)))
+        async def hold(client: httpx.AsyncClient, i: int) -> None:
+            # Greedy counting runs on without an end token, so all n are still running together.
+            body = {"prompt": f"{i}, {i + 1}, {i + 2},", "max_tokens": 400, "temperature": 0, "stream": True}
+            async with client.stream("POST", "/generate", json=body) as r:
+                async for _ in r.aiter_lines():  # keep reading: leaving the loop hangs up
+                    if all_running.is_set():
+                        break
+
+        async def watch() -> None:
+            await asyncio.to_thread(wait_until, lambda: engine.stats().running == n, 60, f"{n} never ran at once")
+            all_running.set()
+
+        async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
+            await asyncio.gather(watch(), *(hold(client, i) for i in range(n)))
 
     asyncio.run(fill())
     assert_engine_idle(engine)

@@ -77,10 +77,10 @@ def test_chat_max_completion_tokens_wins_and_tools_are_refused():
 
 def test_response_format_parsing():
     assert from_response_format({"type": "text"}) is None
-    assert from_response_format({"type": "json_object"}).schema == {"type": "object"}
+    assert from_response_format({"type": "json_object"}).engine_options() == {"format": "json", "json_schema": None}
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     got = from_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
-    assert got.schema == schema and got.engine_options() == {"json_schema": schema}
+    assert got.schema == schema and got.engine_options() == {"format": "json", "json_schema": schema}
     with pytest.raises(BadRequest, match="not a valid JSON Schema"):
         from_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}})
     with pytest.raises(BadRequest, match="'response_format.type'"):

@@ -1,0 +1,170 @@
+"""The KV cache as the scheduler sees it: block ledger + llama.cpp memory ops, kept in step.
+
+Running sequences get seq ids from one pool. Finished (and preempted) sequences leave their
+computed full blocks in the prefix cache: the cells are handed to a *holder* seq id from a second
+pool, which nothing decodes, so they stay until the ledger evicts them. A new prompt that starts
+with cached blocks gets those cells tagged with its own seq id by `seq_cp` — in the unified cache
+that costs no copy and no extra cell — and prefills only the rest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.kv_blocks import BlockLedger, CachedBlock, LedgerStats
+from engine.sequence import Sequence
+
+
+class KvMemory(Protocol):
+    """The llama.cpp memory operations the cache needs (positions: p0 inclusive, p1 exclusive)."""
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool: ...
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
+
+
+class KvPositions(Protocol):
+    def seq_pos_min(self, seq_id: int) -> int: ...
+
+    def seq_pos_max(self, seq_id: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class KvCacheStats:
+    blocks_total: int
+    blocks_used: int  # held by running sequences
+    blocks_cached: int  # held only by the prefix cache
+    blocks_free: int
+    block_size: int
+    prefix_lookups: int
+    prefix_hits: int
+    prefix_hit_tokens: int
+    evictions: int
+
+
+class KvCache:
+    def __init__(
+        self,
+        memory: KvMemory,
+        n_cells: int,
+        block_size: int,
+        running_ids: range,
+        holder_ids: range,
+        prefix_cache: bool = True,
+    ) -> None:
+        self._memory = memory
+        self.block_size = block_size
+        self.prefix_cache = prefix_cache and len(holder_ids) > 0
+        self.ledger = BlockLedger(n_cells // block_size, block_size)
+        self._free_ids = list(reversed(running_ids))
+        self._free_holders = list(reversed(holder_ids))
+        self._holder_blocks: dict[int, int] = {}  # holder seq id -> cached blocks it still holds
+        self._shared: dict[int, int] = {}  # running seq id -> leading positions shared from holders
+
+    @property
+    def has_free_id(self) -> bool:
+        return bool(self._free_ids)
+
+    def try_admit(self, seq: Sequence) -> bool:
+        """Give `seq` a seq id and blocks for all its tokens, reusing cached leading blocks.
+
+        On success seq.n_computed counts the tokens served from the cache. On failure nothing
+        changed (the lookup still counts as a prefix-cache query).
+        """
+        if not self._free_ids:
+            return False
+        n_tokens = len(seq.tokens)
+        if n_tokens > self.ledger.n_blocks * self.block_size:
+            return False
+        match = self.ledger.lookup(seq.tokens) if self.prefix_cache else None
+        if not self.ledger.can_allocate(n_tokens, match):
+            return False
+        seq_id = self._free_ids.pop()
+        self.ledger.allocate(seq_id, n_tokens, match)
+        self._drop_evicted(self.ledger.pop_evicted())
+        if match is not None and match.blocks:
+            self._share(match.holders, seq_id)
+        seq.seq_id = seq_id
+        seq.n_computed = match.n_tokens if match is not None else 0
+        self._shared[seq_id] = seq.n_computed
+        if seq.cached_tokens is None:
+            seq.cached_tokens = seq.n_computed
+        return True
+
+    def try_reserve(self, seq: Sequence, n_tokens_total: int) -> bool:
+        """Make sure seq's blocks cover n_tokens_total tokens (evicting idle cached blocks)."""
+        assert seq.seq_id is not None
+        if n_tokens_total <= self.ledger.n_tokens(seq.seq_id):
+            return True
+        if not self.ledger.can_grow(seq.seq_id, n_tokens_total):
+            return False
+        self.ledger.grow(seq.seq_id, n_tokens_total)
+        self._drop_evicted(self.ledger.pop_evicted())
+        return True
+
+    def release(self, seq: Sequence, keep_prefix: bool = True) -> None:
+        """Free seq's id and blocks; its computed full blocks may stay behind as cached prefix.
+
+        The cells are removed from llama.cpp before the id can be handed out again.
+        """
+        seq_id = seq.seq_id
+        assert seq_id is not None
+        holder = self._take_holder() if keep_prefix and self.prefix_cache else None
+        if holder is None:
+            self.ledger.release(seq_id)
+        else:
+            kept = self.ledger.release(seq_id, seq.tokens[: seq.n_computed], holder=holder)
+            if len(kept):
+                self._memory.seq_cp(seq_id, holder, kept.start, kept.stop)
+                self._holder_blocks[holder] = len(kept) // self.block_size
+            else:
+                self._free_holders.append(holder)
+        self._memory.seq_rm(seq_id, -1, -1)
+        self._free_ids.append(seq_id)
+        del self._shared[seq_id]
+        seq.seq_id = None
+
+    def cells_in_use(self, memory: "KvPositions") -> int:
+        """Distinct llama.cpp cells in use, read from seq_pos_min/max, not from the ledger.
+
+        A running sequence's leading positions that were shared from a holder are the holder's
+        cells (seq_cp only tagged them), so they are counted once, under the holder.
+        """
+        cells = 0
+        for holder in self._holder_blocks:
+            lo, hi = memory.seq_pos_min(holder), memory.seq_pos_max(holder)
+            cells += hi - lo + 1 if hi >= 0 else 0
+        for seq_id, shared in self._shared.items():
+            hi = memory.seq_pos_max(seq_id)
+            cells += max(0, hi + 1 - shared)
+        return cells
+
+    def stats(self) -> KvCacheStats:
+        s: LedgerStats = self.ledger.stats
+        return KvCacheStats(s.total, s.used, s.cached, s.free, self.block_size, s.queries, s.hits,
+                            s.hit_tokens, s.evictions)
+
+    def _take_holder(self) -> int | None:
+        # Holders are fewer than blocks: when all are busy, evict least recently used cached
+        # blocks until one holder is empty, so the newest prefixes can still be kept.
+        while not self._free_holders and self.ledger.stats.cached > 0:
+            self._drop_evicted(self.ledger.evict(1))
+        return self._free_holders.pop() if self._free_holders else None
+
+    def _share(self, holders: tuple[object, ...], seq_id: int) -> None:
+        # One seq_cp per run of consecutive blocks living under the same holder.
+        bs, start = self.block_size, 0
+        for i in range(1, len(holders) + 1):
+            if i == len(holders) or holders[i] != holders[start]:
+                self._memory.seq_cp(int(holders[start]), seq_id, start * bs, i * bs)  # type: ignore[arg-type]
+                start = i
+
+    def _drop_evicted(self, evicted: list[CachedBlock]) -> None:
+        for entry in evicted:
+            holder = int(entry.holder)  # type: ignore[arg-type]
+            self._memory.seq_rm(holder, entry.start, entry.start + self.block_size)
+            self._holder_blocks[holder] -= 1
+            if self._holder_blocks[holder] == 0:
+                del self._holder_blocks[holder]
+                self._memory.seq_rm(holder, -1, -1)
+                self._free_holders.append(holder)

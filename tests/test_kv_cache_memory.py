@@ -1,0 +1,116 @@
+"""Random operations through KvCache against the real llama.cpp memory: after every step, what the
+ledger says each seq id holds must be what llama_memory_seq_pos_min/max report."""
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from bindings import Batch, Context, ContextSettings, DecodeOutcome, Model
+from engine.kv_cache import KvCache
+from engine.model_source import default_model_path
+
+BLOCK = 16
+RUNNING, HOLDERS = range(0, 3), range(3, 6)
+N_CTX = 256
+
+
+@dataclass
+class Seq:
+    tokens: list[int]
+    n_computed: int = 0
+    seq_id: int | None = None
+    cached_tokens: int | None = None
+    fed: list[int] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def model():
+    with Model(default_model_path()) as m:
+        yield m
+
+
+class KvCacheAgainstLlamaMemory(RuleBasedStateMachine):
+    model: Model = None  # set by the test
+
+    @initialize()
+    def setup(self):
+        base = self.model.tokenize("In the beginning the universe was created. " * 6)[:64]
+        self.pool = [base[:n] + [236743 + i] * 5 for i, n in enumerate((20, 33, 48, 64))]
+        self.ctx = Context(self.model, ContextSettings(
+            n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, n_seq_max=6, n_threads=2, swa_full=True))
+        self.kv = KvCache(self.ctx, N_CTX, BLOCK, RUNNING, HOLDERS)
+        self.batch = Batch(N_CTX)
+        self.running: list[Seq] = []
+
+    def teardown(self):
+        if hasattr(self, "ctx"):
+            self.ctx.close()
+
+    def _compute(self, seq: Seq) -> None:
+        todo = seq.tokens[seq.n_computed:]
+        if not todo:
+            return
+        self.batch.clear()
+        self.batch.add_run(np.asarray(todo, dtype=np.int32), seq.n_computed, seq.seq_id, True)
+        assert self.ctx.decode(self.batch) is DecodeOutcome.OK
+        seq.n_computed = len(seq.tokens)
+
+    @rule(which=st.integers(0, 3), extra=st.integers(0, 20))
+    def admit(self, which, extra):
+        seq = Seq(list(self.pool[which]) + list(range(300, 300 + extra)))
+        if self.kv.try_admit(seq):
+            assert seq.n_computed % BLOCK == 0 and seq.n_computed < len(seq.tokens)
+            self.running.append(seq)
+            self._compute(seq)
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 10), n=st.integers(1, 24))
+    def grow(self, i, n):
+        seq = self.running[i % len(self.running)]
+        if self.kv.try_reserve(seq, len(seq.tokens) + n):
+            seq.tokens += list(range(500, 500 + n))
+            self._compute(seq)
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 10), keep=st.booleans())
+    def finish(self, i, keep):
+        seq = self.running.pop(i % len(self.running))
+        self.kv.release(seq, keep_prefix=keep)
+
+    @rule(n=st.integers(1, 4))
+    def evict(self, n):
+        self.kv._drop_evicted(self.kv.ledger.evict(n))
+
+    @invariant()
+    def memory_matches_ledger(self):
+        if not hasattr(self, "kv"):
+            return
+        by_id = {s.seq_id: s for s in self.running}
+        for sid in RUNNING:
+            lo, hi = self.ctx.seq_pos_min(sid), self.ctx.seq_pos_max(sid)
+            if sid in by_id:
+                assert (lo, hi) == (0, by_id[sid].n_computed - 1), f"running seq {sid}"
+            else:
+                assert (lo, hi) == (-1, -1), f"free seq id {sid} still holds cells"
+        held: dict[int, list[int]] = {}
+        for b in self.kv.ledger.cached_blocks():
+            entry = self.kv.ledger.cache_entry(b)
+            held.setdefault(int(entry.holder), []).append(entry.start)
+        for hid in HOLDERS:
+            lo, hi = self.ctx.seq_pos_min(hid), self.ctx.seq_pos_max(hid)
+            starts = held.get(hid)
+            expected = (-1, -1) if not starts else (min(starts), max(starts) + BLOCK - 1)
+            assert (lo, hi) == expected, f"holder {hid}"
+        s = self.kv.ledger.stats
+        assert s.used + s.cached + s.free == s.total
+
+
+def test_kv_cache_matches_llama_memory(model):
+    KvCacheAgainstLlamaMemory.model = model
+    machine = KvCacheAgainstLlamaMemory.TestCase
+    machine.settings = settings(max_examples=12, stateful_step_count=20, deadline=None,
+                                suppress_health_check=list(HealthCheck))
+    machine().runTest()
