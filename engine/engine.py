@@ -29,11 +29,12 @@ from engine.request import (
 from engine.runner import ModelRunner
 from engine.scheduler import Chunk, Scheduler, StepPlan
 from engine.sequence import Sequence
+from sampling.grammar import SchemaError, compile_grammar
 from sampling.params import InvalidParameterError, SamplingParams
-from sampling.sampler import BatchSampler
+from sampling.sampler import BatchSampler, NoAllowedTokenError, RowContext
 from sampling.vocabulary import TokenVocabulary
 
-_SAMPLING_FIELDS = {"temperature", "top_k", "top_p", "seed"}
+_SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
 _IDLE_WAIT_S = 0.05
 
 
@@ -231,19 +232,36 @@ class Engine:
             return []
         logits = self._runner.output_logits()
         wanting = [i for i, c in enumerate(sampled) if c.seq.logprobs is not None]
-        raw = snapshot_rows(logits, wanting)
-        params = [c.seq.request.sampling for c in sampled]
-        rngs = [c.seq.rng for c in sampled]
-        tokens = self._sampler.sample(logits, params, rngs).tolist()
+        raw = snapshot_rows(logits, wanting)  # the sampler may edit rows in place
+        rows = [self._row_context(c.seq) for c in sampled]
+        try:
+            tokens = self._sampler.sample_rows(logits, rows).tolist()
+        except NoAllowedTokenError as exc:  # fail only the rows whose grammar hit a dead end
+            tokens = exc.tokens.tolist()
+            for i in exc.rows:
+                self._finish(sampled[i].seq, FinishReason.ERROR, error=str(exc))
         for i in wanting:
             seq = sampled[i].seq
-            seq.logprobs.append(token_logprob(raw[i], tokens[i], seq.request.logprobs))
+            if tokens[i] >= 0:
+                seq.logprobs.append(token_logprob(raw[i], tokens[i], seq.request.logprobs))
         return tokens
+
+    def _row_context(self, seq: Sequence) -> RowContext:
+        params = seq.request.sampling
+        return RowContext(
+            params=params,
+            rng=seq.rng,
+            generated=seq.tokens[seq.n_prompt :] if params.has_penalties else (),
+            matcher=seq.matcher,
+            remaining_tokens=min(seq.remaining_tokens, self.n_ctx + 1 - len(seq.tokens)),
+        )
 
     def _postprocess(self, sampled: list[Chunk], tokens: list[int]) -> None:
         now = time.perf_counter()
         for chunk, token in zip(sampled, tokens):
             seq = chunk.seq
+            if seq.finish_reason is not None:  # failed while sampling
+                continue
             try:
                 reason = self._append_token(seq, token, now)
             except Exception as exc:
@@ -256,10 +274,12 @@ class Engine:
         seq.tokens.append(token)
         if seq.first_token_at is None:
             seq.first_token_at = now
-        if token in self.model.eog_tokens and not seq.request.ignore_eos:
+        if seq.matcher is not None:
+            seq.matcher.advance(token)
+        if token in self.model.eog_tokens and (seq.matcher is not None or not seq.request.ignore_eos):
             return FinishReason.STOP
         seq.handle.publish_delta(seq.stop_filter.feed(seq.detokenizer.push(token)))
-        if seq.stop_filter.stopped:
+        if seq.stop_filter.stopped or (seq.matcher is not None and seq.matcher.is_finished):
             return FinishReason.STOP
         if seq.n_generated >= seq.request.max_tokens:
             return FinishReason.LENGTH
@@ -322,9 +342,29 @@ class Engine:
 
     def _new_sequence(self, request: Request) -> Sequence:
         prompt_ids = self._prompt_ids(request)
+        bad_bias = [t for t, _ in request.sampling.logit_bias if t >= self.model.n_vocab]
+        if bad_bias:
+            raise InvalidParameterError(
+                f"logit_bias token id {bad_bias[0]} is outside the vocabulary (size {self.model.n_vocab})"
+            )
+        matcher = self._grammar_matcher(request) if request.format == "json" else None
         handle = RequestHandle(request.request_id, len(prompt_ids), self._request_cancel)
         rng = np.random.default_rng(request.sampling.seed)
-        return Sequence(request, prompt_ids, handle, self.model.token_bytes, rng)
+        return Sequence(request, prompt_ids, handle, self.model.token_bytes, rng, matcher)
+
+    def _grammar_matcher(self, request: Request) -> Any:
+        schema = None if request.json_schema is None else dict(request.json_schema)
+        try:
+            matcher = compile_grammar(schema, self.vocabulary).matcher()
+        except SchemaError as exc:
+            raise InvalidParameterError(f"json_schema: {exc}") from exc
+        needed = matcher.min_tokens_to_complete()
+        if request.max_tokens < needed:
+            raise InvalidParameterError(
+                f"max_tokens={request.max_tokens} is too small for this schema: its shortest "
+                f"document needs {needed} tokens"
+            )
+        return matcher
 
     def _as_request(self, request: Request | str | Seq[int], options: dict[str, Any]) -> Request:
         if isinstance(request, Request):

@@ -2,6 +2,7 @@
 real engine, and checks that the engine is idle with every KV sequence freed."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import socket
@@ -23,6 +24,18 @@ SMALL_ENGINE = dict(n_ctx=4096, max_batch=16, step_token_budget=256)
 
 def make_engine(**overrides: Any) -> Engine:
     return Engine(default_model_path(), **{**SMALL_ENGINE, **overrides})
+
+
+_shared: list[Engine] = []
+
+
+def shared_engine() -> Engine:
+    """One SMALL_ENGINE for every test module that leaves it idle, loaded once per process
+    (loading takes seconds on 2 busy cores); closed at exit."""
+    if not _shared:
+        _shared.append(make_engine())
+        atexit.register(_shared[0].close)
+    return _shared[0]
 
 
 class LiveServer:

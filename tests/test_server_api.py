@@ -9,7 +9,7 @@ import pytest
 from tests.server_fixtures import (
     assert_engine_idle,
     generate_stream,
-    make_engine,
+    shared_engine,
     metric,
     running_server,
     scrape,
@@ -23,7 +23,8 @@ METRIC_KEYS = {
 
 @pytest.fixture(scope="module")
 def live():
-    with make_engine() as engine, running_server(lambda: engine, engine) as server:
+    engine = shared_engine()
+    with running_server(lambda: engine, engine) as server:
         yield server
 
 
@@ -69,7 +70,9 @@ def test_max_tokens_is_honoured(client):
 
 
 def test_stop_string_ends_generation_and_is_not_returned(client):
-    prompt = "Count from one to ten: 1, 2, 3, 4,"
+    # Under 16 tokens: a full KV block could be served from the prefix cache on the second
+    # request, and reused cells need not give bit-identical logits, so greedy text could differ.
+    prompt = "Count: 1, 2, 3, 4,"
     free = client.post("/generate", json={"prompt": prompt, "max_tokens": 8, "temperature": 0}).json()["text"]
     assert "," in free, free
     stopped = client.post(

@@ -9,7 +9,7 @@ import pytest
 from tests.server_fixtures import (
     assert_engine_idle,
     kv_positions,
-    make_engine,
+    shared_engine,
     metric,
     raw_http_request,
     running_server,
@@ -26,7 +26,8 @@ PROMPT_TOKENS = 12  # LONG's prompt: KV positions past this mean tokens are bein
 
 @pytest.fixture(scope="module")
 def live():
-    with make_engine() as engine, running_server(lambda: engine, engine) as server:
+    engine = shared_engine()
+    with running_server(lambda: engine, engine) as server:
         yield server
 
 

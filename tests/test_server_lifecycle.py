@@ -18,7 +18,7 @@ import pytest
 from server import cli
 from tests.server_fixtures import (
     assert_engine_idle,
-    make_engine,
+    shared_engine,
     running_server,
     sse_events,
     wait_until,
@@ -29,8 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def engine():
-    with make_engine(n_ctx=2048, max_batch=4, step_token_budget=128) as eng:
-        yield eng
+    return shared_engine()
 
 
 def test_health_says_loading_until_the_model_is_ready(engine):
@@ -139,8 +138,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_cobatch_serve_drains_and_exits_cleanly_on_signal(sig):
+def test_signal_handler_starts_the_drain_and_a_second_ctrl_c_forces_exit():
+    import uvicorn
+
+    from server.draining_server import DrainingServer
+
+    calls = []
+    server = DrainingServer(uvicorn.Config(app=None), on_signal=lambda: calls.append(1))
+    server.handle_exit(signal.SIGINT, None)
+    assert calls == [1] and server.should_exit and not server.force_exit
+    server.handle_exit(signal.SIGINT, None)
+    assert server.force_exit
+    assert server._captured_signals == []  # not re-raised after a clean drain: exit status 0
+
+
+def test_cobatch_serve_drains_and_exits_cleanly_on_sigterm():
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
@@ -161,7 +173,7 @@ def test_cobatch_serve_drains_and_exits_cleanly_on_signal(sig):
         thread, out = _stream_in_background(
             url, {"prompt": "Name some birds.", "max_tokens": 20, "temperature": 0, "stream": True})
         assert out["first"].wait(30)
-        proc.send_signal(sig)
+        proc.send_signal(signal.SIGTERM)
         thread.join(60)
         assert proc.wait(60) == 0
         name, final = out["events"][-1]

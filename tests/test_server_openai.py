@@ -6,14 +6,15 @@ import openai
 import pytest
 
 from server.chat_format import ChatMessage
-from tests.server_fixtures import assert_engine_idle, make_engine, running_server, sse_events
+from tests.server_fixtures import assert_engine_idle, shared_engine, running_server, sse_events
 
 MODEL = "gemma-3-270m-Q4_K_M"
 
 
 @pytest.fixture(scope="module")
 def live():
-    with make_engine() as engine, running_server(lambda: engine, engine) as server:
+    engine = shared_engine()
+    with running_server(lambda: engine, engine) as server:
         yield server
 
 

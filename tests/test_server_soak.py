@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from server.health import process_rss_bytes
-from tests.server_fixtures import assert_engine_idle, make_engine, metric, running_server, scrape, wait_until
+from tests.server_fixtures import assert_engine_idle, shared_engine, metric, running_server, scrape, wait_until
 
 # Kept small per request (short prompts, <= 4 new tokens) so 300 requests take about a minute
 # on 2 cores; COBATCH_SOAK_REQUESTS makes it longer or shorter.
@@ -37,7 +37,8 @@ KINDS = [("generate", 40), ("stream", 15), ("stream_hangup", 10), ("wait_hangup"
 
 @pytest.fixture(scope="module")
 def live():
-    with make_engine() as engine, running_server(lambda: engine, engine) as server:
+    engine = shared_engine()
+    with running_server(lambda: engine, engine) as server:
         yield server
 
 
