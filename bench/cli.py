@@ -7,6 +7,7 @@ import sys
 BENCHMARKS = {
     "decode-step": "bench.decode_step",
     "prefix-sharing": "bench.prefix_sharing",
+    "structured": "bench.structured",
 }
 
 
