@@ -198,7 +198,7 @@ class Engine:
                 self._step()
             except Exception as exc:  # a bug must fail requests, not kill the engine thread
                 self._fail_running(exc)
-            self._kv_stats = self.kv_cache.stats()
+                self._kv_stats = self.kv_cache.stats()
         self._drain_inbox()
         for seq in list(self._live.values()):
             self._finish(seq, FinishReason.CANCELLED, error="the engine shut down")
@@ -216,6 +216,7 @@ class Engine:
         t3 = clock()
         if outcome is not DecodeOutcome.OK:
             self._recover(outcome)
+            self._kv_stats = self.kv_cache.stats()
             return
         for chunk in plan.chunks:
             chunk.seq.n_computed += chunk.length
@@ -223,6 +224,7 @@ class Engine:
         tokens = self._sample(sampled)
         t4 = clock()
         self._postprocess(sampled, tokens)
+        self._kv_stats = self.kv_cache.stats()
         t5 = clock()
         kind = "decode" if plan.n_tokens == len(sampled) else "mixed"
         self._profiles[kind].record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, len(sampled))

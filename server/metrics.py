@@ -126,3 +126,29 @@ class _EngineCollector(Collector):
         steps = CounterMetricFamily("cobatch_engine_steps", "Engine decode steps run")
         steps.add_metric([], stats.steps)
         yield steps
+        yield from _kv_block_metrics(stats)
+
+
+def _kv_block_metrics(stats: Any) -> Iterable:
+    """The KV block ledger and prefix cache, for engines whose stats carry them (`stats.kv`)."""
+    prefilled = getattr(stats, "tokens_prefilled", None)
+    if prefilled is not None:
+        family = CounterMetricFamily("cobatch_tokens_prefilled", "Prompt tokens computed (not served from cache)")
+        family.add_metric([], prefilled)
+        yield family
+    kv = getattr(stats, "kv", None)
+    if kv is None:
+        return
+    blocks = GaugeMetricFamily("cobatch_kv_blocks", "KV cache blocks by state", labels=["state"])
+    for state in ("used", "cached", "free"):
+        blocks.add_metric([state], getattr(kv, f"blocks_{state}"))
+    yield blocks
+    for name, attr, help_text in (
+        ("cobatch_prefix_cache_lookups", "prefix_lookups", "Prefix cache lookups"),
+        ("cobatch_prefix_cache_hits", "prefix_hits", "Prefix cache lookups that reused cached blocks"),
+        ("cobatch_prefix_cache_hit_tokens", "prefix_hit_tokens", "Prompt tokens served from the prefix cache"),
+        ("cobatch_prefix_cache_evictions", "evictions", "Cached blocks evicted to make room"),
+    ):
+        family = CounterMetricFamily(name, help_text)
+        family.add_metric([], getattr(kv, attr))
+        yield family

@@ -51,18 +51,10 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
     sampling = read_sampling(fields, n_ctx=n_ctx, defaults=COMPLETION_DEFAULTS)
     stream, include_usage = _stream_fields(fields)
     _refuse_unsupported(fields)
-    if fields.present("suffix"):
-        if fields.raw("suffix") not in (None, ""):
-            raise NotImplementedFeature("'suffix' (insertion) is not supported by this engine", param="suffix")
-    if fields.present("echo"):
-        if fields.raw("echo") not in (None, False):
-            raise NotImplementedFeature("'echo' is not supported by this engine", param="echo")
-    if fields.present("best_of"):
-        if fields.raw("best_of") not in (None, 1):
-            raise NotImplementedFeature("'best_of' other than 1 is not supported by this engine", param="best_of")
-    if fields.present("logprobs"):
-        if fields.raw("logprobs") not in (None, 0, False):
-            raise NotImplementedFeature("'logprobs' is not supported by this engine", param="logprobs")
+    _refuse_unless(fields, "suffix", (None, ""), "'suffix' (insertion) is not supported by this engine")
+    _refuse_unless(fields, "echo", (None, False), "'echo' is not supported by this engine")
+    _refuse_unless(fields, "best_of", (None, 1), "'best_of' other than 1 is not supported by this engine")
+    _refuse_unless(fields, "logprobs", (None, 0, False), "'logprobs' is not supported by this server yet")
     fields.finish()
     spec = GenerationSpec(prompt=prompt, stream=stream, **sampling)
     return CompletionRequest(model, spec, include_usage)
@@ -85,20 +77,12 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int) -> ChatRequest:
     stream, include_usage = _stream_fields(fields)
     response_format = structured.from_response_format(fields.raw("response_format", None))
     _refuse_unsupported(fields)
-    if fields.present("logprobs"):
-        if fields.raw("logprobs") not in (None, False):
-            raise NotImplementedFeature("'logprobs' is not supported by this engine", param="logprobs")
-    if fields.present("top_logprobs"):
-        if fields.raw("top_logprobs") not in (None, 0):
-            raise NotImplementedFeature("'top_logprobs' is not supported by this engine", param="top_logprobs")
+    _refuse_unless(fields, "logprobs", (None, False), "'logprobs' is not supported by this server yet")
+    _refuse_unless(fields, "top_logprobs", (None, 0), "'top_logprobs' is not supported by this server yet")
     for name in ("tools", "functions"):
-        if fields.present(name):
-            if fields.raw(name) not in (None, []):
-                raise NotImplementedFeature(f"'{name}' (tool calling) is not supported by this engine", param=name)
+        _refuse_unless(fields, name, (None, []), f"'{name}' (tool calling) is not supported by this engine")
     for name in ("tool_choice", "function_call"):
-        if fields.present(name):
-            if fields.raw(name) not in (None, "none", "auto"):
-                raise NotImplementedFeature(f"'{name}' (tool calling) is not supported by this engine", param=name)
+        _refuse_unless(fields, name, (None, "none", "auto"), f"'{name}' (tool calling) is not supported by this engine")
     fields.boolean("parallel_tool_calls", None, nullable=True)
     fields.finish()
     spec = GenerationSpec(prompt=(), stream=stream, structured=response_format, **sampling)
@@ -138,6 +122,12 @@ def _stream_fields(fields: FieldReader) -> tuple[bool, bool]:
         if not stream:
             raise BadRequest("'stream_options' is only allowed with \"stream\": true", param="stream_options")
     return stream, include_usage
+
+
+def _refuse_unless(fields: FieldReader, name: str, harmless: tuple, message: str) -> None:
+    """Accept a field only with a value that asks for nothing (its default); else 501."""
+    if fields.present(name) and fields.raw(name) not in harmless:
+        raise NotImplementedFeature(message, param=name)
 
 
 def _refuse_unsupported(fields: FieldReader) -> None:
