@@ -60,6 +60,8 @@ class Engine:
     Use `submit()` for a handle (stream, await, cancel) or `generate()` to block for results.
     """
 
+    supports_structured_output = True  # format="json" / json_schema are enforced by grammar masks
+
     def __init__(
         self,
         model_path: str | Path | None = None,

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from engine import GenerationResult, RequestHandle
-from server import structured
+from server import logprobs, structured
 from server.context import ServerContext
 from server.generation import error_for_result, metrics_payload
 from server.schemas import parse_generate
@@ -32,7 +32,7 @@ async def generate(request: Request, ctx: ServerContext) -> Response:
     headers = {"x-request-id": handle.request_id}
     if spec.stream:
         return EventStreamResponse(
-            _events(handle, spec),
+            _events(handle, spec, engine),
             on_disconnect=lambda: ctx.service.client_left(handle, ENDPOINT, spec.priority),
             error_event=lambda err: encode_event(err.body(), event="error"),
             headers=headers,
@@ -44,10 +44,10 @@ async def generate(request: Request, ctx: ServerContext) -> Response:
     if error is not None:
         error.headers.update(headers)
         return error.response()
-    return JSONResponse(_final_payload(result, spec), headers=headers)
+    return JSONResponse(_final_payload(result, spec, engine), headers=headers)
 
 
-def _final_payload(result: GenerationResult, spec: GenerationSpec) -> dict[str, Any]:
+def _final_payload(result: GenerationResult, spec: GenerationSpec, engine: Any) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "id": result.request_id,
         "text": result.text,
@@ -56,17 +56,19 @@ def _final_payload(result: GenerationResult, spec: GenerationSpec) -> dict[str, 
     }
     if spec.structured is not None:
         payload["structured_data"] = structured.structured_data(result)
+    if spec.want_logprobs:
+        payload["logprobs"] = logprobs.generate_logprobs(result, engine.model.token_bytes, spec.logprobs)
     return payload
 
 
-async def _events(handle: RequestHandle, spec: GenerationSpec) -> AsyncIterator[bytes]:
+async def _events(handle: RequestHandle, spec: GenerationSpec, engine: Any) -> AsyncIterator[bytes]:
     try:
         async for delta in handle:
             yield encode_event({"text": delta}, event="delta")
         result = await handle
         error = error_for_result(result)
         if error is None:
-            yield encode_event(_final_payload(result, spec), event="done")
+            yield encode_event(_final_payload(result, spec, engine), event="done")
         else:
             body = error.body()
             body.update(finish_reason=result.finish_reason.value, metrics=metrics_payload(result))

@@ -82,7 +82,7 @@ class GenerationService:
             except PromptTooLongError as exc:
                 raise BadRequest(str(exc), param="prompt", code="context_length_exceeded") from None
             except InvalidParameterError as exc:
-                raise BadRequest(str(exc)) from None
+                raise BadRequest(str(exc), param=_param_of(str(exc), spec)) from None
             except QueueFullError as exc:
                 raise TooManyRequests(
                     f"the request queue is full ({exc}); retry later",
@@ -127,6 +127,17 @@ class GenerationService:
         if not handle.done():
             handle.cancel()
             self.metrics.observe_disconnect(endpoint, priority)
+
+
+def _param_of(message: str, spec: GenerationSpec) -> str | None:
+    """The request field an engine InvalidParameterError is about, from its message."""
+    if message.startswith("json_schema:") and spec.structured is not None:
+        return "response_format" if spec.structured.source == "response_format" else "json_schema"
+    for name in ("max_tokens", "logit_bias", "logprobs", "stop", "seed", "min_p", "repetition_penalty",
+                 "presence_penalty", "frequency_penalty", "temperature", "top_p", "top_k"):
+        if name in message:
+            return name
+    return None
 
 
 async def _result_of(handle: RequestHandle) -> GenerationResult:

@@ -5,20 +5,24 @@ Streams end with `data: [DONE]`; with stream_options.include_usage a last chunk 
 and no choices. A request that ends in an error mid-stream gets a `data: {"error": ...}`
 chunk, which the OpenAI clients raise as an APIError. Finish reasons: "stop", or "length" for
 both max_tokens and a full context. Responses also carry a non-standard `metrics` object.
+Logprobs (when asked for, never with streaming) follow OpenAI's legacy completions format and
+its chat format; see server/logprobs.py.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from engine import FinishReason, GenerationResult, RequestHandle
 from server.context import ServerContext
+from server import logprobs
 from server.errors import NotFound
 from server.generation import error_for_result, metrics_payload
 from server.openai_schemas import parse_chat, parse_completion
+from server.spec import GenerationSpec
 from server.sse import EventStreamResponse, encode_event
 from server.validation import read_json_object
 
@@ -48,8 +52,9 @@ async def completions(request: Request, ctx: ServerContext) -> Response:
     engine = ctx.require_engine()
     parsed = parse_completion(body, n_ctx=engine.n_ctx)
     model_id = _check_model(parsed.model, ctx)
-    handle, _ = await ctx.service.submit(lambda: parsed.spec, COMPLETIONS, "cmpl")
-    shape = _Shape(kind="text_completion", request_id=f"cmpl-{handle.request_id}", model=model_id)
+    handle, spec = await ctx.service.submit(lambda: parsed.spec, COMPLETIONS, "cmpl")
+    shape = _Shape(kind="text_completion", request_id=f"cmpl-{handle.request_id}", model=model_id,
+                   spec=spec, token_bytes=engine.model.token_bytes)
     return await _respond(request, ctx, handle, COMPLETIONS, parsed.spec.priority, parsed.spec.stream,
                           parsed.include_usage, shape)
 
@@ -65,7 +70,8 @@ async def chat_completions(request: Request, ctx: ServerContext) -> Response:
     handle, spec = await ctx.service.submit(
         lambda: parsed.with_prompt(chat.render(parsed.messages)), CHAT, "chat"
     )
-    shape = _Shape(kind="chat.completion", request_id=f"chatcmpl-{handle.request_id}", model=model_id)
+    shape = _Shape(kind="chat.completion", request_id=f"chatcmpl-{handle.request_id}", model=model_id,
+                   spec=spec, token_bytes=engine.model.token_bytes)
     return await _respond(request, ctx, handle, CHAT, spec.priority, spec.stream, parsed.include_usage, shape)
 
 
@@ -80,8 +86,11 @@ def _check_model(name: str, ctx: ServerContext) -> str:
 class _Shape:
     """Builds OpenAI objects for one request: full responses and stream chunks."""
 
-    def __init__(self, kind: str, request_id: str, model: str) -> None:
+    def __init__(self, kind: str, request_id: str, model: str, spec: GenerationSpec | None = None,
+                 token_bytes: Sequence[bytes] = ()) -> None:
         self.kind = kind
+        self.spec = spec
+        self.token_bytes = token_bytes
         self.chat = kind == "chat.completion"
         self.request_id = request_id
         self.model = model
@@ -92,7 +101,8 @@ class _Shape:
                 "choices": choices}
 
     def response(self, result: GenerationResult) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": openai_finish_reason(result), "logprobs": None}
+        choice: dict[str, Any] = {"index": 0, "finish_reason": openai_finish_reason(result),
+                                  "logprobs": self._logprobs(result)}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": result.text}
         else:
@@ -101,6 +111,12 @@ class _Shape:
         payload["usage"] = usage(result)
         payload["metrics"] = metrics_payload(result)
         return payload
+
+    def _logprobs(self, result: GenerationResult) -> dict[str, Any] | None:
+        if self.spec is None or not self.spec.want_logprobs:
+            return None
+        build = logprobs.chat_logprobs if self.chat else logprobs.completion_logprobs
+        return build(result, self.token_bytes, self.spec.logprobs)
 
     def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}

@@ -2,13 +2,15 @@
 
 Accepted as OpenAI documents them: model, prompt | messages, max_tokens (chat also
 max_completion_tokens), temperature (default 1), top_p (default 1), n (1 only), stream,
-stream_options.include_usage, stop, seed, user, and for chat response_format.
-Extensions: top_k (default 0 = off) and priority ("interactive" | "batch", default "batch").
+stream_options.include_usage, stop, seed, user, presence_penalty, frequency_penalty,
+logit_bias, logprobs (completions: an integer 0..20; chat: true/false with top_logprobs 0..20),
+and for chat response_format (json_object, json_schema: constrained by the engine's grammar).
+Extensions: top_k (default 0 = off), min_p (default 0), repetition_penalty (default 1) and
+priority ("interactive" | "batch", default "batch").
 
 Parts of the API this engine cannot do are refused with 501 and say so: n > 1, best_of > 1,
-logprobs, echo, suffix, logit_bias, presence/frequency penalties, tools, and (until the engine
-has grammar-constrained sampling) JSON response formats. Completion max_tokens defaults to 16
-as in OpenAI's API; chat max_tokens defaults to 512.
+echo, suffix, tools. Logprobs with streaming are refused with 400. Completion max_tokens
+defaults to 16 as in OpenAI's API; chat max_tokens defaults to 512.
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from typing import Any
 from server import structured
 from server.chat_format import ChatMessage, RenderedChat, parse_messages
 from server.errors import BadRequest, NotImplementedFeature
-from server.schemas import read_sampling
-from server.spec import GenerationSpec
+from server.schemas import check_combinations, read_sampling
+from server.spec import MAX_LOGPROBS, GenerationSpec
 from server.validation import FieldReader
 
 COMPLETION_DEFAULTS = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
@@ -41,7 +43,10 @@ class ChatRequest:
     include_usage: bool
 
     def with_prompt(self, rendered: RenderedChat) -> GenerationSpec:
-        return replace(self.spec, prompt=rendered.token_ids, extra_stops=rendered.extra_stops)
+        # The transcript format's "\nuser:" stop would be refused next to JSON output, and is
+        # not needed there: the grammar ends the answer when the document is complete.
+        extra_stops = () if self.spec.structured is not None else rendered.extra_stops
+        return replace(self.spec, prompt=rendered.token_ids, extra_stops=extra_stops)
 
 
 def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
@@ -54,9 +59,14 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
     _refuse_unless(fields, "suffix", (None, ""), "'suffix' (insertion) is not supported by this engine")
     _refuse_unless(fields, "echo", (None, False), "'echo' is not supported by this engine")
     _refuse_unless(fields, "best_of", (None, 1), "'best_of' other than 1 is not supported by this engine")
-    _refuse_unless(fields, "logprobs", (None, 0, False), "'logprobs' is not supported by this server yet")
+    if body.get("logprobs") is False:  # some clients send false for "none"
+        fields.raw("logprobs")
+    logprobs = fields.integer("logprobs", None, minimum=0, maximum=MAX_LOGPROBS, nullable=True)
     fields.finish()
-    spec = GenerationSpec(prompt=prompt, stream=stream, **sampling)
+    check_combinations(sampling, stream=stream, wants_logprobs=logprobs is not None,
+                       structured_output=None, logprobs_param="logprobs")
+    spec = GenerationSpec(prompt=prompt, stream=stream, logprobs=logprobs or 0,
+                          want_logprobs=logprobs is not None, **sampling)
     return CompletionRequest(model, spec, include_usage)
 
 
@@ -77,15 +87,20 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int) -> ChatRequest:
     stream, include_usage = _stream_fields(fields)
     response_format = structured.from_response_format(fields.raw("response_format", None))
     _refuse_unsupported(fields)
-    _refuse_unless(fields, "logprobs", (None, False), "'logprobs' is not supported by this server yet")
-    _refuse_unless(fields, "top_logprobs", (None, 0), "'top_logprobs' is not supported by this server yet")
+    logprobs = fields.boolean("logprobs", False, nullable=True)
+    top_logprobs = fields.integer("top_logprobs", None, minimum=0, maximum=MAX_LOGPROBS, nullable=True)
+    if top_logprobs is not None and not logprobs:
+        raise BadRequest("'top_logprobs' needs \"logprobs\": true", param="top_logprobs")
     for name in ("tools", "functions"):
         _refuse_unless(fields, name, (None, []), f"'{name}' (tool calling) is not supported by this engine")
     for name in ("tool_choice", "function_call"):
         _refuse_unless(fields, name, (None, "none", "auto"), f"'{name}' (tool calling) is not supported by this engine")
     fields.boolean("parallel_tool_calls", None, nullable=True)
     fields.finish()
-    spec = GenerationSpec(prompt=(), stream=stream, structured=response_format, **sampling)
+    check_combinations(sampling, stream=stream, wants_logprobs=logprobs, structured_output=response_format,
+                       logprobs_param="logprobs")
+    spec = GenerationSpec(prompt=(), stream=stream, structured=response_format, logprobs=top_logprobs or 0,
+                          want_logprobs=logprobs, **sampling)
     return ChatRequest(model, messages, spec, include_usage)
 
 
@@ -135,11 +150,4 @@ def _refuse_unsupported(fields: FieldReader) -> None:
     n = fields.integer("n", 1, minimum=1, nullable=True)
     if n != 1:
         raise NotImplementedFeature("'n' other than 1 is not supported; send separate requests", param="n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = fields.number(name, 0.0, minimum=-2.0, maximum=2.0, nullable=True)
-        if value != 0.0:
-            raise NotImplementedFeature(f"'{name}' is not supported by this engine's sampler", param=name)
-    bias = fields.object("logit_bias", None, nullable=True)
-    if bias:
-        raise NotImplementedFeature("'logit_bias' is not supported by this engine's sampler", param="logit_bias")
     fields.string("user", None, nullable=True)  # an end-user id for abuse tracking; nothing to do here

@@ -1,27 +1,45 @@
 """Validation of the native `POST /generate` body into a GenerationSpec.
 
 Fields (all but `prompt` optional):
-  prompt       non-empty string
-  priority     "interactive" | "batch"            (default "batch")
-  format       "raw" | "json"                      (default "raw"; "json" is 501 until the engine has it)
-  json_schema  JSON Schema object, implies nothing by itself: needs format "json"
-  max_tokens   integer 1..n_ctx                    (default 512)
-  temperature  number 0..2                         (default 0.7; 0 is greedy)
-  top_p        number in (0, 1]                    (default 0.9; 1 disables it)
-  top_k        integer >= 0                        (default 40; 0 disables it)
-  stop         string or list of strings           (default none)
-  seed         integer >= 0 or null                (default null: random)
-  stream       boolean                             (default false)
+  prompt              non-empty string
+  priority            "interactive" | "batch"         (default "batch")
+  format              "raw" | "json"                   (default "raw"; "json": any JSON object)
+  json_schema         JSON Schema object; needs format "json"; the output is constrained to it
+  max_tokens          integer 1..n_ctx                 (default 512)
+  temperature         number 0..2                      (default 0.7; 0 is greedy)
+  top_p               number in (0, 1]                 (default 0.9; 1 disables it)
+  top_k               integer >= 0                     (default 40; 0 disables it)
+  min_p               number 0..1                      (default 0: off)
+  repetition_penalty  number > 0                       (default 1: off)
+  presence_penalty    number -2..2                     (default 0: off)
+  frequency_penalty   number -2..2                     (default 0: off)
+  logit_bias          {"<token id>": -100..100, ...}   (default none)
+  logprobs            integer 0..20 or null            (default null: none; n: each token's
+                                                        logprob and the n most likely tokens)
+  stop                string or list of strings        (default none; not with format "json")
+  seed                integer >= 0 or null             (default null: random)
+  stream              boolean                          (default false; not with logprobs)
 """
 from __future__ import annotations
 
 from typing import Any
 
 from server import structured
-from server.spec import MAX_SEED, MAX_STOP_LENGTH, MAX_STOP_STRINGS, MAX_TEMPERATURE, GenerationSpec
+from server.errors import BadRequest
+from server.spec import (
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_LOGPROBS,
+    MAX_SEED,
+    MAX_STOP_LENGTH,
+    MAX_STOP_STRINGS,
+    MAX_TEMPERATURE,
+    PENALTY_LIMIT,
+    GenerationSpec,
+)
 from server.validation import FieldReader
 
 PRIORITIES = ("interactive", "batch")
+LOGIT_BIAS_LIMIT = 100.0
 
 
 def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: dict[str, Any]) -> dict[str, Any]:
@@ -35,10 +53,37 @@ def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: dict[str, Any]) 
             "top_p", defaults["top_p"], minimum=0.0, maximum=1.0, exclusive_minimum=True, nullable=True
         ),
         "top_k": fields.integer("top_k", defaults["top_k"], minimum=0, nullable=True),
+        "min_p": fields.number("min_p", 0.0, minimum=0.0, maximum=1.0, nullable=True),
+        "repetition_penalty": fields.number(
+            "repetition_penalty", 1.0, minimum=0.0, exclusive_minimum=True, nullable=True
+        ),
+        "presence_penalty": fields.number(
+            "presence_penalty", 0.0, minimum=-PENALTY_LIMIT, maximum=PENALTY_LIMIT, nullable=True
+        ),
+        "frequency_penalty": fields.number(
+            "frequency_penalty", 0.0, minimum=-PENALTY_LIMIT, maximum=PENALTY_LIMIT, nullable=True
+        ),
+        "logit_bias": fields.logit_bias(max_entries=MAX_LOGIT_BIAS_ENTRIES, limit=LOGIT_BIAS_LIMIT),
         "seed": fields.integer("seed", None, minimum=0, maximum=MAX_SEED, nullable=True),
         "stop": fields.stop_strings("stop", max_count=MAX_STOP_STRINGS, max_length=MAX_STOP_LENGTH),
         "priority": fields.string("priority", "batch", choices=PRIORITIES, nullable=True),
     }
+
+
+def check_combinations(sampling: dict[str, Any], *, stream: bool, wants_logprobs: bool,
+                       structured_output: structured.StructuredOutput | None, logprobs_param: str) -> None:
+    """Options that are valid alone but not together, refused before anything is queued."""
+    if structured_output is not None and sampling["stop"]:
+        raise BadRequest(
+            f"'stop' cannot be combined with JSON output ('{structured_output.source}'): a stop string "
+            "would cut the document short",
+            param="stop",
+        )
+    if stream and wants_logprobs:
+        raise BadRequest(
+            f"'{logprobs_param}' is not supported with \"stream\": true; send the request without streaming",
+            param=logprobs_param,
+        )
 
 
 GENERATE_DEFAULTS = {"max_tokens": 512, "temperature": 0.7, "top_p": 0.9, "top_k": 40}
@@ -50,7 +95,11 @@ def parse_generate(body: dict[str, Any], *, n_ctx: int) -> GenerationSpec:
     sampling = read_sampling(fields, n_ctx=n_ctx, defaults=GENERATE_DEFAULTS)
     output_format = fields.string("format", "raw", choices=("raw", "json"), nullable=True)
     json_schema = fields.raw("json_schema", None)
+    logprobs = fields.integer("logprobs", None, minimum=0, maximum=MAX_LOGPROBS, nullable=True)
     stream = fields.boolean("stream", False, nullable=True)
     fields.finish()
     structured_output = structured.from_generate_fields(output_format, json_schema)
-    return GenerationSpec(prompt=prompt, stream=stream, structured=structured_output, **sampling)
+    check_combinations(sampling, stream=stream, wants_logprobs=logprobs is not None,
+                       structured_output=structured_output, logprobs_param="logprobs")
+    return GenerationSpec(prompt=prompt, stream=stream, structured=structured_output,
+                          logprobs=logprobs or 0, want_logprobs=logprobs is not None, **sampling)

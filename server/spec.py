@@ -11,6 +11,9 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_TEMPERATURE = 2.0  # OpenAI's documented range; higher is noise on a small model
 MAX_SEED = 2**63 - 1
+MAX_LOGIT_BIAS_ENTRIES = 1024  # bounds the work one request can put on every sampling step
+MAX_LOGPROBS = 20  # the engine's limit (OpenAI's chat limit too)
+PENALTY_LIMIT = 2.0  # presence/frequency penalties, as OpenAI documents them
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,13 @@ class GenerationSpec:
     stop: tuple[str, ...]
     priority: str
     stream: bool
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int = 0  # top alternatives per token the engine records; 0: no logprobs at all
+    want_logprobs: bool = False  # per-token logprobs are wanted (even with 0 alternatives)
     structured: StructuredOutput | None = None
     extra_stops: tuple[str, ...] = field(default=())  # added by the chat fallback format
 
@@ -38,6 +48,16 @@ class GenerationSpec:
             "stop": tuple(dict.fromkeys(self.stop + self.extra_stops)),
             "priority": self.priority,
         }
+        # Only what departs from the engine's defaults, so an engine (or a test double) that
+        # predates these options still takes plain requests.
+        for name, neutral in (("min_p", 0.0), ("repetition_penalty", 1.0), ("presence_penalty", 0.0),
+                              ("frequency_penalty", 0.0), ("logit_bias", ())):
+            value = getattr(self, name)
+            if value != neutral:
+                options[name] = value
+        if self.want_logprobs:
+            # The engine records logprobs only when asked for at least one alternative.
+            options["logprobs"] = max(1, self.logprobs)
         if self.structured is not None:
             options.update(self.structured.engine_options())
         return options

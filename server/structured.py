@@ -1,13 +1,16 @@
 """Structured output (JSON, optionally matching a JSON Schema): request parsing and the gate.
 
-The engine cannot constrain sampling to a grammar yet. Requests that ask for JSON are fully
-validated here (so a bad schema is a 400 today and stays one later), then refused with 501 by
-`require_engine_support`. Wiring it later needs only the engine to declare it: a true
-`Engine.supports_structured_output`. Requests then go to `submit(..., format="json",
-json_schema=<dict or None>)` (the Request fields being added to the engine) and the response's
-`structured_data` is `GenerationResult.structured_data` when the engine fills it, else the
-result text parsed as JSON. The flag is explicit on purpose: an engine that merely accepts the
-fields but samples unconstrained would pass free text off as JSON.
+Requests that ask for JSON are validated here first (a schema that is not valid JSON Schema is
+a 400 quoting the problem), then sent to `Engine.submit(..., format="json",
+json_schema=<dict or None>)`, which constrains sampling with a grammar compiled from the schema.
+Schemas the grammar compiler cannot express (an unsupported keyword, say) are refused by the
+engine at submit with an InvalidParameterError starting "json_schema:", also a 400. The
+response's `structured_data` is `GenerationResult.structured_data` (the engine's parse of the
+finished document), else the result text parsed as JSON.
+
+The gate `require_engine_support` stays for engines that do not declare
+`supports_structured_output`: they get a 501, since an engine that merely accepted the fields
+but sampled unconstrained would pass free text off as JSON.
 """
 from __future__ import annotations
 
@@ -90,6 +93,8 @@ def from_response_format(value: Any) -> StructuredOutput | None:
             )
         if not isinstance(spec.get("name"), str) or not spec["name"]:
             raise BadRequest("'response_format.json_schema.name' must be a non-empty string", param="response_format")
+        if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+            raise BadRequest("'response_format.json_schema.strict' must be true or false", param="response_format")
         schema = check_json_schema(spec.get("schema", ANY_JSON_OBJECT), "response_format.json_schema.schema")
         return StructuredOutput(schema, source="response_format")
     raise BadRequest(
@@ -105,8 +110,8 @@ def engine_supports_structured_output(engine: Any) -> bool:
 def require_engine_support(engine: Any, structured: StructuredOutput | None) -> None:
     if structured is not None and not engine_supports_structured_output(engine):
         raise NotImplementedFeature(
-            f"structured output ('{structured.source}' asking for JSON) is not available yet: "
-            "the engine has no grammar-constrained sampling, and unconstrained text is not passed "
+            f"structured output ('{structured.source}' asking for JSON) is not available with this "
+            "engine: it has no grammar-constrained sampling, and unconstrained text is not passed "
             "off as JSON. Send the request without it.",
             param=structured.source,
             code="structured_output_unavailable",

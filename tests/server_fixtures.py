@@ -170,3 +170,17 @@ def raw_http_request(port: int, path: str, body: dict) -> socket.socket:
         f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
     )
     return sock
+
+
+# The product-review schema the structured-output tests ask for (max_tokens ~40 is enough).
+REVIEW_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "rating": {"type": "integer", "minimum": 1, "maximum": 5},
+        "pros": {"type": "array", "items": {"type": "string"}},
+        "cons": {"type": "array", "items": {"type": "string"}},
+        "summary": {"type": "string"},
+    },
+    "required": ["rating", "pros", "cons", "summary"],
+}
+REVIEW_PROMPT = "Review of the Acme kettle as JSON with rating, pros, cons and summary:\n"

@@ -98,6 +98,14 @@ BAD_FIELDS = [
     ({**GOOD, "json_schema": {"type": "object"}}, "'json_schema' needs \"format\": \"json\"", "json_schema"),
     ({**GOOD, "format": "json", "json_schema": {"type": "objekt"}}, "is not a valid JSON Schema", "json_schema"),
     ({**GOOD, "format": "json", "json_schema": [1]}, "must be a JSON Schema object", "json_schema"),
+    ({**GOOD, "format": "json", "stop": "}"}, "'stop' cannot be combined with JSON output", "stop"),
+    ({**GOOD, "logprobs": 2, "stream": True}, "'logprobs' is not supported with \"stream\": true", "logprobs"),
+    ({**GOOD, "logprobs": 21}, "'logprobs' must be <= 20", "logprobs"),
+    ({**GOOD, "logit_bias": {"x": 1}}, "keys must be non-negative integer token ids", "logit_bias"),
+    ({**GOOD, "logit_bias": {"5": -101}}, "must be between -100 and 100", "logit_bias"),
+    ({**GOOD, "presence_penalty": 3}, "'presence_penalty' must be <= 2.0", "presence_penalty"),
+    ({**GOOD, "repetition_penalty": -1}, "'repetition_penalty' must be greater than 0.0", "repetition_penalty"),
+    ({**GOOD, "min_p": -0.1}, "'min_p' must be >= 0.0", "min_p"),
 ]
 
 
@@ -131,12 +139,43 @@ def test_body_over_the_size_limit_is_413(client, live):
     unchanged.check()
 
 
-@pytest.mark.parametrize("extra", [{"format": "json"}, {"format": "json", "json_schema": {"type": "object"}}])
-def test_structured_output_is_501_until_the_engine_has_it(client, live, extra):
+@pytest.mark.parametrize(
+    "extra, fragment, param",
+    [
+        ({"format": "json", "json_schema": {"type": "object", "patternProperties": {"^a": {}}}},
+         "unsupported keyword 'patternProperties'", "json_schema"),
+        ({"format": "json", "json_schema": {"type": "object", "properties": {"a": {"type": "string"}},
+                                            "required": ["a"]}, "max_tokens": 1}, "max_tokens=1", "max_tokens"),
+        ({"logit_bias": {"10000000": 1}}, "outside the vocabulary", "logit_bias"),
+    ],
+)
+def test_requests_the_engine_refuses_at_submit_are_400(client, live, extra, fragment, param):
     unchanged = Unchanged(live, client)
-    error = assert_error(client.post("/generate", json={**GOOD, **extra}), 501, "not available yet")
-    assert error["code"] == "structured_output_unavailable"
+    error = assert_error(client.post("/generate", json={**GOOD, **extra}), 400, fragment)
+    assert error["param"] == param
     unchanged.check()
+
+
+class _NoGrammarEngine:
+    """The real engine, claiming no structured-output support (as engines before it did)."""
+
+    supports_structured_output = False
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+@pytest.mark.parametrize("extra", [{"format": "json"}, {"format": "json", "json_schema": {"type": "object"}}])
+def test_structured_output_is_501_on_an_engine_without_it(live, extra):
+    with running_server(lambda: _NoGrammarEngine(live.engine), live.engine) as server:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            unchanged = Unchanged(live, client)
+            error = assert_error(client.post("/generate", json={**GOOD, **extra}), 501, "not available")
+            assert error["code"] == "structured_output_unavailable"
+            unchanged.check()
 
 
 def test_unknown_route_and_wrong_method_are_json_errors(client, live):

@@ -29,7 +29,8 @@ PROMPTS = ["Hello", "Name a fruit.", "2 + 2 =", "The moon is", "Cats are", "Two 
 MALFORMED = [
     ('{"prompt": "x", ', 400), ('{"prompt": ""}', 400), ('{"prompt": "x", "max_tokens": -1}', 400),
     ('{"prompt": "x", "wat": 1}', 400), ('{"prompt": "x", "top_p": 7}', 400), ("[]", 400),
-    ('{"prompt": "x", "format": "json"}', 501),
+    ('{"prompt": "x", "format": "json", "stop": "}"}', 400),
+    ('{"prompt": "x", "logit_bias": {"a": 1}}', 400),
 ]
 KINDS = [("generate", 40), ("stream", 15), ("stream_hangup", 10), ("wait_hangup", 7),
          ("malformed", 10), ("chat", 10), ("completion_stream", 8)]

@@ -8,6 +8,8 @@ from server.errors import BadRequest, NotImplementedFeature
 from server.openai_schemas import parse_chat, parse_completion
 from server.schemas import parse_generate
 from server.sse import encode_event
+from server.spec import GenerationSpec
+from server.logprobs import chat_logprobs, completion_logprobs, generate_logprobs
 from server.structured import from_response_format
 
 
@@ -60,7 +62,7 @@ def test_completion_prompt_forms_and_unsupported_options():
     assert parse_completion({"model": "m", "prompt": ["hi"]}, n_ctx=64).spec.prompt == "hi"
     assert parse_completion({"model": "m", "prompt": [2, 3]}, n_ctx=64).spec.prompt == [2, 3]
     assert parse_completion({"model": "m", "prompt": "hi"}, n_ctx=64).spec.max_tokens == 16
-    for extra in ({"n": 2}, {"logprobs": 2}, {"echo": True}, {"presence_penalty": 0.5}, {"prompt": ["a", "b"]}):
+    for extra in ({"n": 2}, {"echo": True}, {"best_of": 3}, {"suffix": "x"}, {"prompt": ["a", "b"]}):
         with pytest.raises(NotImplementedFeature):
             parse_completion({"model": "m", "prompt": "hi", **extra}, n_ctx=64)
     with pytest.raises(BadRequest, match="stream_options"):
@@ -150,3 +152,148 @@ def test_sse_encoding():
     assert encode_event({"a": "é"}, event="delta") == 'event: delta\ndata: {"a":"é"}\n\n'.encode()
     assert encode_event("[DONE]") == b"data: [DONE]\n\n"
     assert encode_event("two\nlines") == b"data: two\ndata: lines\n\n"
+
+
+# ---- sampling options, logprobs and JSON output ------------------------------------------------
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_neutral_sampling_options_are_not_sent_to_the_engine():
+    options = parse_generate({"prompt": "x"}, n_ctx=64).engine_options()
+    assert not {"min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
+                "logprobs", "format", "json_schema"} & set(options)
+
+
+def test_generate_sampling_extras_reach_the_engine():
+    spec = parse_generate(
+        {"prompt": "x", "min_p": 0.05, "repetition_penalty": 1.3, "presence_penalty": 0.5,
+         "frequency_penalty": -0.5, "logit_bias": {"17": -100, "3": 2.5}, "logprobs": 3}, n_ctx=64)
+    options = spec.engine_options()
+    assert options["min_p"] == 0.05 and options["repetition_penalty"] == 1.3
+    assert options["presence_penalty"] == 0.5 and options["frequency_penalty"] == -0.5
+    assert options["logit_bias"] == ((3, 2.5), (17, -100.0))
+    assert options["logprobs"] == 3
+
+
+def test_openai_penalties_and_logit_bias_are_accepted():
+    spec = parse_completion({"model": "m", "prompt": "hi", "presence_penalty": 1, "frequency_penalty": 0.5,
+                             "logit_bias": {"50256": -100}}, n_ctx=64).spec
+    assert spec.engine_options()["logit_bias"] == ((50256, -100.0),)
+    chat = parse_chat({**CHAT, "presence_penalty": -2, "logit_bias": {"1": 5}}, n_ctx=64).spec
+    assert chat.presence_penalty == -2.0 and chat.logit_bias == ((1, 5.0),)
+
+
+@pytest.mark.parametrize(
+    "bias, message",
+    [
+        ({"abc": 1}, "keys must be non-negative integer token ids, got 'abc'"),
+        ({"-3": 1}, "keys must be non-negative integer token ids, got '-3'"),
+        ({"1.5": 1}, "keys must be non-negative integer token ids"),
+        ({"7": 101}, "'logit_bias[7]' must be between -100 and 100"),
+        ({"7": "big"}, "'logit_bias[7]' must be a number, got a string"),
+        ({"7": 1, "07": 2}, "lists token 7 twice"),
+        ([1, 2], "'logit_bias' must be an object"),
+        ({str(i): 1 for i in range(1025)}, "at most 1024 entries"),
+    ],
+)
+def test_bad_logit_bias_is_400(bias, message):
+    for parse, body in ((parse_generate, {"prompt": "x"}), (parse_completion, {"model": "m", "prompt": "x"}),
+                        (parse_chat, CHAT)):
+        with pytest.raises(BadRequest) as info:
+            parse({**body, "logit_bias": bias}, n_ctx=64)
+        assert message in info.value.message and info.value.param == "logit_bias"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"presence_penalty": 2.5}, "'presence_penalty' must be <= 2.0"),
+        ({"frequency_penalty": -3}, "'frequency_penalty' must be >= -2.0"),
+        ({"repetition_penalty": 0}, "'repetition_penalty' must be greater than 0.0"),
+        ({"min_p": 1.5}, "'min_p' must be <= 1.0"),
+        ({"logprobs": 21}, "'logprobs' must be <= 20"),
+        ({"logprobs": 2, "stream": True}, "'logprobs' is not supported with \"stream\": true"),
+        ({"format": "json", "stop": "\n"}, "'stop' cannot be combined with JSON output"),
+    ],
+)
+def test_generate_rejects_bad_extras(extra, message):
+    with pytest.raises(BadRequest) as info:
+        parse_generate({"prompt": "x", **extra}, n_ctx=64)
+    assert message in info.value.message
+
+
+def test_openai_logprobs_fields():
+    spec = parse_completion({"model": "m", "prompt": "hi", "logprobs": 0}, n_ctx=64).spec
+    assert spec.want_logprobs and spec.logprobs == 0 and spec.engine_options()["logprobs"] == 1
+    for none in (None, False):
+        assert not parse_completion({"model": "m", "prompt": "hi", "logprobs": none}, n_ctx=64).spec.want_logprobs
+    spec = parse_chat({**CHAT, "logprobs": True, "top_logprobs": 4}, n_ctx=64).spec
+    assert spec.want_logprobs and spec.engine_options()["logprobs"] == 4
+    assert not parse_chat({**CHAT, "logprobs": False}, n_ctx=64).spec.want_logprobs
+    with pytest.raises(BadRequest, match="'top_logprobs' needs"):
+        parse_chat({**CHAT, "top_logprobs": 2}, n_ctx=64)
+    with pytest.raises(BadRequest, match="not supported with"):
+        parse_chat({**CHAT, "logprobs": True, "stream": True}, n_ctx=64)
+    with pytest.raises(BadRequest, match="'logprobs' must be true or false"):
+        parse_chat({**CHAT, "logprobs": 3}, n_ctx=64)
+
+
+def test_json_chat_drops_the_transcript_stop_but_refuses_a_user_stop():
+    from server.chat_format import RenderedChat
+    rendered = RenderedChat(token_ids=[1, 2], extra_stops=("\nuser:",))
+    plain = parse_chat(CHAT, n_ctx=64)
+    assert plain.with_prompt(rendered).engine_options()["stop"] == ("\nuser:",)
+    json_chat = parse_chat({**CHAT, "response_format": {"type": "json_object"}}, n_ctx=64)
+    options = json_chat.with_prompt(rendered).engine_options()
+    assert options["stop"] == () and options["format"] == "json" and options["json_schema"] is None
+    with pytest.raises(BadRequest, match="'stop' cannot be combined with JSON output"):
+        parse_chat({**CHAT, "stop": "x", "response_format": {"type": "json_object"}}, n_ctx=64)
+    with pytest.raises(BadRequest, match="strict"):
+        from_response_format({"type": "json_schema", "json_schema": {"name": "x", "strict": "yes"}})
+
+
+class _Entry:
+    def __init__(self, token, logprob, top):
+        self.token, self.logprob, self.top = token, logprob, top
+
+
+class _Result:
+    def __init__(self, text, entries):
+        self.text, self.logprobs = text, tuple(entries)
+
+
+TOKEN_BYTES = (b"", b"He", b"llo", b" world", b"\xe2\x82", b"<eos>")
+# "Hello" then an end-of-generation token (no text): the last entry is not part of the answer.
+RESULT = _Result("Hello", [_Entry(1, -0.5, ((1, -0.5), (3, -1.5), (2, -2.0))),
+                           _Entry(2, -0.1, ((2, -0.1), (1, -3.0), (3, -4.0))),
+                           _Entry(5, -0.01, ((5, -0.01), (1, -5.0), (2, -6.0)))])
+
+
+def test_completion_logprobs_legacy_shape():
+    got = completion_logprobs(RESULT, TOKEN_BYTES, 1)
+    assert got["tokens"] == ["He", "llo"] and got["token_logprobs"] == [-0.5, -0.1]
+    assert got["top_logprobs"] == [{"He": -0.5}, {"llo": -0.1}]
+    assert got["text_offset"] == [0, 2]
+    none_asked = completion_logprobs(RESULT, TOKEN_BYTES, 0)["top_logprobs"]
+    assert none_asked == [{"He": -0.5}, {"llo": -0.1}]  # the sampled token is always there
+    two = completion_logprobs(_Result("llo", [_Entry(2, -2.0, ((1, -0.5), (3, -1.5)))]), TOKEN_BYTES, 2)
+    assert two["top_logprobs"] == [{"He": -0.5, " world": -1.5, "llo": -2.0}]
+
+
+def test_chat_logprobs_shape():
+    got = chat_logprobs(RESULT, TOKEN_BYTES, 2)
+    assert got["refusal"] is None and [c["token"] for c in got["content"]] == ["He", "llo"]
+    first = got["content"][0]
+    assert first["logprob"] == -0.5 and first["bytes"] == list(b"He")
+    assert first["top_logprobs"] == [{"token": "He", "logprob": -0.5, "bytes": list(b"He")},
+                                     {"token": " world", "logprob": -1.5, "bytes": list(b" world")}]
+    assert chat_logprobs(RESULT, TOKEN_BYTES, 0)["content"][1]["top_logprobs"] == []
+    partial = chat_logprobs(_Result("\ufffd", [_Entry(4, -1.0, ((4, -1.0),))]), TOKEN_BYTES, 1)
+    assert partial["content"][0]["bytes"] == [0xE2, 0x82]  # a split character keeps its raw bytes
+
+
+def test_generate_logprobs_shape():
+    got = generate_logprobs(RESULT, TOKEN_BYTES, 1)
+    assert got == [{"id": 1, "token": "He", "logprob": -0.5, "top": [{"id": 1, "token": "He", "logprob": -0.5}]},
+                   {"id": 2, "token": "llo", "logprob": -0.1, "top": [{"id": 2, "token": "llo", "logprob": -0.1}]}]
