@@ -14,7 +14,7 @@ import statistics
 import sys
 
 from bench.prompts import benchmark_prompts
-from bench.raw_loop import run_raw_loop
+from bench.raw_loop import raw_loop_context, run_raw_loop
 from bench.table import markdown_table
 from engine import Engine
 from engine.profile import PHASES
@@ -39,15 +39,18 @@ def run(batch_sizes: list[int], n_generate: int, trials: int, threads: int, mode
         prefix_cache: bool = False) -> str:
     engine = Engine(model_path, n_threads=threads, max_batch=max(batch_sizes), n_ctx=4096,
                     step_token_budget=512, prefix_cache=prefix_cache)
+    raw_ctx = raw_loop_context(engine.model, max(batch_sizes), threads)
     rows = []
     try:
         prompts_all = benchmark_prompts(max(batch_sizes))
         token_prompts = [engine.tokenize(p) for p in prompts_all]
-        engine_run(engine, prompts_all[:2], 4, {})  # warm-up: first decode allocates buffers
+        # Warm-up for both: first decodes fault in the KV buffers and allocate compute graphs.
+        engine_run(engine, prompts_all, n_generate, {})
+        run_raw_loop(engine.model, token_prompts, n_generate, context=raw_ctx)
         for b in batch_sizes:
             raw, eng = {"greedy": []}, []
             for _ in range(trials):  # interleaved, so drifts in machine speed hit both alike
-                r = run_raw_loop(engine.model, token_prompts[:b], n_generate, n_threads=threads)
+                r = run_raw_loop(engine.model, token_prompts[:b], n_generate, context=raw_ctx)
                 raw["greedy"].append(b * r.steps / r.decode_seconds)
                 eng.append({mode: engine_run(engine, prompts_all[:b], n_generate, cfg)
                             for mode, cfg in SAMPLING.items()})
@@ -58,6 +61,7 @@ def run(batch_sizes: list[int], n_generate: int, trials: int, threads: int, mode
                          b * 1000 / raw_tps, g["decode_ms"], g["schedule_ms"] + g["build_batch_ms"],
                          g["sample_ms"], s["sample_ms"], g["postprocess_ms"]])
     finally:
+        raw_ctx.close()
         engine.close()
     return markdown_table(
         ["B", "raw loop tok/s", "engine greedy tok/s", "ratio", "engine sampled tok/s", "ratio",

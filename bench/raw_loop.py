@@ -31,14 +31,31 @@ def run_raw_loop(
     n_ctx: int = 4096,
     batch_rows: int = 512,
     record_margins: bool = False,
+    context: Context | None = None,
 ) -> RawLoopRun:
+    """With `context` given (see raw_loop_context), it is cleared and reused, so repeated runs
+    are timed on warm memory, like an engine's long-lived context."""
     n = len(prompts)
     if sum(len(p) for p in prompts) > batch_rows:
         raise ValueError("the raw loop prefills every prompt in one batch: raise batch_rows")
-    settings = ContextSettings(
-        n_ctx=n_ctx, n_batch=batch_rows, n_ubatch=batch_rows, n_seq_max=max(n, 1),
+    if context is not None:
+        context.clear()
+        return _run(context, prompts, n_generate, batch_rows, record_margins)
+    with raw_loop_context(model, max(n, 1), n_threads, n_ctx, batch_rows) as ctx:
+        return _run(ctx, prompts, n_generate, batch_rows, record_margins)
+
+
+def raw_loop_context(model: Model, n_seq_max: int, n_threads: int = 2, n_ctx: int = 4096,
+                     batch_rows: int = 512) -> Context:
+    return Context(model, ContextSettings(
+        n_ctx=n_ctx, n_batch=batch_rows, n_ubatch=batch_rows, n_seq_max=n_seq_max,
         n_threads=n_threads, n_threads_batch=n_threads, flash_attn=0,
-    )
+    ))
+
+
+def _run(ctx: Context, prompts: list[list[int]], n_generate: int, batch_rows: int,
+         record_margins: bool) -> RawLoopRun:
+    n = len(prompts)
     margins: list[list[float]] = [[] for _ in range(n)]
 
     def choose(logits: np.ndarray) -> np.ndarray:
@@ -48,30 +65,29 @@ def run_raw_loop(
                 margins[i].append(gap)
         return np.argmax(logits, axis=1)
 
-    with Context(model, settings) as ctx:
-        batch = Batch(batch_rows)
-        for i, prompt in enumerate(prompts):
-            batch.add_run(np.asarray(prompt, dtype=np.int32), 0, i, logits_last=True)
+    batch = Batch(batch_rows)
+    for i, prompt in enumerate(prompts):
+        batch.add_run(np.asarray(prompt, dtype=np.int32), 0, i, logits_last=True)
+    _decode(ctx, batch)
+    next_tokens = choose(ctx.logits(n))
+    generated = [next_tokens]
+    positions = np.array([len(p) for p in prompts], dtype=np.int32)
+    batch.clear()
+    batch.seq_ids[:n, 0] = np.arange(n)
+    batch.n_seq_id[:n] = 1
+    batch.logits[:n] = 1
+    start = time.perf_counter()
+    for _ in range(n_generate - 1):
+        batch.token[:n] = next_tokens
+        batch.pos[:n] = positions
+        batch.n_tokens = n
         _decode(ctx, batch)
         next_tokens = choose(ctx.logits(n))
-        generated = [next_tokens]
-        positions = np.array([len(p) for p in prompts], dtype=np.int32)
-        batch.clear()
-        batch.seq_ids[:n, 0] = np.arange(n)
-        batch.n_seq_id[:n] = 1
-        batch.logits[:n] = 1
-        start = time.perf_counter()
-        for _ in range(n_generate - 1):
-            batch.token[:n] = next_tokens
-            batch.pos[:n] = positions
-            batch.n_tokens = n
-            _decode(ctx, batch)
-            next_tokens = choose(ctx.logits(n))
-            positions += 1
-            generated.append(next_tokens)
-        elapsed = time.perf_counter() - start
-        tokens = np.stack(generated, axis=1).tolist()
-        return RawLoopRun(tokens, elapsed, n_generate - 1, margins)
+        positions += 1
+        generated.append(next_tokens)
+    elapsed = time.perf_counter() - start
+    tokens = np.stack(generated, axis=1).tolist()
+    return RawLoopRun(tokens, elapsed, n_generate - 1, margins)
 
 
 def _decode(ctx: Context, batch: Batch) -> None:
