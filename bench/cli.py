@@ -6,6 +6,7 @@ import sys
 
 BENCHMARKS = {
     "decode-step": "bench.decode_step",
+    "http-load": "bench.http_load",
     "prefix-sharing": "bench.prefix_sharing",
     "structured": "bench.structured",
 }

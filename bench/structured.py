@@ -9,20 +9,11 @@ import sys
 import time
 
 from bench.prompts import benchmark_prompts
+from bench.schemas import REVIEW_SCHEMA as REVIEW
 from bench.table import markdown_table
 from engine import Engine
 from sampling.grammar import compile_grammar
 
-REVIEW = {
-    "type": "object",
-    "properties": {
-        "rating": {"type": "integer", "minimum": 1, "maximum": 5},
-        "pros": {"type": "array", "items": {"type": "string"}},
-        "cons": {"type": "array", "items": {"type": "string"}},
-        "summary": {"type": "string"},
-    },
-    "required": ["rating", "pros", "cons", "summary"],
-}
 SAMPLING = {"temperature": 0.7, "top_k": 40, "top_p": 0.9}
 
 

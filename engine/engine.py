@@ -27,7 +27,7 @@ from engine.request import (
     RequestError,
 )
 from engine.runner import ModelRunner
-from engine.scheduler import Chunk, Scheduler, StepPlan
+from engine.scheduler import Chunk, Scheduler
 from engine.sequence import Sequence
 from sampling.grammar import SchemaError, compile_grammar
 from sampling.params import InvalidParameterError, SamplingParams

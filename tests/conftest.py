@@ -14,3 +14,36 @@ def engine(model_path):
     """One shared engine for tests that leave it as they found it (every request finished)."""
     with Engine(model_path, n_ctx=4096, max_batch=32, step_token_budget=512) as eng:
         yield eng
+
+
+@pytest.fixture(scope="session")
+def live():
+    """A real uvicorn server on 127.0.0.1 over the shared small server engine."""
+    from tests.server_fixtures import running_server, shared_engine
+
+    engine = shared_engine()
+    with running_server(lambda: engine, engine) as server:
+        yield server
+
+
+@pytest.fixture
+def http(live):
+    import httpx
+
+    from tests.server_fixtures import assert_engine_idle
+
+    with httpx.Client(base_url=live.url, timeout=60) as c:
+        yield c
+    assert_engine_idle(live.engine)
+
+
+@pytest.fixture
+def openai_client(live):
+    import openai
+
+    from tests.server_fixtures import assert_engine_idle
+
+    c = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    yield c
+    c.close()
+    assert_engine_idle(live.engine)

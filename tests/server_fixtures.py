@@ -172,15 +172,5 @@ def raw_http_request(port: int, path: str, body: dict) -> socket.socket:
     return sock
 
 
-# The product-review schema the structured-output tests ask for (max_tokens ~40 is enough).
-REVIEW_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "rating": {"type": "integer", "minimum": 1, "maximum": 5},
-        "pros": {"type": "array", "items": {"type": "string"}},
-        "cons": {"type": "array", "items": {"type": "string"}},
-        "summary": {"type": "string"},
-    },
-    "required": ["rating", "pros", "cons", "summary"],
-}
+# Asks for the product-review schema of bench/schemas.py (max_tokens ~40 is enough).
 REVIEW_PROMPT = "Review of the Acme kettle as JSON with rating, pros, cons and summary:\n"

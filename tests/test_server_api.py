@@ -6,14 +6,7 @@ import asyncio
 import httpx
 import pytest
 
-from tests.server_fixtures import (
-    assert_engine_idle,
-    generate_stream,
-    shared_engine,
-    metric,
-    running_server,
-    scrape,
-)
+from tests.server_fixtures import assert_engine_idle, generate_stream, metric, scrape
 
 METRIC_KEYS = {
     "latency_ms", "tokens_per_second", "queue_time_ms", "ttft_ms", "generation_time_ms",
@@ -21,23 +14,9 @@ METRIC_KEYS = {
 }
 
 
-@pytest.fixture(scope="module")
-def live():
-    engine = shared_engine()
-    with running_server(lambda: engine, engine) as server:
-        yield server
-
-
-@pytest.fixture
-def client(live):
-    with httpx.Client(base_url=live.url, timeout=60) as c:
-        yield c
-    assert_engine_idle(live.engine)
-
-
-def test_generate_returns_text_finish_reason_and_measured_metrics(client, live):
+def test_generate_returns_text_finish_reason_and_measured_metrics(http, live):
     prompt = "The capital of France is"
-    response = client.post("/generate", json={"prompt": prompt, "max_tokens": 8, "temperature": 0})
+    response = http.post("/generate", json={"prompt": prompt, "max_tokens": 8, "temperature": 0})
     assert response.status_code == 200, response.text
     body = response.json()
     assert isinstance(body["text"], str) and body["text"]
@@ -53,29 +32,29 @@ def test_generate_returns_text_finish_reason_and_measured_metrics(client, live):
     assert response.headers["x-request-id"] == body["id"]
 
 
-def test_greedy_requests_are_reproducible(client):
+def test_greedy_requests_are_reproducible(http):
     body = {"prompt": "List three colours:", "max_tokens": 6, "temperature": 0}
-    first, second = (client.post("/generate", json=body).json() for _ in range(2))
+    first, second = (http.post("/generate", json=body).json() for _ in range(2))
     assert first["text"] == second["text"]
 
 
-def test_seeded_sampling_is_reproducible(client):
+def test_seeded_sampling_is_reproducible(http):
     body = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0, "seed": 1234}
-    assert client.post("/generate", json=body).json()["text"] == client.post("/generate", json=body).json()["text"]
+    assert http.post("/generate", json=body).json()["text"] == http.post("/generate", json=body).json()["text"]
 
 
-def test_max_tokens_is_honoured(client):
-    body = client.post("/generate", json={"prompt": "Count: 1, 2, 3,", "max_tokens": 3, "temperature": 0}).json()
+def test_max_tokens_is_honoured(http):
+    body = http.post("/generate", json={"prompt": "Count: 1, 2, 3,", "max_tokens": 3, "temperature": 0}).json()
     assert body["finish_reason"] in ("length", "stop") and body["metrics"]["tokens_generated"] <= 3
 
 
-def test_stop_string_ends_generation_and_is_not_returned(client):
+def test_stop_string_ends_generation_and_is_not_returned(http):
     # Under 16 tokens: a full KV block could be served from the prefix cache on the second
     # request, and reused cells need not give bit-identical logits, so greedy text could differ.
     prompt = "Count: 1, 2, 3, 4,"
-    free = client.post("/generate", json={"prompt": prompt, "max_tokens": 8, "temperature": 0}).json()["text"]
+    free = http.post("/generate", json={"prompt": prompt, "max_tokens": 8, "temperature": 0}).json()["text"]
     assert "," in free, free
-    stopped = client.post(
+    stopped = http.post(
         "/generate", json={"prompt": prompt, "max_tokens": 8, "temperature": 0, "stop": [","]}
     ).json()
     assert stopped["finish_reason"] == "stop"
@@ -108,20 +87,20 @@ def test_concurrent_requests_of_both_priorities(live):
     assert_engine_idle(live.engine)
 
 
-def test_streaming_sends_deltas_then_a_final_event(client):
-    events = generate_stream(client, {"prompt": "Tell me about the sea.", "max_tokens": 8, "temperature": 0})
+def test_streaming_sends_deltas_then_a_final_event(http):
+    events = generate_stream(http, {"prompt": "Tell me about the sea.", "max_tokens": 8, "temperature": 0})
     names = [name for name, _ in events]
     assert names[-1] == "done" and set(names[:-1]) == {"delta"}
     final = events[-1][1]
     assert "".join(data["text"] for name, data in events[:-1]) == final["text"]
     assert len(events) >= 2
     assert final["finish_reason"] in ("stop", "length") and set(final["metrics"]) == METRIC_KEYS
-    same = client.post("/generate", json={"prompt": "Tell me about the sea.", "max_tokens": 8, "temperature": 0})
+    same = http.post("/generate", json={"prompt": "Tell me about the sea.", "max_tokens": 8, "temperature": 0})
     assert same.json()["text"] == final["text"]
 
 
-def test_health_reports_model_queues_kv_and_memory(client):
-    response = client.get("/health")
+def test_health_reports_model_queues_kv_and_memory(http):
+    response = http.get("/health")
     assert response.status_code == 200
     health = response.json()
     assert health["status"] == "ok"
@@ -132,10 +111,10 @@ def test_health_reports_model_queues_kv_and_memory(client):
     assert health["process"]["rss_bytes"] > 50 * 1024 * 1024  # the model is mapped in
 
 
-def test_metrics_move_when_requests_run(client):
-    before = scrape(client)
-    body = client.post("/generate", json={"prompt": "Hello there", "max_tokens": 5, "priority": "interactive"}).json()
-    after = scrape(client)
+def test_metrics_move_when_requests_run(http):
+    before = scrape(http)
+    body = http.post("/generate", json={"prompt": "Hello there", "max_tokens": 5, "priority": "interactive"}).json()
+    after = scrape(http)
     delta = lambda name, **labels: metric(after, name, **labels) - metric(before, name, **labels)  # noqa: E731
     reason = body["finish_reason"]
     assert delta("cobatch_requests_total", endpoint="generate", priority="interactive", finish_reason=reason) == 1
@@ -152,10 +131,10 @@ def test_metrics_move_when_requests_run(client):
     assert ("cobatch_waiting_requests", (("priority", "batch"),)) in after
 
 
-def test_kv_gauges_are_read_while_requests_run(client, live):
-    with client.stream("POST", "/generate", json={"prompt": "Describe a forest.", "max_tokens": 200, "stream": True}) as r:
+def test_kv_gauges_are_read_while_requests_run(http, live):
+    with http.stream("POST", "/generate", json={"prompt": "Describe a forest.", "max_tokens": 200, "stream": True}) as r:
         next(line for line in r.iter_lines() if line.startswith("data:"))  # generating now
-        during = scrape(client)
+        during = scrape(http)
     # Leaving the block hung up; the client fixture checks the request was cancelled and freed.
     assert metric(during, "cobatch_running_sequences") == 1
     assert metric(during, "cobatch_kv_cells_used") > 0

@@ -3,16 +3,11 @@ from __future__ import annotations
 
 import socket
 
-import httpx
-import pytest
-
 from tests.server_fixtures import (
     assert_engine_idle,
     kv_positions,
-    shared_engine,
     metric,
     raw_http_request,
-    running_server,
     scrape,
     wait_until,
 )
@@ -24,21 +19,8 @@ MAX_STEPS_AFTER_HANGUP = 5
 PROMPT_TOKENS = 12  # LONG's prompt: KV positions past this mean tokens are being generated
 
 
-@pytest.fixture(scope="module")
-def live():
-    engine = shared_engine()
-    with running_server(lambda: engine, engine) as server:
-        yield server
-
-
-@pytest.fixture
-def client(live):
-    with httpx.Client(base_url=live.url, timeout=60) as c:
-        yield c
-
-
-def _cancelled(client) -> float:
-    return metric(scrape(client), "cobatch_requests_total", finish_reason="cancelled")
+def _cancelled(http) -> float:
+    return metric(scrape(http), "cobatch_requests_total", finish_reason="cancelled")
 
 
 def _hang_up_and_check_freed(live, sock: socket.socket, monkeypatch) -> None:
@@ -64,40 +46,40 @@ def _hang_up_and_check_freed(live, sock: socket.socket, monkeypatch) -> None:
     assert_engine_idle(engine)
 
 
-def test_hang_up_mid_stream_cancels_and_frees_kv(live, client, monkeypatch):
-    before = _cancelled(client)
+def test_hang_up_mid_stream_cancels_and_frees_kv(live, http, monkeypatch):
+    before = _cancelled(http)
     sock = raw_http_request(live.port, "/generate", {**LONG, "stream": True})
     received = b""
     while b"event: delta" not in received:  # wait for tokens to flow
         received += sock.recv(4096)
     _hang_up_and_check_freed(live, sock, monkeypatch)
-    assert _cancelled(client) - before == 1
+    assert _cancelled(http) - before == 1
 
 
-def test_hang_up_while_waiting_for_a_non_streamed_answer(live, client, monkeypatch):
-    before = _cancelled(client)
-    disconnects = metric(scrape(client), "cobatch_client_disconnects_total", endpoint="generate")
+def test_hang_up_while_waiting_for_a_non_streamed_answer(live, http, monkeypatch):
+    before = _cancelled(http)
+    disconnects = metric(scrape(http), "cobatch_client_disconnects_total", endpoint="generate")
     sock = raw_http_request(live.port, "/generate", LONG)
     wait_until(lambda: live.engine.stats().running == 1, 30, "not started")
     wait_until(lambda: max(kv_positions(live.engine)) > PROMPT_TOKENS + 2, 30, "not generating")
     _hang_up_and_check_freed(live, sock, monkeypatch)
-    after = scrape(client)
+    after = scrape(http)
     assert metric(after, "cobatch_requests_total", finish_reason="cancelled") - before == 1
     assert metric(after, "cobatch_client_disconnects_total", endpoint="generate") - disconnects == 1
 
 
-def test_hang_up_on_an_openai_completion(live, client, monkeypatch):
+def test_hang_up_on_an_openai_completion(live, http, monkeypatch):
     sock = raw_http_request(live.port, "/v1/completions",
                             {"model": "gemma-3-270m-Q4_K_M", "prompt": LONG["prompt"], "max_tokens": 2000})
     wait_until(lambda: max(kv_positions(live.engine)) > PROMPT_TOKENS + 2, 30, "not generating")
     _hang_up_and_check_freed(live, sock, monkeypatch)
 
 
-def test_httpx_client_closing_a_stream_early(live, client):
-    with client.stream("POST", "/generate", json={**LONG, "stream": True}) as response:
+def test_httpx_client_closing_a_stream_early(live, http):
+    with http.stream("POST", "/generate", json={**LONG, "stream": True}) as response:
         for line in response.iter_lines():
             if line.startswith("data:"):
                 break
     assert_engine_idle(live.engine)
-    assert client.post("/generate", json={"prompt": "Still fine?", "max_tokens": 3}).status_code == 200
+    assert http.post("/generate", json={"prompt": "Still fine?", "max_tokens": 3}).status_code == 200
     assert_engine_idle(live.engine)

@@ -11,39 +11,11 @@ import openai
 import pydantic
 import pytest
 
-from tests.server_fixtures import (
-    REVIEW_PROMPT,
-    REVIEW_SCHEMA,
-    assert_engine_idle,
-    generate_stream,
-    running_server,
-    shared_engine,
-)
+from bench.schemas import REVIEW_SCHEMA
+from tests.server_fixtures import REVIEW_PROMPT, generate_stream
 
 MODEL = "gemma-3-270m-Q4_K_M"
 FIRST_TOKEN_PROMPT = "The capital of France is"
-
-
-@pytest.fixture(scope="module")
-def live():
-    engine = shared_engine()
-    with running_server(lambda: engine, engine) as server:
-        yield server
-
-
-@pytest.fixture
-def http(live):
-    with httpx.Client(base_url=live.url, timeout=60) as c:
-        yield c
-    assert_engine_idle(live.engine)
-
-
-@pytest.fixture
-def client(live):
-    c = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=60)
-    yield c
-    c.close()
-    assert_engine_idle(live.engine)
 
 
 def _error(response: httpx.Response, status: int) -> dict:
@@ -93,8 +65,8 @@ def test_unsupported_schema_keyword_is_400_naming_it(http, live):
     assert live.engine.stats().steps == steps  # refused at submit: nothing ran
 
 
-def test_openai_json_schema_response_format(client):
-    completion = client.chat.completions.create(
+def test_openai_json_schema_response_format(openai_client):
+    completion = openai_client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": REVIEW_PROMPT}], max_tokens=40, temperature=0,
         response_format={"type": "json_schema",
                          "json_schema": {"name": "review", "schema": REVIEW_SCHEMA, "strict": True}},
@@ -111,8 +83,8 @@ class Review(pydantic.BaseModel):
     summary: str
 
 
-def test_openai_client_parse_with_a_pydantic_model(client):
-    completion = client.chat.completions.parse(
+def test_openai_client_parse_with_a_pydantic_model(openai_client):
+    completion = openai_client.chat.completions.parse(
         model=MODEL, messages=[{"role": "user", "content": REVIEW_PROMPT}], max_tokens=40, temperature=0,
         response_format=Review,
     )
@@ -120,19 +92,19 @@ def test_openai_client_parse_with_a_pydantic_model(client):
     assert isinstance(review, Review) and 1 <= review.rating <= 5
 
 
-def test_openai_json_object_and_schema_errors(client):
-    chat = client.chat.completions.create(
+def test_openai_json_object_and_schema_errors(openai_client):
+    chat = openai_client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Describe a dog as JSON."}], max_tokens=30,
         temperature=0, response_format={"type": "json_object"})
     assert isinstance(json.loads(chat.choices[0].message.content), dict)
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "minLength": 2,
                                                                           "contentEncoding": "base64"}}}
     with pytest.raises(openai.BadRequestError, match="contentEncoding") as info:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
+        openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
                                        response_format=bad)
     assert info.value.body["param"] == "response_format"
     with pytest.raises(openai.BadRequestError, match="'stop' cannot be combined with JSON output"):
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
+        openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
                                        stop=["}"], response_format={"type": "json_object"})
 
 
@@ -145,30 +117,30 @@ def _greedy_first_token(http) -> dict:
     return body["logprobs"][0]
 
 
-def test_logit_bias_bans_the_greedy_first_token(http, client):
+def test_logit_bias_bans_the_greedy_first_token(http, openai_client):
     first = _greedy_first_token(http)
     banned = http.post("/generate", json={"prompt": FIRST_TOKEN_PROMPT, "max_tokens": 1, "temperature": 0,
                                           "logprobs": 0, "logit_bias": {str(first["id"]): -100}}).json()
     assert banned["logprobs"][0]["id"] != first["id"]
-    plain = client.completions.create(model=MODEL, prompt=FIRST_TOKEN_PROMPT, max_tokens=1, temperature=0)
-    biased = client.completions.create(model=MODEL, prompt=FIRST_TOKEN_PROMPT, max_tokens=1, temperature=0,
+    plain = openai_client.completions.create(model=MODEL, prompt=FIRST_TOKEN_PROMPT, max_tokens=1, temperature=0)
+    biased = openai_client.completions.create(model=MODEL, prompt=FIRST_TOKEN_PROMPT, max_tokens=1, temperature=0,
                                        logit_bias={str(first["id"]): -100})
     assert plain.choices[0].text == first["token"] and biased.choices[0].text != plain.choices[0].text
 
 
-def test_logit_bias_errors(http, client):
+def test_logit_bias_errors(http, openai_client):
     error = _error(http.post("/generate", json={"prompt": "x", "logit_bias": {"99999999": 5}}), 400)
     assert "outside the vocabulary" in error["message"] and error["param"] == "logit_bias"
     with pytest.raises(openai.BadRequestError, match="integer token ids"):
-        client.completions.create(model=MODEL, prompt="x", max_tokens=1, logit_bias={"hello": 5})
+        openai_client.completions.create(model=MODEL, prompt="x", max_tokens=1, logit_bias={"hello": 5})
 
 
-def test_penalties_are_accepted(http, client):
+def test_penalties_are_accepted(http, openai_client):
     body = http.post("/generate", json={"prompt": "Repeat: a a a a", "max_tokens": 6, "temperature": 0,
                                         "repetition_penalty": 1.5, "min_p": 0.05, "presence_penalty": 1.0,
                                         "frequency_penalty": 1.0}).json()
     assert body["metrics"]["tokens_generated"] >= 1
-    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}],
+    chat = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}],
                                           max_tokens=6, presence_penalty=1.5, frequency_penalty=0.5, seed=1,
                                           extra_body={"repetition_penalty": 1.2, "min_p": 0.1})
     assert chat.choices[0].message.content is not None
@@ -187,8 +159,8 @@ def test_generate_logprobs_shape(http):
         assert [t["logprob"] for t in e["top"]] == sorted((t["logprob"] for t in e["top"]), reverse=True)
 
 
-def test_completion_logprobs_legacy_shape(client):
-    choice = client.completions.create(model=MODEL, prompt=FIRST_TOKEN_PROMPT, max_tokens=4, temperature=0,
+def test_completion_logprobs_legacy_shape(openai_client):
+    choice = openai_client.completions.create(model=MODEL, prompt=FIRST_TOKEN_PROMPT, max_tokens=4, temperature=0,
                                        logprobs=2).choices[0]
     lp = choice.logprobs
     assert 1 <= len(lp.tokens) <= 4 and "".join(lp.tokens) == choice.text
@@ -199,8 +171,8 @@ def test_completion_logprobs_legacy_shape(client):
     assert lp.text_offset[0] == 0
 
 
-def test_chat_logprobs_shape(client):
-    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}],
+def test_chat_logprobs_shape(openai_client):
+    chat = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}],
                                           max_tokens=5, temperature=0, logprobs=True, top_logprobs=2)
     content = chat.choices[0].logprobs.content
     assert 1 <= len(content) <= chat.usage.completion_tokens
@@ -209,10 +181,10 @@ def test_chat_logprobs_shape(client):
         assert c.logprob <= 0 and bytes(c.bytes).decode("utf-8", "replace") == c.token
         assert len(c.top_logprobs) == 2 and c.top_logprobs[0].token == c.token
         assert math.isclose(c.top_logprobs[0].logprob, c.logprob)
-    plain = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    plain = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
     assert plain.choices[0].logprobs is None
 
 
-def test_logprobs_with_stream_is_400(client):
+def test_logprobs_with_stream_is_400(openai_client):
     with pytest.raises(openai.BadRequestError, match="not supported with"):
-        client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, logprobs=1, stream=True)
+        openai_client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, logprobs=1, stream=True)

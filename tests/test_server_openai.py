@@ -8,35 +8,20 @@ import openai
 import pytest
 
 from server.chat_format import ChatMessage
-from tests.server_fixtures import assert_engine_idle, shared_engine, running_server, sse_events
+from tests.server_fixtures import assert_engine_idle, sse_events
 
 MODEL = "gemma-3-270m-Q4_K_M"
 
 
-@pytest.fixture(scope="module")
-def live():
-    engine = shared_engine()
-    with running_server(lambda: engine, engine) as server:
-        yield server
-
-
-@pytest.fixture
-def client(live):
-    c = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=60)
-    yield c
-    c.close()
-    assert_engine_idle(live.engine)
-
-
-def test_models_lists_the_served_model(client):
-    models = client.models.list()
+def test_models_lists_the_served_model(openai_client):
+    models = openai_client.models.list()
     assert [m.id for m in models.data] == [MODEL]
-    assert client.models.retrieve(MODEL).id == MODEL
+    assert openai_client.models.retrieve(MODEL).id == MODEL
 
 
-def test_completion(client, live):
+def test_completion(openai_client, live):
     prompt = "The three primary colours are"
-    completion = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+    completion = openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
     choice = completion.choices[0]
     assert completion.object == "text_completion" and completion.model == MODEL
     assert isinstance(choice.text, str) and choice.text and choice.finish_reason in ("stop", "length")
@@ -45,18 +30,18 @@ def test_completion(client, live):
     assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
 
 
-def test_completion_stream_matches_the_non_streamed_text(client):
+def test_completion_stream_matches_the_non_streamed_text(openai_client):
     args = dict(model=MODEL, prompt="A haiku about rain:", max_tokens=10, temperature=0)
-    full = client.completions.create(**args).choices[0].text
-    chunks = list(client.completions.create(stream=True, **args))
+    full = openai_client.completions.create(**args).choices[0].text
+    chunks = list(openai_client.completions.create(stream=True, **args))
     assert "".join(c.choices[0].text for c in chunks) == full
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
-def test_chat_completion(client, live):
+def test_chat_completion(openai_client, live):
     messages = [{"role": "system", "content": "Answer in one word."},
                 {"role": "user", "content": "What colour is the sky?"}]
-    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    chat = openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
     message = chat.choices[0].message
     assert chat.object == "chat.completion" and message.role == "assistant"
     assert isinstance(message.content, str) and message.content.strip()
@@ -67,10 +52,10 @@ def test_chat_completion(client, live):
     assert len(start_of_turn) == 1 and rendered.token_ids.count(start_of_turn[0]) == 2
 
 
-def test_chat_stream_with_usage(client):
+def test_chat_stream_with_usage(openai_client):
     args = dict(model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, temperature=0)
-    full = client.chat.completions.create(**args).choices[0].message.content
-    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **args))
+    full = openai_client.chat.completions.create(**args).choices[0].message.content
+    chunks = list(openai_client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **args))
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full
@@ -86,38 +71,38 @@ def test_stream_ends_with_done_marker(live):
     assert data[-1] == "[DONE]" and all(d.startswith("{") for d in data[:-1])
 
 
-def test_extensions_priority_and_top_k(client):
-    chat = client.chat.completions.create(
+def test_extensions_priority_and_top_k(openai_client):
+    chat = openai_client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
         extra_body={"priority": "interactive", "top_k": 5}, seed=3,
     )
     assert chat.choices[0].message.content is not None
 
 
-def test_json_response_formats_give_json(client):
+def test_json_response_formats_give_json(openai_client):
     for response_format in ({"type": "json_object"},
                             {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}):
-        chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+        chat = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
                                               max_tokens=24, temperature=0, response_format=response_format)
         assert isinstance(json.loads(chat.choices[0].message.content), dict)
 
 
-def test_errors_reach_the_client_with_their_messages(client):
+def test_errors_reach_the_client_with_their_messages(openai_client):
     with pytest.raises(openai.NotFoundError, match="not served here"):
-        client.completions.create(model="gpt-4", prompt="Hi", max_tokens=2)
+        openai_client.completions.create(model="gpt-4", prompt="Hi", max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="'temperature' must be <= 2.0"):
-        client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=3)
+        openai_client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=3)
     with pytest.raises(openai.BadRequestError, match="'messages' must be a non-empty list"):
-        client.chat.completions.create(model=MODEL, messages=[], max_tokens=2)
+        openai_client.chat.completions.create(model=MODEL, messages=[], max_tokens=2)
     with pytest.raises(openai.APIStatusError, match="'n' other than 1 is not supported") as info:
-        client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, n=2)
+        openai_client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, n=2)
     assert info.value.status_code == 501
     with pytest.raises(openai.BadRequestError, match="unknown field"):
-        client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body={"bogus": 1})
+        openai_client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body={"bogus": 1})
 
 
-def test_stream_disconnect_through_the_openai_client_frees_the_request(client, live):
-    stream = client.chat.completions.create(
+def test_stream_disconnect_through_the_openai_client_frees_the_request(openai_client, live):
+    stream = openai_client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Write a long essay about rivers."}],
         max_tokens=1000, stream=True)
     next(iter(stream))

@@ -8,7 +8,6 @@ from server.errors import BadRequest, NotImplementedFeature
 from server.openai_schemas import parse_chat, parse_completion
 from server.schemas import parse_generate
 from server.sse import encode_event
-from server.spec import GenerationSpec
 from server.logprobs import chat_logprobs, completion_logprobs, generate_logprobs
 from server.structured import from_response_format
 

@@ -5,18 +5,9 @@ import json
 import jsonschema
 import pytest
 
+from bench.schemas import REVIEW_SCHEMA as REVIEW
 from engine import FinishReason, InvalidParameterError
 
-REVIEW = {
-    "type": "object",
-    "properties": {
-        "rating": {"type": "integer", "minimum": 1, "maximum": 5},
-        "pros": {"type": "array", "items": {"type": "string"}},
-        "cons": {"type": "array", "items": {"type": "string"}},
-        "summary": {"type": "string"},
-    },
-    "required": ["rating", "pros", "cons", "summary"],
-}
 TREE = {
     "$defs": {
         "node": {
