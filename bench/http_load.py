@@ -21,7 +21,9 @@ request of each side is printed under the table).
 cobatch: POST {url}/generate with "stream": true (SSE `event: delta` / `event: done`). Without
 --url a cobatch server is started in this process (uvicorn on 127.0.0.1, a free port, a
 background thread) with the bundled model, --threads and max_batch >= the top concurrency,
-and stopped at the end; note that it then shares this process (and its GIL) with the client.
+and stopped at the end; it then shares this process (and its GIL) with the client, which costs
+it throughput at high concurrency. --spawn runs `cobatch serve` in a child process instead,
+the like-for-like setting for a comparison with llama-server (also a separate process).
 
 Peer (--peer-url): any server speaking llama.cpp's native `POST /completion`, sent
 {"prompt", "n_predict", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stream":
@@ -40,8 +42,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -340,11 +344,49 @@ class InProcessServer:
         self._sock.close()
 
 
-def wait_healthy(url: str, timeout: float) -> None:
+class SpawnedServer:
+    """`cobatch serve` in a child process (its own GIL, like any real deployment), stopped with
+    SIGINT (its graceful drain)."""
+
+    def __init__(self, model: str | None, threads: int, max_batch: int, n_ctx: int) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.command = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+                        "--threads", str(threads), "--max-batch", str(max_batch), "--n-ctx", str(n_ctx),
+                        "--step-token-budget", str(max(256, max_batch)), "--log-level", "warning"]
+        if model:
+            self.command += ["--model", model]
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 300.0) -> "SpawnedServer":
+        self.process = subprocess.Popen(self.command)
+        try:
+            wait_healthy(self.url, timeout, self.process)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def wait_healthy(url: str, timeout: float, process: "subprocess.Popen | None" = None) -> None:
     """Until GET {url}/health answers 200 (cobatch says 503 while the model loads)."""
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"cobatch serve exited with status {process.returncode}")
         try:
             r = httpx.get(url.rstrip("/") + "/health", timeout=5.0)
             if r.status_code == 200:
@@ -371,9 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-url", default=None, help="a llama.cpp server (its /completion) to compare with")
     parser.add_argument("--ignore-eos", choices=["auto", "on", "off"], default="auto",
                         help="send ignore_eos to both (auto: if cobatch's /generate accepts it)")
-    parser.add_argument("--threads", type=int, default=2, help="in-process server: CPU threads")
-    parser.add_argument("--model", default=None, help="in-process server: GGUF path (default: the bundled one)")
-    parser.add_argument("--n-ctx", type=int, default=8192, help="in-process server: KV cells")
+    parser.add_argument("--spawn", action="store_true",
+                        help="without --url: run `cobatch serve` in a child process instead of in this one")
+    parser.add_argument("--threads", type=int, default=2, help="started server: CPU threads")
+    parser.add_argument("--model", default=None, help="started server: GGUF path (default: the bundled one)")
+    parser.add_argument("--n-ctx", type=int, default=8192, help="started server: KV cells")
     parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -386,7 +430,12 @@ def main(argv: list[str] | None = None) -> int:
 
     local = None
     if args.url is None:
-        local = InProcessServer(args.model, args.threads, max(32, max(levels)), args.n_ctx).start()
+        kind = SpawnedServer if args.spawn else InProcessServer
+        try:
+            local = kind(args.model, args.threads, max(32, max(levels)), args.n_ctx).start()
+        except RuntimeError as exc:
+            print(f"http-load: {exc}", file=sys.stderr)
+            return 1
         url = local.url
     else:
         url = args.url
@@ -399,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if local is not None:
             local.stop()
-    where = "in-process" if local is not None else url
+    where = url if local is None else ("child process" if args.spawn else "in-process")
     print(f"cobatch: {where}" + (f"; peer: {args.peer_url}" if args.peer_url else "")
           + f"; {args.tokens} tokens per request; temperature 0.7, top-k 40, top-p 0.9\n")
     print(render(results, per_level, notes))
