@@ -19,9 +19,11 @@ setup(
         "huggingface-hub>=0.23",
         # Prometheus exposition format, histograms and registries done right; not worth rewriting.
         "prometheus-client>=0.20",
+        # `cobatch bench http-load` ships with the package and drives servers with it.
+        "httpx>=0.27",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "httpx>=0.27", "openai>=1.30"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "openai>=1.30"],
         "bench": ["matplotlib>=3.8"],
     },
     entry_points={"console_scripts": ["cobatch=server.cli:main"]},
