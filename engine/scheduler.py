@@ -31,7 +31,6 @@ class Chunk:
 @dataclass
 class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
 
     @property
     def n_tokens(self) -> int:
@@ -63,13 +62,15 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
-        self._make_room_for_growth(plan)
+        self._make_room_for_growth()
         budget = self.step_token_budget
         # Decoding rows first, so a long prefill never stalls sequences that are generating.
         for seq in self.running:
             if seq.n_pending == 1:
                 plan.chunks.append(Chunk(seq, seq.n_computed, 1))
                 budget -= 1
+                if seq.n_generated == 0:  # the last prompt token, not a sampled one
+                    self.tokens_prefilled += 1
         for seq in self.running:
             if seq.n_pending > 1 and budget > 0:
                 budget -= self._prefill_chunk(plan, seq, budget)
@@ -102,15 +103,13 @@ class Scheduler:
         seq.state = SequenceState.WAITING
         self.waiting[seq.request.priority].appendleft(seq)
 
-    def _make_room_for_growth(self, plan: StepPlan) -> None:
+    def _make_room_for_growth(self) -> None:
         # Every running sequence will hold all of its tokens after this step.
         for seq in list(self.running):
             while seq.state is SequenceState.RUNNING and not self.kv.try_reserve(seq, len(seq.tokens)):
                 if len(self.running) == 1:
                     break  # alone and still short: it finishes at the context limit instead
-                victim = self.running[-1]
-                self.preempt(victim)
-                plan.preempted.append(victim)
+                self.preempt(self.running[-1])
 
     def _admit_next(self) -> Sequence | None:
         if len(self.running) >= self.max_running or not self.kv.has_free_id:

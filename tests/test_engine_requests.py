@@ -125,3 +125,11 @@ def test_async_stream_and_await(engine):
 
     deltas, result = asyncio.run(main())
     assert "".join(deltas) == result.text and len(deltas) >= 2
+
+
+def test_prefilled_tokens_are_counted_when_the_last_prompt_token_lands_alone(model_path):
+    with Engine(model_path, n_ctx=512, max_batch=2, step_token_budget=32, prefix_cache=False) as eng:
+        prompt = eng.tokenize("The history of the printing press begins in China. " * 8)[:33]
+        result = eng.submit(prompt, max_tokens=2).result(60)
+        assert result.metrics.prompt_tokens == 33
+        assert eng.stats().tokens_prefilled == 33  # 32 in the first step, 1 in the second
