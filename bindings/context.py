@@ -8,6 +8,7 @@ import llama_cpp
 import numpy as np
 
 from bindings.batch import Batch
+from bindings.interrupt import DecodeInterrupter
 from bindings.model import Model
 
 
@@ -67,6 +68,7 @@ class Context:
             raise RuntimeError(f"llama.cpp could not create a context with {settings}")
         self._handle = handle
         self._memory = llama_cpp.llama_get_memory(handle)
+        self.interrupter = DecodeInterrupter(handle)  # decode() returns ABORTED once it fires
         self.model = model
         self.settings = settings
         self.n_ctx: int = llama_cpp.llama_n_ctx(handle)

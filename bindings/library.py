@@ -13,12 +13,19 @@ _initialised = False
 
 @llama_cpp.llama_log_callback
 def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp logs every tensor at load; only errors are worth a user's attention.
-    if level == 4 or os.environ.get("COBATCH_LLAMA_LOG"):  # GGML_LOG_LEVEL_ERROR; 5 (CONT) is progress dots
+    # llama.cpp logs every tensor at load; only errors (level 4; 5 continues a line with
+    # progress dots) are worth a user's attention.
+    if os.environ.get("COBATCH_LLAMA_LOG") or (level == 4 and not _is_abort_report(text)):
         try:
             os.write(2, text)
         except OSError:
             pass
+
+
+def _is_abort_report(text: bytes) -> bool:
+    # An interrupted decode (bindings/interrupt.py) is logged as a failed graph with status 1,
+    # GGML_STATUS_ABORTED, and llama_decode returning 2; that is the engine's own doing.
+    return text.rstrip().endswith((b"failed with error 1", b"compute status: 1", b"failed to decode, ret = 2"))
 
 
 def ensure_backend() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from engine.priority import PriorityPolicy
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -15,7 +17,8 @@ class EngineConfig:
     max_batch: int = 32  # sequences running at once
     step_token_budget: int = 256  # tokens per llama_decode: decode rows first, then prompt chunks
     n_threads: int = max(1, os.cpu_count() or 1)
-    max_waiting: int = 1024  # queued requests before submit() refuses
+    max_waiting: int = 1024  # queued batch requests before submit() refuses another
+    max_waiting_interactive: int = 256  # the same bound for the interactive tier
     block_size: int = 16  # KV cells per ledger block
     prefix_cache: bool = True  # keep finished prompts' full blocks for reuse
     cache_holders: int = 64  # seq ids reserved to hold cached prefixes (max_batch + this <= 256)
@@ -23,6 +26,10 @@ class EngineConfig:
     # whole unified cache holds, so a request's greedy text would change with its neighbours.
     # Off by default: each request's output is then independent of who else is running.
     flash_attn: bool = False
+    # Two priority tiers (engine/priority.py explains the policy). Off: one FIFO queue.
+    priority_scheduling: bool = True
+    batch_min_share: float = 0.25  # of slots, prompt tokens and steps batch work always keeps
+    interrupt_for_interactive: bool = True  # abort a batch-only step when interactive arrives
 
     def __post_init__(self) -> None:
         if self.n_ctx < 64:
@@ -40,5 +47,9 @@ class EngineConfig:
             raise ValueError(f"block_size must divide n_ctx, got {self.block_size} for {self.n_ctx}")
         if self.cache_holders < 0 or self.max_batch + self.cache_holders > 256:
             raise ValueError("cache_holders must be >= 0 and max_batch + cache_holders <= 256")
-        if self.max_waiting < 1:
-            raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
+        if self.max_waiting < 1 or self.max_waiting_interactive < 1:
+            raise ValueError("max_waiting and max_waiting_interactive must be >= 1")
+        self.priority_policy()  # checks batch_min_share
+
+    def priority_policy(self) -> PriorityPolicy:
+        return PriorityPolicy(self.priority_scheduling, self.batch_min_share, self.interrupt_for_interactive)

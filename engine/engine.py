@@ -23,6 +23,7 @@ from engine.request import (
     FinishReason,
     GenerationResult,
     PromptTooLongError,
+    Priority,
     Request,
     RequestError,
 )
@@ -51,7 +52,18 @@ class EngineStats:
     kv: KvCacheStats
     tokens_prefilled: int
     preemptions: int
-    steps: int
+    steps: int  # llama_decode calls, interrupted ones included
+    steps_interrupted: int  # batch-only steps aborted for an arriving interactive request
+    tiers: dict[str, "TierStats"]
+
+
+@dataclass(frozen=True)
+class TierStats:
+    waiting: int
+    running: int
+    admitted: int  # admissions, re-admissions after preemption included
+    preemptions: int
+    finished: int
 
 
 class Engine:
@@ -69,33 +81,51 @@ class Engine:
         **config_overrides: Any,
     ) -> None:
         base = config or EngineConfig()
-        self.config = EngineConfig(**{**base.__dict__, **config_overrides}) if config_overrides else base
-        self.model = Model(resolve_model(model_path))
+        config = EngineConfig(**{**base.__dict__, **config_overrides}) if config_overrides else base
+        model = Model(resolve_model(model_path))
         try:
-            self._runner = ModelRunner(self.model, self.config)
+            runner = ModelRunner(model, config)
         except BaseException:
-            self.model.close()
+            model.close()
             raise
+        self._start(model, runner, config)
+
+    @classmethod
+    def from_backend(cls, model: Any, runner: Any, config: EngineConfig) -> "Engine":
+        """An engine over a given model and runner (tests drive the loop with a fake backend)."""
+        engine = cls.__new__(cls)
+        engine._start(model, runner, config)
+        return engine
+
+    def _start(self, model: Any, runner: Any, config: EngineConfig) -> None:
+        self.config = cfg = config
+        self.model = model
+        self._runner = runner
         self.vocabulary = TokenVocabulary(
             self.model.token_bytes, self.model.eog_tokens, self.model.special_tokens
         )
         self.n_ctx = self._runner.n_cells
-        cfg = self.config
         holders = cfg.cache_holders if cfg.prefix_cache else 0
         self.kv_cache = KvCache(
             self._runner.context, self.n_ctx, cfg.block_size, running_ids=range(cfg.max_batch),
             holder_ids=range(cfg.max_batch, cfg.max_batch + holders), prefix_cache=cfg.prefix_cache,
         )
-        self._scheduler = Scheduler(self.kv_cache, cfg.max_batch, cfg.step_token_budget)
+        self._scheduler = Scheduler(self.kv_cache, cfg.max_batch, cfg.step_token_budget, cfg.priority_policy())
         self._kv_stats = self.kv_cache.stats()  # refreshed by the engine thread, read by anyone
         self._sampler = BatchSampler(self.model.n_vocab)
         self._profiles = {"decode": StepProfile(), "mixed": StepProfile()}
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
         self._wakeup = threading.Event()
         self._live: dict[str, Sequence] = {}
+        self._with_deadline: set[Sequence] = set()
         self._accepting = True
         self._stopping = False
         self._lock = threading.Lock()
+        self._steps_run = 0  # llama_decode calls, interrupted ones included
+        self._steps_interrupted = 0
+        self._finished = {p: 0 for p in Priority}
+        self._interrupt_lock = threading.Lock()
+        self._interruptible = False  # the step in flight may be aborted for an interactive arrival
         self._thread = threading.Thread(target=self._run, name="cobatch-engine", daemon=True)
         self._thread.start()
 
@@ -120,11 +150,17 @@ class Engine:
             ids = [s.request_id for s in sequences]
             if len(set(ids)) < len(ids) or any(i in self._live for i in ids):
                 raise InvalidParameterError("request ids must be unique among live requests")
-            if self._queued() + len(sequences) > self.config.max_waiting:
-                raise QueueFullError(f"{self.config.max_waiting} requests are already waiting")
+            queued = self._queued()
+            for tier in Priority:
+                adding = sum(1 for s in sequences if s.request.priority is tier)
+                bound = self._queue_bound(tier)
+                if adding and queued[tier] + adding > bound:
+                    raise QueueFullError(f"the {tier.value} queue is full: {bound} requests are already waiting")
             for seq in sequences:
                 self._live[seq.request_id] = seq
             self._inbox.append(("submit", sequences))
+        if any(s.request.priority is Priority.INTERACTIVE for s in sequences):
+            self._interrupt_step_in_flight()
         self._wakeup.set()
         return [s.handle for s in sequences]
 
@@ -149,16 +185,29 @@ class Engine:
         return self.inspect(lambda runner: self.kv_cache.cells_in_use(runner.context))
 
     def stats(self) -> EngineStats:
-        running = list(self._scheduler.running)
+        scheduler = self._scheduler
+        running = list(scheduler.running)
+        tiers = {
+            p.value: TierStats(
+                waiting=len(scheduler.waiting[p]),
+                running=sum(1 for s in running if s.request.priority is p),
+                admitted=scheduler.tiers[p].admitted,
+                preemptions=scheduler.tiers[p].preemptions,
+                finished=self._finished[p],
+            )
+            for p in Priority
+        }
         return EngineStats(
             running=len(running),
-            waiting={p.value: len(q) for p, q in self._scheduler.waiting.items()},
+            waiting={p.value: len(q) for p, q in scheduler.waiting.items()},
             kv_cells_used=sum(s.n_computed for s in running),
             kv_cells_total=self.n_ctx,
             kv=self._kv_stats,
             tokens_prefilled=self._scheduler.tokens_prefilled,
             preemptions=self._scheduler.preemptions,
-            steps=sum(p.steps for p in self._profiles.values()),
+            steps=self._steps_run,
+            steps_interrupted=self._steps_interrupted,
+            tiers=tiers,
         )
 
     def profile(self, reset: bool = False) -> dict[str, StepProfile]:
@@ -193,11 +242,13 @@ class Engine:
         while not self._stopping:
             self._wakeup.clear()
             self._drain_inbox()
+            self._expire_deadlines()
             if not self._scheduler.has_work():
                 self._wakeup.wait(_IDLE_WAIT_S)
                 continue
             try:
-                self._step()
+                if not self._step():  # waiting requests none of which can start yet
+                    self._wakeup.wait(_IDLE_WAIT_S)
             except Exception as exc:  # a bug must fail requests, not kill the engine thread
                 self._fail_running(exc)
                 self._kv_stats = self.kv_cache.stats()
@@ -205,21 +256,22 @@ class Engine:
         for seq in list(self._live.values()):
             self._finish(seq, FinishReason.CANCELLED, error="the engine shut down")
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """One engine step; False when there was nothing to decode."""
         clock = time.perf_counter
         t0 = clock()
         plan = self._scheduler.schedule()
         t1 = clock()
         if not plan.chunks:
-            return
+            return False
         self._runner.build_batch(plan)
         t2 = clock()
-        outcome = self._runner.decode()
+        outcome = self._decode(plan)
         t3 = clock()
         if outcome is not DecodeOutcome.OK:
             self._recover(outcome)
             self._kv_stats = self.kv_cache.stats()
-            return
+            return True
         for chunk in plan.chunks:
             chunk.seq.n_computed += chunk.length
         sampled = [c for c in plan.chunks if c.wants_logits]
@@ -230,6 +282,29 @@ class Engine:
         t5 = clock()
         kind = "decode" if plan.n_tokens == len(sampled) else "mixed"
         self._profiles[kind].record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, len(sampled))
+        return True
+
+    def _decode(self, plan: Any) -> DecodeOutcome:
+        interrupter = self._runner.interrupter
+        with self._interrupt_lock:
+            interrupter.reset()
+            self._interruptible = self.config.interrupt_for_interactive and plan.interruptible
+        try:
+            outcome = self._runner.decode()
+        finally:
+            with self._interrupt_lock:
+                self._interruptible = False
+                interrupter.reset()
+        self._steps_run += 1
+        return outcome
+
+    def _interrupt_step_in_flight(self) -> None:
+        # Aborting costs the batch rows the part of the step already computed; do it only when
+        # the interactive request would be admitted right after.
+        with self._interrupt_lock:
+            if self._interruptible and self._scheduler.interactive_can_start():
+                self._runner.interrupter.interrupt()
+                self._interruptible = False
 
     def _sample(self, sampled: list[Chunk]) -> list[int]:
         if not sampled:
@@ -278,6 +353,7 @@ class Engine:
         seq.tokens.append(token)
         if seq.first_token_at is None:
             seq.first_token_at = now
+            seq.first_token_step = self._steps_run
         if seq.matcher is not None:
             seq.matcher.advance(token)
         if token in self.model.eog_tokens and (seq.matcher is not None or not seq.request.ignore_eos):
@@ -298,11 +374,15 @@ class Engine:
         seq.finish_reason = reason
         self._scheduler.finish(seq)
         self._live.pop(seq.request_id, None)
+        self._with_deadline.discard(seq)
+        self._finished[seq.request.priority] += 1
         seq.handle.publish_result(seq.result(error))
 
     def _recover(self, outcome: DecodeOutcome) -> None:
         # llama.cpp rolls back a failed batch, so only the choice of who runs next changes.
-        if outcome is DecodeOutcome.KV_FULL:
+        if outcome is DecodeOutcome.ABORTED:
+            self._steps_interrupted += 1
+        elif outcome is DecodeOutcome.KV_FULL:
             running = self._scheduler.running
             if len(running) > 1:
                 self._scheduler.preempt(running[-1])
@@ -322,7 +402,10 @@ class Engine:
             if kind == "submit":
                 for seq in payload:
                     if seq.finish_reason is None:  # it may have been cancelled while in the inbox
+                        seq.arrival_step = self._steps_run
                         self._scheduler.add(seq)
+                        if seq.deadline is not None:
+                            self._with_deadline.add(seq)
             elif kind == "cancel":
                 seq = self._live.get(payload)
                 if seq is not None:
@@ -335,14 +418,30 @@ class Engine:
                     future.set_exception(exc)
         self._kv_stats = self.kv_cache.stats()
 
+    def _expire_deadlines(self) -> None:
+        if not self._with_deadline:
+            return
+        now = time.perf_counter()
+        for seq in [s for s in self._with_deadline if s.deadline <= now]:
+            self._finish(seq, FinishReason.TIMEOUT, error=f"its timeout of {seq.request.timeout:g} s passed")
+
     # ---- helpers ----------------------------------------------------------------------------
     def _request_cancel(self, request_id: str) -> None:
         self._inbox.append(("cancel", request_id))
         self._wakeup.set()
 
-    def _queued(self) -> int:
-        in_inbox = sum(len(payload) for kind, payload in list(self._inbox) if kind == "submit")
-        return self._scheduler.n_waiting + in_inbox
+    def _queued(self) -> dict[Priority, int]:
+        queued = {p: len(self._scheduler.waiting[p]) for p in Priority}
+        for kind, payload in list(self._inbox):
+            if kind == "submit":
+                for seq in payload:
+                    queued[seq.request.priority] += 1
+        return queued
+
+    def _queue_bound(self, tier: Priority) -> int:
+        if tier is Priority.INTERACTIVE:
+            return self.config.max_waiting_interactive
+        return self.config.max_waiting
 
     def _new_sequence(self, request: Request) -> Sequence:
         prompt_ids = self._prompt_ids(request)

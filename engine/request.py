@@ -52,6 +52,9 @@ class Request:
     format: str = "raw"
     json_schema: Mapping[str, Any] | None = None
     logprobs: int = 0  # with n > 0, each generated token's logprob and the n most likely
+    # Seconds from submission after which the request finishes with TIMEOUT, whatever its
+    # state (waiting, prefilling, decoding, preempted), keeping what it has generated.
+    timeout: float | None = None
     request_id: str = field(default_factory=lambda: f"req-{next(_request_ids)}")
 
     def __post_init__(self) -> None:
@@ -83,6 +86,11 @@ class Request:
             object.__setattr__(self, "format", "json")
         if self.format == "json" and stop:
             raise InvalidParameterError("stop strings cannot be combined with JSON output: they would cut it")
+        if self.timeout is not None:
+            if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not (
+                0 < self.timeout < float("inf")
+            ):
+                raise InvalidParameterError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
         try:
             object.__setattr__(self, "priority", Priority(self.priority))
         except ValueError:
@@ -107,6 +115,10 @@ class RequestMetrics:
     latency_ms: float
     tokens_per_second: float
     cached_tokens: int = 0
+    # Engine steps (llama_decode calls, interrupted ones included) from the first step after
+    # submission to the one that produced the first token: 1 means the very next step.
+    ttft_steps: int | None = None
+    preemptions: int = 0
 
 
 @dataclass(frozen=True)

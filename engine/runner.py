@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bindings import Batch, Context, ContextSettings, DecodeOutcome, Model
+from bindings import Batch, Context, ContextSettings, DecodeInterrupter, DecodeOutcome, Model
 from engine.config import EngineConfig
 from engine.scheduler import StepPlan
 
@@ -32,6 +32,10 @@ class ModelRunner:
         )
         self.batch = Batch(config.step_token_budget)
         self._n_outputs = 0
+
+    @property
+    def interrupter(self) -> DecodeInterrupter:
+        return self.context.interrupter
 
     @property
     def n_cells(self) -> int:

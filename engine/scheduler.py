@@ -1,20 +1,31 @@
 """Decides, before each step, which sequences feed which tokens.
 
-Running sequences come first (decoding rows cost one token each), then prompt chunks under the
-step's token budget, then admissions. KV blocks are reserved in the ledger before llama_decode
-ever sees a token, so it never has to discover that the cache is full: a sequence is admitted
-only when blocks for all its tokens fit (less what the prefix cache already holds), and when
-growth runs out of blocks the most recently admitted sequence is preempted (its computed blocks
-go to the prefix cache, its output is kept) and recomputed later.
+Each step: make KV room for every running sequence's next token (preempting when blocks run
+out), admit waiting requests while slots, KV blocks and the step's token budget allow, then lay
+out the step: decoding rows first, then prompt chunks. KV blocks are reserved in the ledger
+before llama_decode ever sees a token, so it never has to discover that the cache is full.
+
+Two priority tiers (see engine/priority.py for the policy and its knobs): interactive requests
+are admitted first and may preempt batch sequences for a slot or KV blocks; while one of them is
+still reading its prompt, steps carry interactive work only, so its first token comes after one
+short step instead of one long mixed one. Batch work keeps a guaranteed share of slots, of
+prompt tokens and of steps, so it never starves. A preempted sequence keeps its tokens and
+output, returns to the head of its queue and recomputes later (through the prefix cache when
+its blocks are still there).
 """
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from dataclasses import dataclass, field
+
 from engine.kv_cache import KvCache
+from engine.priority import PriorityPolicy
 from engine.request import Priority
 from engine.sequence import Sequence, SequenceState
+
+INTERACTIVE, BATCH = Priority.INTERACTIVE, Priority.BATCH
 
 
 @dataclass
@@ -31,58 +42,68 @@ class Chunk:
 @dataclass
 class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
+    interruptible: bool = False  # an arriving interactive request may abort this step
 
     @property
     def n_tokens(self) -> int:
         return sum(c.length for c in self.chunks)
 
 
+@dataclass
+class TierCounters:
+    preemptions: int = 0  # times a sequence of this tier was preempted
+    admitted: int = 0
+
+
 class Scheduler:
-    def __init__(self, kv: KvCache, max_running: int, step_token_budget: int) -> None:
+    def __init__(
+        self,
+        kv: KvCache,
+        max_running: int,
+        step_token_budget: int,
+        policy: PriorityPolicy | None = None,
+    ) -> None:
         self.kv = kv
         self.max_running = max_running
         self.step_token_budget = step_token_budget
+        self.policy = policy or PriorityPolicy()
         self.waiting: dict[Priority, collections.deque[Sequence]] = {
             p: collections.deque() for p in Priority
         }
         self.running: list[Sequence] = []  # in admission order
-        self.preemptions = 0
+        self.tiers = {p: TierCounters() for p in Priority}
         self.tokens_prefilled = 0  # prompt (and recomputed) tokens fed to llama_decode
+        self._arrivals = itertools.count()
+        self._steps_without_batch = 0
+        # Slots and prompt tokens batch work keeps whenever it has work (0 with the share off).
+        share = self.policy.batch_min_share if self.policy.enabled else 0.0
+        self._batch_slots = max(1, round(share * max_running)) if share > 0 else 0
+        self._batch_tokens = max(1, round(share * step_token_budget)) if share > 0 else 0
+        self._max_batchless_steps = (round(1 / share) - 1) if share > 0 else None
+
+    @property
+    def preemptions(self) -> int:
+        return sum(t.preemptions for t in self.tiers.values())
 
     @property
     def n_waiting(self) -> int:
         return sum(len(q) for q in self.waiting.values())
 
+    def n_running(self, tier: Priority) -> int:
+        return sum(1 for s in self.running if s.request.priority is tier)
+
     def add(self, seq: Sequence) -> None:
         seq.state = SequenceState.WAITING
+        seq.arrival = next(self._arrivals)
         self.waiting[seq.request.priority].append(seq)
 
     def has_work(self) -> bool:
         return bool(self.running) or self.n_waiting > 0
 
     def schedule(self) -> StepPlan:
-        plan = StepPlan()
         self._make_room_for_growth()
-        budget = self.step_token_budget
-        # Decoding rows first, so a long prefill never stalls sequences that are generating.
-        for seq in self.running:
-            if seq.n_pending == 1:
-                plan.chunks.append(Chunk(seq, seq.n_computed, 1))
-                budget -= 1
-                if seq.n_generated == 0:  # the last prompt token, not a sampled one
-                    self.tokens_prefilled += 1
-        for seq in self.running:
-            if seq.n_pending > 1 and budget > 0:
-                budget -= self._prefill_chunk(plan, seq, budget)
-        while budget > 0 and (seq := self._admit_next()) is not None:
-            budget -= self._prefill_chunk(plan, seq, budget)
-        return plan
-
-    def _prefill_chunk(self, plan: StepPlan, seq: Sequence, budget: int) -> int:
-        n = min(seq.n_pending, budget)
-        plan.chunks.append(Chunk(seq, seq.n_computed, n))
-        self.tokens_prefilled += n
-        return n
+        self._admit_waiting()
+        return self._lay_out_step()
 
     def finish(self, seq: Sequence) -> None:
         """Take a finished or cancelled sequence out, freeing its KV before its id can be reused."""
@@ -99,31 +120,152 @@ class Scheduler:
         self.kv.release(seq, keep_prefix=True)  # its recompute can then start from the cache
         seq.n_computed = 0
         seq.preemptions += 1
-        self.preemptions += 1
+        self.tiers[seq.request.priority].preemptions += 1
         seq.state = SequenceState.WAITING
         self.waiting[seq.request.priority].appendleft(seq)
 
+    def interactive_can_start(self) -> bool:
+        """Whether an interactive request arriving now would be admitted at the next step (so
+        interrupting the step in flight for it is worth it)."""
+        return self.policy.enabled and self.n_running(INTERACTIVE) < self._interactive_slot_cap()
+
+    # ---- admission ----------------------------------------------------------------------------
+    def _admit_waiting(self) -> None:
+        while (seq := self._next_candidate()) is not None:
+            if not self._try_admit(seq):
+                return  # the head waits: nobody behind it jumps ahead (no starvation by size)
+
+    def _next_candidate(self) -> Sequence | None:
+        heads = {p: q[0] for p, q in self.waiting.items() if q}
+        if not heads:
+            return None
+        if not self.policy.enabled:  # FIFO: arrival order, tiers ignored
+            return min(heads.values(), key=lambda s: s.arrival)
+        order = [INTERACTIVE, BATCH]
+        if self.n_running(BATCH) < self._batch_slots:
+            order.reverse()  # batch is below its guaranteed share of slots
+        for tier in order:
+            seq = heads.get(tier)
+            if seq is None:
+                continue
+            if tier is INTERACTIVE and self.n_running(INTERACTIVE) >= self._interactive_slot_cap():
+                continue
+            if tier is BATCH and self._interactive_prefilling():
+                continue  # it would get no tokens this step; keep its slot and blocks free
+            return seq
+        return None
+
+    def _try_admit(self, seq: Sequence) -> bool:
+        if self._budget_ahead_of(seq) <= 0:
+            return False
+        while not (len(self.running) < self.max_running and self.kv.try_admit(seq)):
+            victim = self._victim_for(seq)
+            if victim is None:
+                return False
+            self.preempt(victim)
+        self.waiting[seq.request.priority].remove(seq)
+        seq.state = SequenceState.RUNNING
+        if seq.admitted_at is None:
+            seq.admitted_at = time.perf_counter()
+        self.tiers[seq.request.priority].admitted += 1
+        self.running.append(seq)
+        return True
+
+    def _victim_for(self, seq: Sequence) -> Sequence | None:
+        """The batch sequence an interactive one may displace: the most recently admitted, which
+        loses the least work, and only while batch keeps its guaranteed slots."""
+        if not self.policy.enabled or seq.request.priority is not INTERACTIVE:
+            return None
+        if self.n_running(BATCH) <= self._batch_slots:
+            return None
+        batch = [s for s in self.running if s.request.priority is BATCH]
+        return batch[-1] if batch else None
+
+    def _budget_ahead_of(self, seq: Sequence) -> int:
+        """Step tokens left for `seq` after the work that comes before it in this step."""
+        ahead = [s for s in self.running if self._ranks_before(s, seq)]
+        decode_rows = sum(1 for s in self.running if s.n_pending == 1)
+        prefill = sum(s.n_pending for s in ahead if s.n_pending > 1)
+        return self.step_token_budget - decode_rows - prefill
+
+    def _ranks_before(self, running: Sequence, candidate: Sequence) -> bool:
+        if not self.policy.enabled or candidate.request.priority is BATCH:
+            return True
+        return running.request.priority is INTERACTIVE
+
+    def _interactive_slot_cap(self) -> int:
+        batch_demand = self.n_running(BATCH) + len(self.waiting[BATCH])
+        return self.max_running - min(self._batch_slots, batch_demand)
+
+    # ---- growth ---------------------------------------------------------------------------------
     def _make_room_for_growth(self) -> None:
-        # Every running sequence will hold all of its tokens after this step.
+        # Every running sequence will hold all of its tokens after this step; when blocks run
+        # out, the most recently admitted batch sequence goes first, then interactive ones.
         for seq in list(self.running):
             while seq.state is SequenceState.RUNNING and not self.kv.try_reserve(seq, len(seq.tokens)):
                 if len(self.running) == 1:
                     break  # alone and still short: it finishes at the context limit instead
-                self.preempt(self.running[-1])
+                self.preempt(self._growth_victim())
 
-    def _admit_next(self) -> Sequence | None:
-        if len(self.running) >= self.max_running or not self.kv.has_free_id:
-            return None
-        for priority in (Priority.INTERACTIVE, Priority.BATCH):
-            queue = self.waiting[priority]
-            if queue:
-                seq = queue[0]
-                if not self.kv.try_admit(seq):
-                    return None
-                queue.popleft()
-                seq.state = SequenceState.RUNNING
-                if seq.admitted_at is None:
-                    seq.admitted_at = time.perf_counter()
-                self.running.append(seq)
-                return seq
-        return None
+    def _growth_victim(self) -> Sequence:
+        if self.policy.enabled:
+            batch = [s for s in self.running if s.request.priority is BATCH]
+            if batch:
+                return batch[-1]
+        return self.running[-1]
+
+    # ---- step layout --------------------------------------------------------------------------
+    def _interactive_prefilling(self) -> bool:
+        return self.policy.enabled and any(
+            s.request.priority is INTERACTIVE and s.n_pending > 1 for s in self.running
+        )
+
+    def _lay_out_step(self) -> StepPlan:
+        exclusive = self._interactive_prefilling() and self._batch_may_wait()
+        plan = StepPlan(interruptible=self.policy.enabled and self.policy.interrupt_steps
+                        and not self._interactive_prefilling())
+        budget = self.step_token_budget
+        ordered = sorted(self.running, key=self._step_rank) if self.policy.enabled else self.running
+        if exclusive:
+            ordered = [s for s in ordered if s.request.priority is INTERACTIVE]
+        # Decoding rows first, so a long prefill never stalls sequences that are generating.
+        for seq in ordered:
+            if seq.n_pending == 1:
+                plan.chunks.append(Chunk(seq, seq.n_computed, 1))
+                budget -= 1
+                if seq.n_generated == 0:  # the last prompt token, not a sampled one
+                    self.tokens_prefilled += 1
+        batch_reserve = self._batch_prefill_reserve(ordered)
+        for seq in ordered:
+            if seq.n_pending > 1 and budget > 0:
+                room = budget
+                if seq.request.priority is INTERACTIVE:
+                    room = max(1, budget - batch_reserve)
+                budget -= self._prefill_chunk(plan, seq, room)
+        has_batch = any(c.seq.request.priority is BATCH for c in plan.chunks)
+        self._steps_without_batch = 0 if has_batch or not self._batch_has_work() else self._steps_without_batch + 1
+        return plan
+
+    def _step_rank(self, seq: Sequence) -> int:
+        return 0 if seq.request.priority is INTERACTIVE else 1  # stable: admission order within
+
+    def _batch_may_wait(self) -> bool:
+        """A step of interactive work alone is allowed unless batch work has already waited its
+        bound (1 / batch_min_share - 1 steps in a row)."""
+        bound = self._max_batchless_steps
+        return bound is None or self._steps_without_batch < bound
+
+    def _batch_has_work(self) -> bool:
+        return any(s.request.priority is BATCH for s in self.running)
+
+    def _batch_prefill_reserve(self, ordered: list[Sequence]) -> int:
+        if not self.policy.enabled:
+            return 0
+        wants = any(s.request.priority is BATCH and s.n_pending > 1 for s in ordered)
+        return self._batch_tokens if wants else 0
+
+    def _prefill_chunk(self, plan: StepPlan, seq: Sequence, budget: int) -> int:
+        n = min(seq.n_pending, budget)
+        plan.chunks.append(Chunk(seq, seq.n_computed, n))
+        self.tokens_prefilled += n
+        return n

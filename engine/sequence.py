@@ -52,6 +52,10 @@ class Sequence:
         self.admitted_at: float | None = None
         self.first_token_at: float | None = None
         self.preemptions = 0
+        self.arrival = 0  # the scheduler's arrival order, for FIFO
+        self.deadline = None if request.timeout is None else self.submitted_at + request.timeout
+        self.arrival_step: int | None = None  # engine step count when the scheduler got it
+        self.first_token_step: int | None = None
         self.cached_tokens: int | None = None  # prompt tokens served from the prefix cache
         self.logprobs: list[Any] | None = [] if request.logprobs else None
 
@@ -91,6 +95,9 @@ class Sequence:
             latency_ms=ms(now - self.submitted_at),
             tokens_per_second=round(self.n_generated / generation_s, 3) if generation_s > 0 else 0.0,
             cached_tokens=self.cached_tokens or 0,
+            ttft_steps=None if self.first_token_step is None or self.arrival_step is None
+            else self.first_token_step - self.arrival_step,
+            preemptions=self.preemptions,
         )
         assert self.finish_reason is not None
         return GenerationResult(
