@@ -422,8 +422,11 @@ class Engine:
         if not self._with_deadline:
             return
         now = time.perf_counter()
-        for seq in [s for s in self._with_deadline if s.deadline <= now]:
+        expired = [s for s in self._with_deadline if s.deadline <= now]
+        for seq in expired:
             self._finish(seq, FinishReason.TIMEOUT, error=f"its timeout of {seq.request.timeout:g} s passed")
+        if expired:
+            self._kv_stats = self.kv_cache.stats()
 
     # ---- helpers ----------------------------------------------------------------------------
     def _request_cancel(self, request_id: str) -> None:

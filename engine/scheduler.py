@@ -77,7 +77,8 @@ class Scheduler:
         self._steps_without_batch = 0
         # Slots and prompt tokens batch work keeps whenever it has work (0 with the share off).
         share = self.policy.batch_min_share if self.policy.enabled else 0.0
-        self._batch_slots = max(1, round(share * max_running)) if share > 0 else 0
+        # (interactive work always keeps at least one slot of its own)
+        self._batch_slots = min(max_running - 1, max(1, round(share * max_running))) if share > 0 else 0
         self._batch_tokens = max(1, round(share * step_token_budget)) if share > 0 else 0
         self._max_batchless_steps = (round(1 / share) - 1) if share > 0 else None
 

@@ -43,7 +43,13 @@ def _parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--max-batch", type=int, default=32, help="sequences generating at once")
     serve_cmd.add_argument("--step-token-budget", type=int, default=256, help="tokens per decode step")
     serve_cmd.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1), help="CPU threads")
-    serve_cmd.add_argument("--max-waiting", type=int, default=1024, help="queued requests before 429")
+    serve_cmd.add_argument("--max-waiting", type=int, default=1024, help="queued batch requests before 429")
+    serve_cmd.add_argument("--max-waiting-interactive", type=int, default=256,
+                           help="queued interactive requests before 429")
+    serve_cmd.add_argument("--batch-min-share", type=float, default=0.25,
+                           help="share of slots, prompt tokens and steps batch work always keeps")
+    serve_cmd.add_argument("--no-priority", action="store_true",
+                           help="one FIFO queue: ignore request priority")
     serve_cmd.add_argument(
         "--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S,
         help="seconds running requests get to finish at shutdown (default 30)",
@@ -78,6 +84,9 @@ def serve(options: argparse.Namespace) -> int:
         step_token_budget=options.step_token_budget,
         n_threads=options.threads,
         max_waiting=options.max_waiting,
+        max_waiting_interactive=options.max_waiting_interactive,
+        batch_min_share=options.batch_min_share,
+        priority_scheduling=not options.no_priority,
     )
 
     def load_engine() -> Any:

@@ -126,7 +126,30 @@ class _EngineCollector(Collector):
         steps = CounterMetricFamily("cobatch_engine_steps", "Engine decode steps run")
         steps.add_metric([], stats.steps)
         yield steps
+        yield from _tier_metrics(stats)
         yield from _kv_block_metrics(stats)
+
+
+def _tier_metrics(stats: Any) -> Iterable:
+    """Per priority tier, for engines whose stats carry them (`stats.tiers`)."""
+    tiers = getattr(stats, "tiers", None)
+    if tiers is None:
+        return
+    running = GaugeMetricFamily("cobatch_priority_running_sequences", "Running sequences, by priority",
+                                labels=["priority"])
+    preempted = CounterMetricFamily("cobatch_priority_preemptions", "Sequences preempted, by priority",
+                                    labels=["priority"])
+    admitted = CounterMetricFamily("cobatch_priority_admissions", "Admissions (re-admissions after "
+                                   "preemption included), by priority", labels=["priority"])
+    for name, tier in sorted(tiers.items()):
+        running.add_metric([name], tier.running)
+        preempted.add_metric([name], tier.preemptions)
+        admitted.add_metric([name], tier.admitted)
+    yield from (running, preempted, admitted)
+    interrupted = CounterMetricFamily("cobatch_engine_steps_interrupted",
+                                      "Batch-only steps aborted for an arriving interactive request")
+    interrupted.add_metric([], stats.steps_interrupted)
+    yield interrupted
 
 
 def _kv_block_metrics(stats: Any) -> Iterable:

@@ -3,6 +3,9 @@
 Fields (all but `prompt` optional):
   prompt              non-empty string
   priority            "interactive" | "batch"         (default "batch")
+  timeout             seconds > 0, at most 86400       (default none; past it the request ends
+                                                        with HTTP 504, or finish_reason "timeout"
+                                                        in a stream)
   format              "raw" | "json"                   (default "raw"; "json": any JSON object)
   json_schema         JSON Schema object; needs format "json"; the output is constrained to it
   max_tokens          integer 1..n_ctx                 (default 512)
@@ -30,6 +33,7 @@ from server.spec import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_LOGPROBS,
     MAX_SEED,
+    MAX_TIMEOUT_S,
     MAX_STOP_LENGTH,
     MAX_STOP_STRINGS,
     MAX_TEMPERATURE,
@@ -67,6 +71,8 @@ def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: dict[str, Any]) 
         "seed": fields.integer("seed", None, minimum=0, maximum=MAX_SEED, nullable=True),
         "stop": fields.stop_strings("stop", max_count=MAX_STOP_STRINGS, max_length=MAX_STOP_LENGTH),
         "priority": fields.string("priority", "batch", choices=PRIORITIES, nullable=True),
+        "timeout": fields.number("timeout", None, minimum=0.0, exclusive_minimum=True,
+                                 maximum=MAX_TIMEOUT_S, nullable=True),
     }
 
 

@@ -14,6 +14,7 @@ MAX_SEED = 2**63 - 1
 MAX_LOGIT_BIAS_ENTRIES = 1024  # bounds the work one request can put on every sampling step
 MAX_LOGPROBS = 20  # the engine's limit (OpenAI's chat limit too)
 PENALTY_LIMIT = 2.0  # presence/frequency penalties, as OpenAI documents them
+MAX_TIMEOUT_S = 86400.0  # a request deadline; beyond a day it is a mistake, not a deadline
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class GenerationSpec:
     want_logprobs: bool = False  # per-token logprobs are wanted (even with 0 alternatives)
     structured: StructuredOutput | None = None
     extra_stops: tuple[str, ...] = field(default=())  # added by the chat fallback format
+    timeout: float | None = None  # seconds from submission, after which it ends with "timeout"
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for Engine.submit (besides the prompt)."""
@@ -55,6 +57,8 @@ class GenerationSpec:
             value = getattr(self, name)
             if value != neutral:
                 options[name] = value
+        if self.timeout is not None:
+            options["timeout"] = self.timeout
         if self.want_logprobs:
             # The engine records logprobs only when asked for at least one alternative.
             options["logprobs"] = max(1, self.logprobs)
