@@ -23,7 +23,8 @@ setup(
         "httpx>=0.27",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "openai>=1.30"],
+        # matplotlib: the quick-mode test also draws each plottable run, so plotting cannot rot.
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "openai>=1.30", "matplotlib>=3.8"],
         "bench": ["matplotlib>=3.8"],
     },
     entry_points={"console_scripts": ["cobatch=server.cli:main"]},

@@ -1,4 +1,5 @@
-"""`cobatch bench NAME [options]`: runs one benchmark of bench/ and prints its Markdown table."""
+"""`cobatch bench NAME [options]`: runs one benchmark of bench/, prints its Markdown table and stores
+the run under bench/results (see bench/record.py); `cobatch bench plot RUN` draws a stored run."""
 from __future__ import annotations
 
 import importlib
@@ -7,7 +8,10 @@ import sys
 BENCHMARKS = {
     "decode-step": "bench.decode_step",
     "http-load": "bench.http_load",
+    "mixed-priority": "bench.mixed_priority",
+    "plot": "bench.plots",
     "prefix-sharing": "bench.prefix_sharing",
+    "sequential": "bench.sequential",
     "structured": "bench.structured",
 }
 

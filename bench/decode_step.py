@@ -15,6 +15,7 @@ import sys
 
 from bench.prompts import benchmark_prompts
 from bench.raw_loop import raw_loop_context, run_raw_loop
+from bench.record import RunRecord, add_record_arguments, publish
 from bench.table import markdown_table
 from engine import Engine
 from engine.profile import PHASES
@@ -36,7 +37,7 @@ def engine_run(engine: Engine, prompts: list[str], n_generate: int, sampling: di
 
 
 def run(batch_sizes: list[int], n_generate: int, trials: int, threads: int, model_path: str | None,
-        prefix_cache: bool = False) -> str:
+        prefix_cache: bool = False, record: RunRecord | None = None) -> tuple[str, dict]:
     engine = Engine(model_path, n_threads=threads, max_batch=max(batch_sizes), n_ctx=4096,
                     step_token_budget=512, prefix_cache=prefix_cache)
     raw_ctx = raw_loop_context(engine.model, max(batch_sizes), threads)
@@ -54,6 +55,8 @@ def run(batch_sizes: list[int], n_generate: int, trials: int, threads: int, mode
                 raw["greedy"].append(b * r.steps / r.decode_seconds)
                 eng.append({mode: engine_run(engine, prompts_all[:b], n_generate, cfg)
                             for mode, cfg in SAMPLING.items()})
+                if record is not None:
+                    record.trial(batch=b, raw_loop_tok_s=raw["greedy"][-1], **eng[-1])
             raw_tps = statistics.median(raw["greedy"])
             g = _median_run([e["greedy"] for e in eng])
             s = _median_run([e["sampled"] for e in eng])
@@ -63,12 +66,14 @@ def run(batch_sizes: list[int], n_generate: int, trials: int, threads: int, mode
     finally:
         raw_ctx.close()
         engine.close()
+    headline = {f"greedy_ratio_b{r[0]}": round(r[3], 3) for r in rows}
+    headline.update({f"sampled_ratio_b{r[0]}": round(r[5], 3) for r in rows})
     return markdown_table(
         ["B", "raw loop tok/s", "engine greedy tok/s", "ratio", "engine sampled tok/s", "ratio",
          "raw ms/step", "engine decode ms/step", "schedule+build ms", "sample ms (greedy)",
          "sample ms (sampled)", "postprocess ms"],
         rows,
-    )
+    ), headline
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -84,11 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None)
     parser.add_argument("--prefix-cache", action="store_true", help="run the engine with its prefix cache on")
     parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
+    add_record_arguments(parser)
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     if args.quick:
         sizes, args.tokens, args.trials = [1, 4], 6, 1
-    print(run(sizes, args.tokens, args.trials, args.threads, args.model, args.prefix_cache))
+    record = RunRecord("decode-step", args, args.model, argv)
+    table, headline = run(sizes, args.tokens, args.trials, args.threads, args.model, args.prefix_cache, record)
+    publish(record, table, headline)
     return 0
 
 

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
 import signal
 import socket
@@ -54,8 +56,11 @@ from typing import Any, AsyncIterator, Callable
 
 import httpx
 
+from bench.peer import find_tool, llama_server
 from bench.prompts import benchmark_prompts
+from bench.record import RunRecord, add_record_arguments, publish
 from bench.table import markdown_table
+from engine.model_source import resolve_model
 
 SAMPLING = {"temperature": 0.7, "top_k": 40, "top_p": 0.9}
 # Neutral values sent explicitly: llama.cpp's own defaults are min_p 0.05 (and, in older
@@ -418,7 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="started server: CPU threads")
     parser.add_argument("--model", default=None, help="started server: GGUF path (default: the bundled one)")
     parser.add_argument("--n-ctx", type=int, default=8192, help="started server: KV cells")
+    parser.add_argument("--peer-bin", default=None,
+                        help="a llama-server binary (or its folder): started on loopback with the same "
+                             "model, threads, one slot per top-level client and -kvu, then stopped")
     parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
+    add_record_arguments(parser)
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",")]
     if args.quick:
@@ -440,18 +449,37 @@ def main(argv: list[str] | None = None) -> int:
     else:
         url = args.url
         wait_healthy(url, 300.0)
+    peer = contextlib.nullcontext(args.peer_url)
+    if args.peer_bin:
+        binary = find_tool("llama-server", args.peer_bin)
+        peer = llama_server(binary, str(resolve_model(args.model)), args.threads, max(levels), args.n_ctx)
     try:
-        results, notes = asyncio.run(sweep(url, args.peer_url, levels, per_level, args.tokens, args.ignore_eos))
-    except RuntimeError as exc:  # a server that is not there or refuses the workload
+        with peer as peer_url:
+            args.peer_url = peer_url
+            results, notes = asyncio.run(sweep(url, peer_url, levels, per_level, args.tokens, args.ignore_eos))
+    except (RuntimeError, OSError) as exc:  # a server that is not there or refuses the workload
         print(f"http-load: {exc}", file=sys.stderr)
         return 1
     finally:
         if local is not None:
             local.stop()
     where = url if local is None else ("child process" if args.spawn else "in-process")
-    print(f"cobatch: {where}" + (f"; peer: {args.peer_url}" if args.peer_url else "")
-          + f"; {args.tokens} tokens per request; temperature 0.7, top-k 40, top-p 0.9\n")
-    print(render(results, per_level, notes))
+    peer_name = f"llama-server ({args.peer_bin})" if args.peer_bin else args.peer_url
+    header = (f"cobatch: {where}" + (f"; peer: {peer_name}" if args.peer_url else "")
+              + f"; {args.tokens} tokens per request; temperature 0.7, top-k 40, top-p 0.9\n")
+    summary = header + "\n" + render(results, per_level, notes)
+    record = RunRecord("http-load", args, args.model, argv)
+    for mine, theirs in results:
+        for side, level in (("cobatch", mine), ("peer", theirs)):
+            if level is not None:
+                record.trial(system=side, concurrency=level.concurrency, wall_s=level.wall_s,
+                             samples=[dataclasses.asdict(x) for x in level.samples])
+    top_mine, top_peer = results[-1]
+    headline = {f"cobatch_tok_s_c{top_mine.concurrency}": round(top_mine.cells()[1], 1) if top_mine.ok else 0}
+    if top_peer is not None and top_peer.ok and top_mine.ok:
+        headline[f"peer_tok_s_c{top_peer.concurrency}"] = round(top_peer.cells()[1], 1)
+        headline["ratio"] = round(top_mine.cells()[1] / top_peer.cells()[1], 2)
+    publish(record, summary, headline)
     return 0
 
 

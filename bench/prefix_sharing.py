@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+from bench.record import RunRecord, add_record_arguments, publish
 from bench.table import markdown_table
 from engine import Engine
 
@@ -60,7 +61,8 @@ def run_case(engine: Engine, system: list[int], n_requests: int, max_tokens: int
     }
 
 
-def run(n_requests: int, system_tokens: int, max_tokens: int, n_ctx: int, threads: int, model: str | None) -> str:
+def run(n_requests: int, system_tokens: int, max_tokens: int, n_ctx: int, threads: int, model: str | None,
+        record: RunRecord | None = None) -> tuple[str, dict]:
     rows, peaks = [], {}
     for cache in (False, True):
         with Engine(model, n_ctx=n_ctx, max_batch=n_requests, step_token_budget=512,
@@ -68,6 +70,8 @@ def run(n_requests: int, system_tokens: int, max_tokens: int, n_ctx: int, thread
             system = system_prompt_ids(engine, system_tokens)
             r = run_case(engine, system, n_requests, max_tokens)
         peaks[cache] = r["peak_cells"]
+        if record is not None:
+            record.trial(prefix_cache=cache, **r)
         rows.append(["on" if cache else "off", r["prompt_tokens"], r["prefilled"], r["cached"], r["peak_cells"],
                      r["ttft_p50"], r["ttft_max"], r["total_s"]])
     table_a = markdown_table(
@@ -83,8 +87,10 @@ def run(n_requests: int, system_tokens: int, max_tokens: int, n_ctx: int, thread
         ["ledger + prefix cache (measured peak)", peaks[True], f"{1 - peaks[True] / reserve_full:.0%}"],
     ]
     table_b = markdown_table(["KV reservation", "cells", "reduction vs fixed slots"], slot_rows)
+    headline = {"peak_cells_no_cache": peaks[False], "peak_cells_cache": peaks[True],
+                "reduction_vs_fixed_slots": round(1 - peaks[True] / reserve_full, 3)}
     return (f"{n_requests} requests, {system_tokens}-token shared system prompt, {max_tokens} tokens "
-            f"each (about {per_request} tokens per request), n_ctx {n_ctx}\n\n{table_a}\n\n{table_b}")
+            f"each (about {per_request} tokens per request), n_ctx {n_ctx}\n\n{table_a}\n\n{table_b}"), headline
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,10 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None)
     parser.add_argument("--quick", action="store_true")
+    add_record_arguments(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.system_tokens, args.tokens, args.n_ctx = 4, 64, 4, 1024
-    print(run(args.requests, args.system_tokens, args.tokens, args.n_ctx, args.threads, args.model))
+    record = RunRecord("prefix-sharing", args, args.model, argv)
+    publish(record, *run(args.requests, args.system_tokens, args.tokens, args.n_ctx, args.threads, args.model, record))
     return 0
 
 

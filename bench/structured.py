@@ -10,6 +10,7 @@ import time
 
 from bench.prompts import benchmark_prompts
 from bench.schemas import REVIEW_SCHEMA as REVIEW
+from bench.record import RunRecord, add_record_arguments, publish
 from bench.table import markdown_table
 from engine import Engine
 from sampling.grammar import compile_grammar
@@ -33,7 +34,8 @@ def measure(engine: Engine, prompts: list[str], max_tokens: int, schema: dict | 
     }
 
 
-def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, model: str | None) -> str:
+def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, model: str | None,
+        record: RunRecord | None = None) -> tuple[str, dict]:
     with Engine(model, n_ctx=8192, max_batch=max(batch_sizes), n_threads=threads, step_token_budget=512) as engine:
         start = time.perf_counter()
         compile_grammar(REVIEW, engine.vocabulary)
@@ -49,6 +51,8 @@ def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, mode
             for _ in range(rounds):
                 free.append(measure(engine, prompts, max_tokens, None))
                 bound.append(measure(engine, prompts, max_tokens, REVIEW))
+                if record is not None:
+                    record.trial(batch=b, unconstrained=free[-1], constrained=bound[-1])
             f = sorted(free, key=lambda r: r["tok_s"])[len(free) // 2]
             c = sorted(bound, key=lambda r: r["tok_s"])[len(bound) // 2]
             rows.append([b, f["tok_s"], c["tok_s"], c["tok_s"] / f["tok_s"], f["step_ms"], c["step_ms"],
@@ -56,9 +60,11 @@ def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, mode
     table = markdown_table(
         ["B", "unconstrained tok/s", "constrained tok/s", "ratio", "step ms (free)", "step ms (JSON)",
          "sample ms/step (free)", "sample ms/step (JSON)"], rows)
+    headline = {f"ratio_b{r[0]}": round(r[3], 3) for r in rows}
+    headline["compile_first_ms"] = round(first_compile * 1000)
     return (f"{table}\n\ngrammar compile (product-review schema, Gemma vocabulary): first "
             f"{first_compile * 1000:.0f} ms (includes the one-time vocabulary trie), cached "
-            f"{cached_compile * 1000:.2f} ms")
+            f"{cached_compile * 1000:.2f} ms"), headline
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,11 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None)
     parser.add_argument("--quick", action="store_true")
+    add_record_arguments(parser)
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     if args.quick:
         sizes, args.tokens, args.rounds = [1, 2], 16, 1
-    print(run(sizes, args.tokens, args.rounds, args.threads, args.model))
+    record = RunRecord("structured", args, args.model, argv)
+    publish(record, *run(sizes, args.tokens, args.rounds, args.threads, args.model, record))
     return 0
 
 

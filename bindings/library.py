@@ -40,3 +40,7 @@ def ensure_backend() -> None:
 def system_info() -> str:
     ensure_backend()
     return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+def llama_cpp_version() -> str:
+    return getattr(llama_cpp, "__version__", "unknown")

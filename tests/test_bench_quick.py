@@ -1,14 +1,42 @@
-"""Every benchmark runs in quick mode, so the suite cannot rot."""
+"""Every benchmark runs in quick mode and stores its run, so the suite cannot rot."""
+import csv
+import json
+
 import pytest
 
 from bench.cli import BENCHMARKS, main
 
+RUNNABLE = sorted(set(BENCHMARKS) - {"plot"})
 
-@pytest.mark.parametrize("name", sorted(BENCHMARKS))
-def test_benchmark_runs_in_quick_mode(name, capsys):
-    assert main([name, "--quick"]) == 0
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_benchmark_runs_in_quick_mode_and_stores_its_run(name, capsys, tmp_path):
+    assert main([name, "--quick", "--results-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.count("|") > 10  # printed a Markdown table
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["benchmark"] == name and manifest["command"].startswith(f"cobatch bench {name}")
+    assert len(manifest["model"]["sha256"]) == 64 and manifest["machine"]["logical_cores"] >= 1
+    assert len(manifest["git"]["commit"]) in (40, len("unknown"))
+    assert "llama_cpp_python" in manifest["llama_cpp"]
+    trials = json.loads((folder / "trials.json").read_text())
+    assert trials and all("at" in t for t in trials)
+    assert (folder / "summary.md").read_text().count("|") > 10
+    (row,) = list(csv.DictReader((tmp_path / "index.csv").open()))
+    assert row["benchmark"] == name and row["folder"] == folder.name and row["headline"]
+    if name in PLOTTABLE:
+        pytest.importorskip("matplotlib")
+        assert main(["plot", str(folder)]) == 0
+        assert list(folder.glob("*.png"))
+
+
+PLOTTABLE = {"sequential", "mixed-priority", "http-load"}
+
+
+def test_no_save_stores_nothing(tmp_path, capsys):
+    assert main(["decode-step", "--quick", "--no-save", "--results-dir", str(tmp_path)]) == 0
+    assert not list(tmp_path.iterdir())
 
 
 def test_unknown_benchmark_lists_the_names(capsys):

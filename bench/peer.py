@@ -1,0 +1,81 @@
+"""llama.cpp's own tools as same-run baselines: llama-batched-bench (the decode ceiling) and
+llama-server (the peer server), found on PATH or given as a path. Neither is built by cobatch:
+build llama.cpp yourself (README, "Baselines") or skip these columns."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+
+def find_tool(name: str, explicit: str | None = None) -> str | None:
+    """The tool's path: `explicit` (a file, or a folder holding it), else PATH, else None."""
+    if explicit:
+        path = Path(explicit).expanduser()
+        if path.is_dir():
+            path = path / name
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise FileNotFoundError(f"{path} is not an executable {name}")
+        return str(path)
+    return shutil.which(name)
+
+
+def batched_bench_tg(binary: str, model: str, batch_sizes: list[int], threads: int,
+                     prompt_tokens: int = 12, generate: int = 32) -> dict[int, float]:
+    """S_TG (generation tok/s) per batch size, as llama-batched-bench prints it."""
+    command = [binary, "-m", model, "-c", str(max(4096, max(batch_sizes) * (prompt_tokens + generate))),
+               "-b", "512", "-ub", "512", "-npp", str(prompt_tokens), "-ntg", str(generate),
+               "-npl", ",".join(map(str, batch_sizes)), "-t", str(threads), "-kvu"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True).stdout
+    figures: dict[int, float] = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 10 and cells[0].isdigit():  # PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | T | S
+            figures[int(cells[2])] = float(cells[7])
+    return figures
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def llama_server(binary: str, model: str, threads: int, slots: int, n_ctx: int,
+                 startup_timeout: float = 120.0) -> Iterator[str]:
+    """Start llama-server on loopback with one unified KV cache shared by `slots` slots (as
+    cobatch runs), wait until it answers /health, yield its URL, and stop it."""
+    port = free_port()
+    command = [binary, "-m", model, "-t", str(threads), "-np", str(slots), "-kvu", "-c", str(n_ctx),
+               "--host", "127.0.0.1", "--port", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"llama-server exited with status {process.returncode}: {' '.join(command)}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("llama-server did not become healthy")
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,150 @@
+"""Stores one benchmark run as a self-contained folder, and indexes it.
+
+    bench/results/<UTC time>-<benchmark>/
+        manifest.json   command, git commit, model file and sha256, machine, llama.cpp build
+        trials.json     every raw measurement, as the benchmark took it
+        summary.md      the Markdown table printed at the end
+    bench/results/index.csv   one line per run: when, what, commit, headline figures
+
+Runs go under ./bench/results of the directory the command runs in (the repository root), or
+wherever --results-dir says; --no-save skips storing.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+INDEX_FIELDS = ["run", "utc", "benchmark", "commit", "model_sha256", "headline", "folder"]
+
+
+def add_record_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--results-dir", default="bench/results", help="where runs are stored")
+    parser.add_argument("--no-save", action="store_true", help="print only; store nothing")
+
+
+class RunRecord:
+    def __init__(self, benchmark: str, args: argparse.Namespace, model_path: str | Path | None,
+                 argv: list[str] | None = None) -> None:
+        self.benchmark = benchmark
+        self.args = args
+        self.model_path = model_path
+        self.command = "cobatch bench " + " ".join([benchmark, *(sys.argv[2:] if argv is None else argv)])
+        self.started = datetime.datetime.now(datetime.timezone.utc)
+        self.trials: list[dict[str, Any]] = []
+
+    def trial(self, **data: Any) -> None:
+        self.trials.append({"at": round(time.time(), 3), **data})
+
+    def save(self, summary: str, headline: dict[str, Any]) -> Path | None:
+        """Write the run folder and its index line; returns the folder (None with --no-save)."""
+        if getattr(self.args, "no_save", False):
+            return None
+        root = Path(getattr(self.args, "results_dir", "bench/results"))
+        run_id = f"{self.started:%Y%m%dT%H%M%SZ}-{self.benchmark}"
+        folder = root / run_id
+        folder.mkdir(parents=True, exist_ok=False)
+        manifest = self.manifest(headline)
+        (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        (folder / "trials.json").write_text(json.dumps(self.trials, indent=1) + "\n")
+        (folder / "summary.md").write_text(f"# {self.benchmark}\n\n`{self.command}`\n\n{summary}\n")
+        index = root / "index.csv"
+        new = not index.exists()
+        with index.open("a", newline="") as f:
+            writer = csv.DictWriter(f, INDEX_FIELDS)
+            if new:
+                writer.writeheader()
+            writer.writerow({
+                "run": run_id, "utc": manifest["finished_utc"], "benchmark": self.benchmark,
+                "commit": manifest["git"]["commit"], "model_sha256": manifest["model"]["sha256"][:16],
+                "headline": "; ".join(f"{k}={_short(v)}" for k, v in headline.items()), "folder": run_id,
+            })
+        return folder
+
+    def manifest(self, headline: dict[str, Any]) -> dict[str, Any]:
+        from bindings.library import llama_cpp_version, system_info
+        from engine.model_source import resolve_model
+
+        model = Path(resolve_model(self.model_path))
+        return {
+            "benchmark": self.benchmark,
+            "command": self.command,
+            "arguments": {k: v for k, v in vars(self.args).items()},
+            "started_utc": self.started.isoformat(timespec="seconds"),
+            "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "git": git_state(),
+            "model": {"path": str(model), "bytes": model.stat().st_size, "sha256": sha256_of(model)},
+            "machine": machine(),
+            "llama_cpp": {"llama_cpp_python": llama_cpp_version(), "system_info": system_info().strip()},
+            "python": sys.version.split()[0],
+            "headline": headline,
+        }
+
+
+def git_state() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "HEAD")
+    return {"commit": commit or "unknown", "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = os.cpu_count()
+    return {
+        "cpu": cpu,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": affinity,
+        "platform": platform.platform(),
+        "memory_bytes": _memory_bytes(),
+    }
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def publish(record: RunRecord, summary: str, headline: dict[str, Any]) -> None:
+    """Print the summary and store the run."""
+    print(summary)
+    folder = record.save(summary, headline)
+    if folder is not None:
+        print(f"\nstored in {folder}")

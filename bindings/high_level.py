@@ -1,0 +1,30 @@
+"""llama-cpp-python's high-level `Llama` class: what its users run today, one request at a time.
+
+Used only as the sequential baseline of bench/sequential.py; the engine never touches it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import llama_cpp
+
+
+class SequentialLlama:
+    def __init__(self, model_path: str | Path, n_ctx: int = 4096, n_threads: int = 2) -> None:
+        self._llama = llama_cpp.Llama(
+            model_path=str(model_path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+            verbose=False,
+        )
+
+    def complete(self, prompt: str, max_tokens: int, banned_tokens: frozenset[int] = frozenset(),
+                 **sampling: float | int) -> int:
+        """Run one completion to the end; returns how many tokens it generated. `banned_tokens`
+        (end-of-generation tokens, say) get a large negative bias, so every request does the
+        same amount of work as the engine's ignore_eos requests."""
+        out = self._llama.create_completion(
+            prompt, max_tokens=max_tokens, logit_bias={t: -1e4 for t in banned_tokens} or None, **sampling
+        )
+        return int(out["usage"]["completion_tokens"])
+
+    def close(self) -> None:
+        self._llama.close()
