@@ -59,6 +59,7 @@ import httpx
 from bench.peer import find_tool, llama_server
 from bench.prompts import benchmark_prompts
 from bench.record import RunRecord, add_record_arguments, publish
+from bench.stats import percentile
 from bench.table import markdown_table
 from engine.model_source import resolve_model
 
@@ -213,15 +214,6 @@ class Level:
         lat = [s.latency_s * 1000 for s in ok]
         return [len(ok) / self.wall_s, sum(s.tokens for s in ok) / self.wall_s,
                 percentile(ttft, 50), percentile(ttft, 95), percentile(lat, 50), percentile(lat, 95)]
-
-
-def percentile(values: list[float], p: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    xs = sorted(values)
-    k = (len(xs) - 1) * p / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 async def run_level(target: Target, client: httpx.AsyncClient, prompts: list[str], concurrency: int) -> Level:

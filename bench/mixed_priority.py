@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 
+from bench.stats import percentile
 from bench.record import RunRecord, add_record_arguments, publish
 from bench.table import markdown_table
 from engine import Engine
@@ -25,16 +26,6 @@ QUESTIONS = [
     "What do bees make?", "What is the boiling point of water in Celsius?",
     "Who wrote Romeo and Juliet?",
 ]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    k = (len(ordered) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def interactive_figures(results: list) -> dict:

@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.mixed_priority import percentile
+from bench.stats import percentile
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from bench.mixed_priority import percentile
+from bench.stats import percentile
 from bindings.library import llama_cpp_version
 from bench.peer import batched_bench_tg, find_tool
 from bench.prompts import benchmark_prompts

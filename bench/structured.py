@@ -10,6 +10,8 @@ import time
 
 from bench.prompts import benchmark_prompts
 from bench.schemas import REVIEW_SCHEMA as REVIEW
+from bench.mask_timing import cobatch_mask_times, llguidance_mask_times
+from bench.stats import percentile
 from bench.record import RunRecord, add_record_arguments, publish
 from bench.table import markdown_table
 from engine import Engine
@@ -31,7 +33,31 @@ def measure(engine: Engine, prompts: list[str], max_tokens: int, schema: dict | 
         "step_ms": decode.total_seconds * 1000 / max(decode.steps, 1),
         "tokens": sum(r.metrics.tokens_generated for r in results),
         "wall_s": wall,
+        "documents": [list(r.token_ids) for r in results] if schema else [],
     }
+
+
+def mask_time_rows(engine: Engine, documents: list[list[int]], max_tokens: int,
+                   record: RunRecord | None) -> list[list[object]]:
+    def row(name: str, times: list[float], note: str) -> list[object]:
+        us = [t * 1e6 for t in times]
+        return [name, len(us), percentile(us, 50), percentile(us, 99), note]
+
+    vocab = engine.vocabulary
+    cold = cobatch_mask_times(REVIEW, vocab, documents, max_tokens, fresh=True)
+    warm = cobatch_mask_times(REVIEW, vocab, documents, max_tokens)
+    rows = [row("cobatch, fresh grammar", cold, "per-state caches empty at the start"),
+            row("cobatch, warm grammar", warm, "the shared grammar after the runs above")]
+    reference = llguidance_mask_times(REVIEW, vocab, documents)
+    if reference is None:
+        rows.append(["llguidance", 0, "-", "-", "not installed (pip install 'cobatch[bench]')"])
+    else:
+        rows.append(row("llguidance fill_next_token_bitmask", reference["times"],
+                        f"compile {reference['compile_s'] * 1000:.1f} ms; {reference['refused']} replay(s) refused"))
+    if record is not None:
+        record.trial(mask_us={"cobatch_fresh": [t * 1e6 for t in cold], "cobatch_warm": [t * 1e6 for t in warm],
+                              "llguidance": None if reference is None else [t * 1e6 for t in reference["times"]]})
+    return rows
 
 
 def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, model: str | None,
@@ -57,9 +83,13 @@ def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, mode
             c = sorted(bound, key=lambda r: r["tok_s"])[len(bound) // 2]
             rows.append([b, f["tok_s"], c["tok_s"], c["tok_s"] / f["tok_s"], f["step_ms"], c["step_ms"],
                          f["sample_ms"], c["sample_ms"]])
+        documents = [d for run in bound for d in run["documents"]]
+        masks = mask_time_rows(engine, documents, max_tokens, record)
     table = markdown_table(
         ["B", "unconstrained tok/s", "constrained tok/s", "ratio", "step ms (free)", "step ms (JSON)",
          "sample ms/step (free)", "sample ms/step (JSON)"], rows)
+    mask_table = markdown_table(["mask computation", "steps timed", "p50 µs", "p99 µs", "notes"], masks)
+    table = f"{table}\n\nMask time per token, replaying the constrained outputs above:\n\n{mask_table}"
     headline = {f"ratio_b{r[0]}": round(r[3], 3) for r in rows}
     headline["compile_first_ms"] = round(first_compile * 1000)
     return (f"{table}\n\ngrammar compile (product-review schema, Gemma vocabulary): first "

@@ -22,6 +22,9 @@ class EngineConfig:
     block_size: int = 16  # KV cells per ledger block
     prefix_cache: bool = True  # keep finished prompts' full blocks for reuse
     cache_holders: int = 64  # seq ids reserved to hold cached prefixes (max_batch + this <= 256)
+    # Share of the KV blocks idle cached prefixes may keep: cached cells are not free, and
+    # every decode step's attention spans the used cells of the whole cache.
+    cache_max_fraction: float = 0.25
     # With llama.cpp's CPU flash attention, a row's result depends on how many KV cells the
     # whole unified cache holds, so a request's greedy text would change with its neighbours.
     # Off by default: each request's output is then independent of who else is running.
@@ -47,9 +50,19 @@ class EngineConfig:
             raise ValueError(f"block_size must divide n_ctx, got {self.block_size} for {self.n_ctx}")
         if self.cache_holders < 0 or self.max_batch + self.cache_holders > 256:
             raise ValueError("cache_holders must be >= 0 and max_batch + cache_holders <= 256")
+        if not 0.0 <= self.cache_max_fraction <= 1.0:
+            raise ValueError(f"cache_max_fraction must be between 0 and 1, got {self.cache_max_fraction}")
         if self.max_waiting < 1 or self.max_waiting_interactive < 1:
             raise ValueError("max_waiting and max_waiting_interactive must be >= 1")
         self.priority_policy()  # checks batch_min_share
+
+    @property
+    def sequence_ids(self) -> int:
+        """Seq ids for sequences that hold KV cells: the running ones, and up to as many again
+        for batch sequences suspended to make room for interactive ones (llama.cpp allows 256
+        seq ids in all, the prefix cache's holders included)."""
+        holders = self.cache_holders if self.prefix_cache else 0
+        return max(self.max_batch, min(2 * self.max_batch, 256 - holders))
 
     def priority_policy(self) -> PriorityPolicy:
         return PriorityPolicy(self.priority_scheduling, self.batch_min_share, self.interrupt_for_interactive)

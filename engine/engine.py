@@ -107,8 +107,9 @@ class Engine:
         self.n_ctx = self._runner.n_cells
         holders = cfg.cache_holders if cfg.prefix_cache else 0
         self.kv_cache = KvCache(
-            self._runner.context, self.n_ctx, cfg.block_size, running_ids=range(cfg.max_batch),
-            holder_ids=range(cfg.max_batch, cfg.max_batch + holders), prefix_cache=cfg.prefix_cache,
+            self._runner.context, self.n_ctx, cfg.block_size, running_ids=range(cfg.sequence_ids),
+            holder_ids=range(cfg.sequence_ids, cfg.sequence_ids + holders), prefix_cache=cfg.prefix_cache,
+            max_cached_blocks=int(cfg.cache_max_fraction * (self.n_ctx // cfg.block_size)),
         )
         self._scheduler = Scheduler(self.kv_cache, cfg.max_batch, cfg.step_token_budget, cfg.priority_policy())
         self._kv_stats = self.kv_cache.stats()  # refreshed by the engine thread, read by anyone
@@ -382,6 +383,7 @@ class Engine:
         # llama.cpp rolls back a failed batch, so only the choice of who runs next changes.
         if outcome is DecodeOutcome.ABORTED:
             self._steps_interrupted += 1
+            self._scheduler.step_aborted()
         elif outcome is DecodeOutcome.KV_FULL:
             running = self._scheduler.running
             if len(running) > 1:

@@ -51,8 +51,12 @@ class KvCache:
         running_ids: range,
         holder_ids: range,
         prefix_cache: bool = True,
+        max_cached_blocks: int | None = None,
     ) -> None:
         self._memory = memory
+        # Idle cached blocks still hold cells, and llama.cpp's attention spans the used cells
+        # of the whole unified cache: past this many, the least recently used are dropped.
+        self.max_cached_blocks = max_cached_blocks
         self.block_size = block_size
         self.prefix_cache = prefix_cache and len(holder_ids) > 0
         self.ledger = BlockLedger(n_cells // block_size, block_size)
@@ -123,6 +127,10 @@ class KvCache:
         self._free_ids.append(seq_id)
         del self._shared[seq_id]
         seq.seq_id = None
+        if self.max_cached_blocks is not None:
+            excess = self.ledger.stats.cached - self.max_cached_blocks
+            if excess > 0:
+                self._drop_evicted(self.ledger.evict(excess))
 
     def cells_in_use(self, memory: "KvPositions") -> int:
         """Distinct llama.cpp cells in use, read from seq_pos_min/max, not from the ledger.

@@ -13,7 +13,7 @@ class ModelRunner:
 
     def __init__(self, model: Model, config: EngineConfig) -> None:
         self.model = model
-        n_seq_max = config.max_batch + (config.cache_holders if config.prefix_cache else 0)
+        n_seq_max = config.sequence_ids + (config.cache_holders if config.prefix_cache else 0)
         # Our batches never exceed the step budget; llama.cpp still wants room for one output
         # per seq id in a ubatch.
         n_batch = max(config.step_token_budget, n_seq_max)

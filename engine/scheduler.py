@@ -6,7 +6,10 @@ out the step: decoding rows first, then prompt chunks. KV blocks are reserved in
 before llama_decode ever sees a token, so it never has to discover that the cache is full.
 
 Two priority tiers (see engine/priority.py for the policy and its knobs): interactive requests
-are admitted first and may preempt batch sequences for a slot or KV blocks; while one of them is
+are admitted first and may displace batch sequences: for a slot, a batch sequence is
+*suspended* (back at the head of its queue, keeping its seq id and KV cells, so it resumes
+without recomputing); for KV blocks, suspended ones are released first, then running batch
+sequences are preempted (released, recomputed later). While one of them is
 still reading its prompt, steps carry interactive work only, so its first token comes after one
 short step instead of one long mixed one. Batch work keeps a guaranteed share of slots, of
 prompt tokens and of steps, so it never starves. A preempted sequence keeps its tokens and
@@ -74,7 +77,8 @@ class Scheduler:
         self.tiers = {p: TierCounters() for p in Priority}
         self.tokens_prefilled = 0  # prompt (and recomputed) tokens fed to llama_decode
         self._arrivals = itertools.count()
-        self._steps_without_batch = 0
+        self._steps_without_batch = 0  # consecutive steps in which waiting batch work made no progress
+        self._waited_before_step = 0
         # Slots and prompt tokens batch work keeps whenever it has work (0 with the share off).
         share = self.policy.batch_min_share if self.policy.enabled else 0.0
         # (interactive work always keeps at least one slot of its own)
@@ -111,6 +115,9 @@ class Scheduler:
         if seq.state is SequenceState.RUNNING:
             self.running.remove(seq)
             self.kv.release(seq, keep_prefix=True)
+        elif seq.state is SequenceState.SUSPENDED:
+            self.waiting[seq.request.priority].remove(seq)
+            self.kv.release(seq, keep_prefix=True)
         elif seq.state is SequenceState.WAITING:
             self.waiting[seq.request.priority].remove(seq)
         seq.state = SequenceState.FINISHED
@@ -125,6 +132,26 @@ class Scheduler:
         seq.state = SequenceState.WAITING
         self.waiting[seq.request.priority].appendleft(seq)
 
+    def suspend(self, seq: Sequence) -> None:
+        """Give up a running sequence's slot but keep its KV: it waits at the head of its queue
+        and resumes where it stopped (released like a preempted one if KV runs short)."""
+        self.running.remove(seq)
+        seq.preemptions += 1
+        self.tiers[seq.request.priority].preemptions += 1
+        seq.state = SequenceState.SUSPENDED
+        self.waiting[seq.request.priority].appendleft(seq)
+
+    def _release_suspended(self) -> bool:
+        """Free the KV of the most recently suspended sequence (it will recompute); False if none."""
+        for tier in (BATCH, INTERACTIVE):
+            for seq in self.waiting[tier]:
+                if seq.state is SequenceState.SUSPENDED:
+                    self.kv.release(seq, keep_prefix=True)
+                    seq.n_computed = 0
+                    seq.state = SequenceState.WAITING
+                    return True
+        return False
+
     def interactive_can_start(self) -> bool:
         """Whether an interactive request arriving now would be admitted at the next step (so
         interrupting the step in flight for it is worth it)."""
@@ -132,12 +159,17 @@ class Scheduler:
 
     # ---- admission ----------------------------------------------------------------------------
     def _admit_waiting(self) -> None:
-        while (seq := self._next_candidate()) is not None:
+        # A head that cannot start blocks its own tier for this step (nobody behind it jumps
+        # ahead, so a large request is never starved by smaller ones), not the other tier.
+        blocked: set[Priority] = set()
+        while (seq := self._next_candidate(blocked)) is not None:
             if not self._try_admit(seq):
-                return  # the head waits: nobody behind it jumps ahead (no starvation by size)
+                if not self.policy.enabled:
+                    return  # FIFO: one queue, one head
+                blocked.add(seq.request.priority)
 
-    def _next_candidate(self) -> Sequence | None:
-        heads = {p: q[0] for p, q in self.waiting.items() if q}
+    def _next_candidate(self, blocked: set[Priority]) -> Sequence | None:
+        heads = {p: q[0] for p, q in self.waiting.items() if q and p not in blocked}
         if not heads:
             return None
         if not self.policy.enabled:  # FIFO: arrival order, tiers ignored
@@ -159,7 +191,18 @@ class Scheduler:
     def _try_admit(self, seq: Sequence) -> bool:
         if self._budget_ahead_of(seq) <= 0:
             return False
-        while not (len(self.running) < self.max_running and self.kv.try_admit(seq)):
+        while True:
+            if len(self.running) >= self.max_running:
+                victim = self._victim_for(seq)
+                if victim is None:
+                    return False
+                self.suspend(victim)  # a slot is all it needs: the victim keeps its KV
+                continue
+            if seq.state is SequenceState.SUSPENDED or self.kv.try_admit(seq):
+                break
+            # KV blocks (or seq ids) are short: suspended sequences give theirs up first.
+            if self._may_displace(seq) and self._release_suspended():
+                continue
             victim = self._victim_for(seq)
             if victim is None:
                 return False
@@ -172,12 +215,13 @@ class Scheduler:
         self.running.append(seq)
         return True
 
+    def _may_displace(self, seq: Sequence) -> bool:
+        return self.policy.enabled and seq.request.priority is INTERACTIVE
+
     def _victim_for(self, seq: Sequence) -> Sequence | None:
         """The batch sequence an interactive one may displace: the most recently admitted, which
         loses the least work, and only while batch keeps its guaranteed slots."""
-        if not self.policy.enabled or seq.request.priority is not INTERACTIVE:
-            return None
-        if self.n_running(BATCH) <= self._batch_slots:
+        if not self._may_displace(seq) or self.n_running(BATCH) <= self._batch_slots:
             return None
         batch = [s for s in self.running if s.request.priority is BATCH]
         return batch[-1] if batch else None
@@ -204,6 +248,8 @@ class Scheduler:
         # out, the most recently admitted batch sequence goes first, then interactive ones.
         for seq in list(self.running):
             while seq.state is SequenceState.RUNNING and not self.kv.try_reserve(seq, len(seq.tokens)):
+                if self._release_suspended():
+                    continue
                 if len(self.running) == 1:
                     break  # alone and still short: it finishes at the context limit instead
                 self.preempt(self._growth_victim())
@@ -222,9 +268,9 @@ class Scheduler:
         )
 
     def _lay_out_step(self) -> StepPlan:
-        exclusive = self._interactive_prefilling() and self._batch_may_wait()
-        plan = StepPlan(interruptible=self.policy.enabled and self.policy.interrupt_steps
-                        and not self._interactive_prefilling())
+        waited = self._steps_without_batch
+        exclusive = self._interactive_prefilling() and self._batch_may_wait(waited)
+        plan = StepPlan()
         budget = self.step_token_budget
         ordered = sorted(self.running, key=self._step_rank) if self.policy.enabled else self.running
         if exclusive:
@@ -243,18 +289,31 @@ class Scheduler:
                 if seq.request.priority is INTERACTIVE:
                     room = max(1, budget - batch_reserve)
                 budget -= self._prefill_chunk(plan, seq, room)
+        # Only cheap steps may be interrupted: pure decode steps (redoing one costs a fraction
+        # of a step), never while batch work has already waited its bound (that is what keeps
+        # arrivals faster than a step from aborting every step).
+        plan.interruptible = (
+            self.policy.enabled and self.policy.interrupt_steps and not self._interactive_prefilling()
+            and all(c.length == 1 for c in plan.chunks) and self._batch_may_wait(waited)
+        )
         has_batch = any(c.seq.request.priority is BATCH for c in plan.chunks)
-        self._steps_without_batch = 0 if has_batch or not self._batch_has_work() else self._steps_without_batch + 1
+        self._waited_before_step = waited
+        self._steps_without_batch = 0 if has_batch or not self._batch_has_work() else waited + 1
         return plan
+
+    def step_aborted(self) -> None:
+        """The last planned step was interrupted: batch work in it made no progress."""
+        if self._batch_has_work():
+            self._steps_without_batch = self._waited_before_step + 1
 
     def _step_rank(self, seq: Sequence) -> int:
         return 0 if seq.request.priority is INTERACTIVE else 1  # stable: admission order within
 
-    def _batch_may_wait(self) -> bool:
-        """A step of interactive work alone is allowed unless batch work has already waited its
-        bound (1 / batch_min_share - 1 steps in a row)."""
+    def _batch_may_wait(self, waited: int) -> bool:
+        """Batch work may be held back (or its step put at risk of interruption) unless it has
+        already gone `waited` >= 1 / batch_min_share - 1 steps in a row without progress."""
         bound = self._max_batchless_steps
-        return bound is None or self._steps_without_batch < bound
+        return bound is None or waited < bound
 
     def _batch_has_work(self) -> bool:
         return any(s.request.priority is BATCH for s in self.running)

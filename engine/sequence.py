@@ -16,6 +16,7 @@ from engine.text import IncrementalDetokenizer, StopStringFilter
 class SequenceState(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"  # prefilling or decoding: it feeds tokens[n_computed:] a chunk at a time
+    SUSPENDED = "suspended"  # queued again but keeping its seq id and KV cells: resumes for free
     FINISHED = "finished"
 
 

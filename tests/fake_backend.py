@@ -140,6 +140,7 @@ class FakeRunner:
         self.current: list[Row] = []  # the step being decoded (or about to be)
         self.decoded: list[list[Row]] = []  # every step that completed
         self.aborted: list[list[Row]] = []
+        self.history: list[tuple[bool, list[Row]]] = []  # (completed?, rows) for every decode call
         self._sampled: list = []
 
     def build_batch(self, plan) -> None:
@@ -152,12 +153,14 @@ class FakeRunner:
             self.gate.pass_through()
         if self.interrupter.interrupted:
             self.aborted.append(self.current)
+            self.history.append((False, self.current))
             return DecodeOutcome.ABORTED
         for c in self._plan.chunks:
             cells = self.context.cells.setdefault(c.seq.seq_id, set())
             assert not cells.intersection(range(c.start, c.start + c.length)), "position decoded twice"
             cells.update(range(c.start, c.start + c.length))
         self.decoded.append(self.current)
+        self.history.append((True, self.current))
         self._sampled = [c.seq for c in self._plan.chunks if c.wants_logits]
         return DecodeOutcome.OK
 

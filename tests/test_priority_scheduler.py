@@ -44,7 +44,7 @@ def assert_clean(engine, runner):
     assert stats.running == 0 and sum(stats.waiting.values()) == 0
     assert stats.kv.blocks_used == 0
     assert runner.context.n_cells_held() == 0
-    assert engine.kv_cache.has_free_id and len(engine.kv_cache._free_ids) == engine.config.max_batch
+    assert len(engine.kv_cache._free_ids) == engine.config.sequence_ids
 
 
 def test_interactive_preempts_the_most_recent_batch_sequence_and_jumps_the_queue(stepped):
@@ -67,6 +67,8 @@ def test_interactive_preempts_the_most_recent_batch_sequence_and_jumps_the_queue
         assert r.finish_reason is FinishReason.LENGTH
         assert list(r.token_ids) == expected_tokens(prompt(i), 40)
     assert batch[3].result().metrics.preemptions == 1
+    # b3 was suspended, not released: it resumed without recomputing a single token.
+    assert engine.stats().tokens_prefilled == sum(len(prompt(i)) for i in range(6)) + len(prompt(9))
     assert_clean(engine, runner)
 
 
@@ -94,6 +96,42 @@ def test_steps_carrying_interactive_prefill_are_not_interrupted(stepped):
     engine.submit(prompt(10), max_tokens=3, priority="interactive", **GREEDY)
     gate.step()
     assert engine.stats().steps_interrupted == 1  # only the first, batch-only step
+
+
+def test_steps_carrying_prompt_chunks_are_not_interrupted(stepped):
+    engine, runner, gate = stepped
+    for i in range(2):
+        engine.submit(prompt(i, n=200), max_tokens=5, request_id=f"b{i}", **GREEDY)
+    gate.step()
+    assert any(r.length > 1 for r in runner.current)  # a prefill step is in flight
+    handle = engine.submit(prompt(9), max_tokens=3, priority="interactive", **GREEDY)
+    gate.step()
+    assert runner.aborted == [] and ids_in(runner.current) == {handle.request_id}
+
+
+def test_interruptions_never_cost_batch_more_than_its_bound():
+    """Interactive arrivals at every step would abort every batch step; batch work must still
+    complete a step in at least one of every 1 / batch_min_share decode calls."""
+    gate = StepGate()
+    engine, runner = fake_engine(gate, batch_min_share=0.25)
+    try:
+        batch = [engine.submit(prompt(i), max_tokens=60, request_id=f"b{i}", **GREEDY) for i in range(2)]
+        gate.step(2)
+        for k in range(40):
+            engine.submit(prompt(30 + k), max_tokens=1, priority="interactive", **GREEDY)
+            gate.step()
+        assert runner.aborted  # interruptions did happen
+        run, worst = 0, 0
+        for completed, rows in runner.history[2:]:
+            run = 0 if completed and ids_in(rows) & {"b0", "b1"} else run + 1
+            worst = max(worst, run)
+        assert worst <= 3
+        gate.release()
+        for i, h in enumerate(batch):
+            assert list(h.result(10).token_ids) == expected_tokens(prompt(i), 60)
+    finally:
+        gate.release()
+        engine.close()
 
 
 def test_fifo_mode_keeps_arrival_order_and_never_preempts():
@@ -149,10 +187,12 @@ def test_batch_keeps_its_share_under_a_steady_interactive_stream():
         engine.close()
 
 
-@pytest.mark.parametrize("state", ["waiting", "prefilling", "decoding", "preempted", "inbox"])
+@pytest.mark.parametrize("state", ["waiting", "prefilling", "decoding", "suspended", "preempted", "inbox"])
 def test_cancel_in_every_state_frees_everything(state):
     gate = StepGate()
-    engine, runner = fake_engine(gate, step_token_budget=16, max_batch=2)
+    # 128 cells (8 blocks): with two batch sequences holding a block each, a 100-token
+    # interactive prompt (7 blocks) fits only once the suspended one releases its KV.
+    engine, runner = fake_engine(gate, step_token_budget=16, max_batch=2, n_ctx=128 if state == "preempted" else 1024)
     try:
         others = [engine.submit(prompt(i), max_tokens=30, request_id=f"b{i}", **GREEDY) for i in range(2)]
         long_prompt = prompt(7, n=100)
@@ -177,12 +217,18 @@ def test_cancel_in_every_state_frees_everything(state):
             gate.step(4)
             assert engine._live[target.request_id].n_generated > 0
             target.cancel()
-        else:  # preempted by an interactive request
+        else:  # displaced by an interactive request: suspended (keeps KV) or preempted (released)
             gate.step(4)
-            engine.submit(prompt(9), max_tokens=30, priority="interactive", **GREEDY)
+            engine.submit(prompt(9, n=100 if state == "preempted" else 8), max_tokens=30, priority="interactive",
+                          **GREEDY)
             gate.step()
             target = others[1]
-            assert engine._live["b1"].preemptions == 1 and engine._live["b1"].state.value == "waiting"
+            seq = engine._live["b1"]
+            assert seq.preemptions == 1
+            if state == "suspended":
+                assert seq.state.value == "suspended" and seq.seq_id is not None and seq.n_computed > 0
+            else:
+                assert seq.state.value == "waiting" and seq.seq_id is None and seq.n_computed == 0
             target.cancel()
         gate.step()
         assert target.result(5).finish_reason is FinishReason.CANCELLED

@@ -23,7 +23,7 @@ MAX_STACKS = 512
 class CompiledGrammar:
     """Immutable once built, except for caches (guarded by a lock; safe to share)."""
 
-    def __init__(self, schema: object, idx: VocabIndex, *, frame_cache: int = 256) -> None:
+    def __init__(self, schema: object, idx: VocabIndex, *, frame_cache: int = 256, mask_cache: int = 64) -> None:
         comp = SchemaCompiler(schema)
         rules = comp.compile()
         nfa = NFA()
@@ -63,6 +63,10 @@ class CompiledGrammar:
         self._step: dict[tuple[StateSet, int], StateSet] = {}
         self._closure: dict[StateSet, frozenset] = {}
         self._best: OrderedDict[StateSet, np.ndarray] = OrderedDict()
+        # Unbudgeted masks per state set, shared read-only by every matcher: the sampler keys
+        # its per-mask work (ids, additive bias) on the array, so reuse makes that work cached.
+        self._masks: OrderedDict[StateSet, tuple[np.ndarray, int]] = OrderedDict()
+        self._mask_cap = mask_cache
 
     @staticmethod
     def _check_left_recursion(aut: dfa.Automaton) -> None:
@@ -164,6 +168,28 @@ class CompiledGrammar:
             while len(self._frames) > self._frame_cap:
                 self._frames.popitem(last=False)
         return f
+
+    def unbudgeted_mask(self, S: StateSet) -> tuple[np.ndarray, int]:
+        """(read-only bool[vocab] of the tokens allowed after S, EOG included when S is complete;
+        the largest finite distance among them, -1 if none): the mask whenever the remaining
+        token budget exceeds that distance."""
+        with self._lock:
+            hit = self._masks.get(S)
+            if hit is not None:
+                self._masks.move_to_end(S)
+                return hit
+        best = self.best(S)
+        mask = best != U16_INF
+        finite = best[mask]
+        longest = int(finite.max()) if finite.size else -1
+        if self.is_complete(S):
+            mask[self.idx.eog] = True
+        mask.flags.writeable = False
+        with self._lock:
+            self._masks[S] = (mask, longest)
+            while len(self._masks) > self._mask_cap:
+                self._masks.popitem(last=False)
+        return mask, longest
 
     def cached_frame(self, g: int) -> Frame | None:
         return self._frames.get(g)

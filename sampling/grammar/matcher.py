@@ -35,13 +35,16 @@ class GrammarMatcher:
         return 0 if self._ended else self._g.distance(self._S)
 
     def allowed_mask(self, remaining_tokens: int | None = None) -> np.ndarray:
-        """bool[vocab]: tokens allowed next. EOG only when complete. With `remaining_tokens`,
+        """bool[vocab], read-only: tokens allowed next. EOG only when complete. With `remaining_tokens`,
         only tokens after which the document can still be completed in remaining_tokens - 1
         tokens; if no token meets the budget (the caller gave less than
         min_tokens_to_complete()), the tokens getting closest to completion are allowed."""
         g = self._g
         if self._ended:
             return np.zeros(g.idx.size, dtype=bool)
+        shared, longest = g.unbudgeted_mask(self._S)
+        if remaining_tokens is None or remaining_tokens - 1 >= longest:
+            return shared  # the budget excludes nothing: the cached, read-only mask
         best = g.best(self._S)
         if remaining_tokens is None:
             mask = best != U16_INF
