@@ -32,7 +32,10 @@ class EngineConfig:
     # Two priority tiers (engine/priority.py explains the policy). Off: one FIFO queue.
     priority_scheduling: bool = True
     batch_min_share: float = 0.25  # of slots, prompt tokens and steps batch work always keeps
-    interrupt_for_interactive: bool = True  # abort a batch-only step when interactive arrives
+    # An interactive arrival aborts a pure decode step in flight if it has run less than this
+    # fraction of a typical such step (0: never). Aborting later would waste more batch work
+    # than it saves the interactive request.
+    interrupt_window: float = 0.5
 
     def __post_init__(self) -> None:
         if self.n_ctx < 64:
@@ -50,6 +53,8 @@ class EngineConfig:
             raise ValueError(f"block_size must divide n_ctx, got {self.block_size} for {self.n_ctx}")
         if self.cache_holders < 0 or self.max_batch + self.cache_holders > 256:
             raise ValueError("cache_holders must be >= 0 and max_batch + cache_holders <= 256")
+        if not 0.0 <= self.interrupt_window <= 1.0:
+            raise ValueError(f"interrupt_window must be between 0 and 1, got {self.interrupt_window}")
         if not 0.0 <= self.cache_max_fraction <= 1.0:
             raise ValueError(f"cache_max_fraction must be between 0 and 1, got {self.cache_max_fraction}")
         if self.max_waiting < 1 or self.max_waiting_interactive < 1:
@@ -65,4 +70,4 @@ class EngineConfig:
         return max(self.max_batch, min(2 * self.max_batch, 256 - holders))
 
     def priority_policy(self) -> PriorityPolicy:
-        return PriorityPolicy(self.priority_scheduling, self.batch_min_share, self.interrupt_for_interactive)
+        return PriorityPolicy(self.priority_scheduling, self.batch_min_share, self.interrupt_window > 0)

@@ -127,6 +127,9 @@ class Engine:
         self._finished = {p: 0 for p in Priority}
         self._interrupt_lock = threading.Lock()
         self._interruptible = False  # the step in flight may be aborted for an interactive arrival
+        self._step_started = 0.0
+        self._clock: Callable[[], float] = time.perf_counter  # step timing for the interrupt window
+        self._decode_step_estimate: float | None = None  # seconds, moving average of decode steps
         self._thread = threading.Thread(target=self._run, name="cobatch-engine", daemon=True)
         self._thread.start()
 
@@ -289,21 +292,30 @@ class Engine:
         interrupter = self._runner.interrupter
         with self._interrupt_lock:
             interrupter.reset()
-            self._interruptible = self.config.interrupt_for_interactive and plan.interruptible
+            self._interruptible = plan.interruptible
+            self._step_started = self._clock()
         try:
             outcome = self._runner.decode()
         finally:
             with self._interrupt_lock:
                 self._interruptible = False
                 interrupter.reset()
+        if plan.interruptible and outcome is DecodeOutcome.OK:
+            took = self._clock() - self._step_started
+            estimate = self._decode_step_estimate
+            self._decode_step_estimate = took if estimate is None else 0.8 * estimate + 0.2 * took
         self._steps_run += 1
         return outcome
 
     def _interrupt_step_in_flight(self) -> None:
-        # Aborting costs the batch rows the part of the step already computed; do it only when
-        # the interactive request would be admitted right after.
+        # Aborting costs the batch rows the part of the step already computed: do it only early
+        # in the step, and only when the interactive request would be admitted right after.
         with self._interrupt_lock:
-            if self._interruptible and self._scheduler.interactive_can_start():
+            estimate = self._decode_step_estimate
+            young = estimate is None or (
+                self._clock() - self._step_started <= self.config.interrupt_window * estimate
+            )
+            if self._interruptible and young and self._scheduler.interactive_can_start():
                 self._runner.interrupter.interrupt()
                 self._interruptible = False
 

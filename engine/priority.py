@@ -5,13 +5,18 @@ Measured on the 2-core machine (Gemma 3 270M): a 21-token prompt gets its first 
 order alone therefore leaves an interactive request waiting for the step in flight and then for
 a long mixed step (450-650 ms measured). So, while an interactive request reads its prompt:
 
-- an arriving interactive request interrupts the step in flight when that step carries no
-  interactive prompt work (llama.cpp rolls the aborted batch back; it is decoded again later);
-- steps carry interactive work only, so its prefill runs as fast as on an idle engine.
+- an arriving interactive request interrupts the step in flight if that is a pure decode step
+  and has run less than `interrupt_window` (default half) of a typical one; llama.cpp rolls the
+  aborted batch back and it is decoded again (later in a step the abort would waste more batch
+  work than it saves the interactive request);
+- the next step carries the interactive prompts alone, so the prefill runs as fast as on an
+  idle engine (interactive sequences already decoding wait that one step too).
 
-Batch work pays for this in aborted partial steps and paused steps; `batch_min_share` bounds
-the cost: batch keeps that fraction of running slots and of each step's prompt tokens, and runs
-in at least one of every 1/batch_min_share steps. Once interactive sequences are decoding, they
+For a slot, a batch sequence is suspended (it keeps its KV and resumes without recomputing);
+only when KV blocks run short is one released and later recomputed. Batch work pays in aborted
+partial steps and prompt-only steps; `batch_min_share` bounds the cost: batch keeps that
+fraction of running slots and of each step's prompt tokens, and runs in at least one of every
+1/batch_min_share steps. Once interactive sequences are decoding, they
 share steps with batch rows: capping the batch would cut batch throughput for a per-token time
 the interactive client hardly notices at this model size (see bench/mixed_priority.py).
 """

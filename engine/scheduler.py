@@ -273,8 +273,8 @@ class Scheduler:
         plan = StepPlan()
         budget = self.step_token_budget
         ordered = sorted(self.running, key=self._step_rank) if self.policy.enabled else self.running
-        if exclusive:
-            ordered = [s for s in ordered if s.request.priority is INTERACTIVE]
+        if exclusive:  # the prompts alone: a short step, as on an idle engine
+            ordered = [s for s in ordered if s.request.priority is INTERACTIVE and s.n_pending > 1]
         # Decoding rows first, so a long prefill never stalls sequences that are generating.
         for seq in ordered:
             if seq.n_pending == 1:

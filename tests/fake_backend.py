@@ -181,6 +181,7 @@ def fake_engine(gate: StepGate | None = None, **overrides) -> tuple[Engine, Fake
     config = EngineConfig(**settings)
     runner = FakeRunner(config.n_ctx, gate)
     engine = Engine.from_backend(FakeModel(), runner, config)
+    engine._clock = lambda: 0.0  # fake steps take no time: an arrival is always early in one
     if gate is not None:
         gate.engine_idle = lambda: not engine._scheduler.has_work() and not engine._inbox
     return engine, runner

@@ -88,6 +88,19 @@ def test_an_arriving_interactive_request_interrupts_a_batch_only_step(stepped):
     assert_clean(engine, runner)
 
 
+def test_a_step_past_its_interrupt_window_runs_to_the_end(stepped):
+    engine, runner, gate = stepped
+    now = [0.0]
+    engine._clock = lambda: now[0]
+    fill_with_batch(engine, gate, n=2)  # decode steps of "0 s" so far: the estimate is 0
+    engine._decode_step_estimate = 0.2  # as if decode steps took 200 ms
+    gate.step()  # this step starts at t = 0
+    now[0] = 0.15  # 150 ms in: past half of a typical step
+    handle = engine.submit(prompt(9), max_tokens=3, priority="interactive", **GREEDY)
+    gate.step()
+    assert runner.aborted == [] and ids_in(runner.current) == {handle.request_id}
+
+
 def test_steps_carrying_interactive_prefill_are_not_interrupted(stepped):
     engine, runner, gate = stepped
     fill_with_batch(engine, gate, n=2)
