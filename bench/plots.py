@@ -71,21 +71,29 @@ def _two_panels(title: str, manifest: dict[str, Any]):
 def plot_sequential(trials: list[dict], manifest: dict[str, Any], out: Path) -> None:
     from bench.sequential import queued_latencies
 
-    seq = next(t for t in trials if t["system"] == "sequential")
-    cob = sorted((t for t in trials if t["system"] == "cobatch"), key=lambda t: t["concurrency"])
-    levels = [t["concurrency"] for t in cob]
+    seq = [t for t in trials if t["system"] == "sequential"]
+    by_level: dict[int, list[dict]] = defaultdict(list)
+    for t in trials:
+        if t["system"] == "cobatch":
+            by_level[t["concurrency"]].append(t)
+    levels = sorted(by_level)
+    med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
     fig, left, right = _two_panels("Sequential llama-cpp-python vs cobatch continuous batching", manifest)
-    left.plot(levels, [t["tok_s"] for t in cob], "o-", label="cobatch")
-    left.plot(levels, [seq["tok_s"]] * len(levels), "s--", label="Llama.create_completion, one at a time")
-    raw = {t["batch"]: t["tok_s"] for t in trials if t["system"] == "raw_loop"}
+    left.plot(levels, [med(by_level[c], "tok_s") for c in levels], "o-", label="cobatch")
+    left.plot(levels, [med(seq, "tok_s")] * len(levels), "s--", label="Llama.create_completion, one at a time")
+    raw: dict[int, list[float]] = defaultdict(list)
+    for t in trials:
+        if t["system"] == "raw_loop":
+            raw[t["batch"]].append(t["tok_s"])
     if raw:
-        left.plot(sorted(raw), [raw[b] for b in sorted(raw)], ":", label="raw llama_decode loop (B = C)")
+        left.plot(sorted(raw), [statistics.median(raw[b]) for b in sorted(raw)], ":",
+                  label="raw llama_decode loop (B = C)")
     for t in trials:
         if t["system"] == "llama-batched-bench":
             tg = {int(b): v for b, v in t["s_tg"].items()}
             left.plot(sorted(tg), [tg[b] for b in sorted(tg)], "^:", label="llama-batched-bench S_TG")
-    right.plot(levels, [t["latency_p95"] for t in cob], "o-", label="cobatch")
-    right.plot(levels, [percentile(queued_latencies(seq["service_s"], c), 95) for c in levels], "s--",
+    right.plot(levels, [med(by_level[c], "latency_p95") for c in levels], "o-", label="cobatch")
+    right.plot(levels, [percentile(queued_latencies(seq[0]["service_s"], c), 95) for c in levels], "s--",
                label="one at a time (measured service times, queued)")
     left.legend(fontsize=8)
     right.legend(fontsize=8)

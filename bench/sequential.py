@@ -82,29 +82,37 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     prompts = benchmark_prompts(args.requests)
     levels = [int(c) for c in args.concurrency.split(",")]
     engine = Engine(model_path, n_threads=args.threads, max_batch=max(levels), n_ctx=args.n_ctx)
+    seq_runs: list[float] = []
+    cobatch_runs: dict[int, list[dict]] = {c: [] for c in levels}
+    raw_runs: dict[int, list[float]] = {c: [] for c in levels}
     try:
         banned = frozenset(engine.model.eog_tokens)
         engine.generate(["Warm-up."], max_tokens=4)
-        service, seq_tokens = sequential_service_times(model_path, prompts, args.tokens, args.threads, banned)
-        seq_tok_s = seq_tokens / sum(service)
-        record.trial(system="sequential", service_s=service, tokens=seq_tokens, tok_s=seq_tok_s)
-        cobatch = {}
-        for c in levels:
-            cobatch[c] = cobatch_closed_loop(engine, prompts, args.tokens, c)
-            record.trial(system="cobatch", concurrency=c, **cobatch[c])
-            print(f"cobatch C={c}: {cobatch[c]['tok_s']:.1f} tok/s", file=sys.stderr)
         raw_ctx = raw_loop_context(engine.model, max(levels), args.threads)
-        raw = {}
+        token_prompts = [engine.tokenize(p) for p in benchmark_prompts(max(levels))]
         try:
-            token_prompts = [engine.tokenize(p) for p in benchmark_prompts(max(levels))]
-            for c in levels:
-                r = run_raw_loop(engine.model, token_prompts[:c], 32, context=raw_ctx)
-                raw[c] = c * r.steps / r.decode_seconds
-                record.trial(system="raw_loop", batch=c, tok_s=raw[c])
+            for trial in range(args.trials):  # whole trials back to back: the machine drifts
+                service, seq_tokens = sequential_service_times(model_path, prompts, args.tokens, args.threads, banned)
+                seq_runs.append(seq_tokens / sum(service))
+                record.trial(trial=trial, system="sequential", service_s=service, tokens=seq_tokens,
+                             tok_s=seq_runs[-1])
+                for c in levels:
+                    run = cobatch_closed_loop(engine, prompts, args.tokens, c)
+                    cobatch_runs[c].append(run)
+                    record.trial(trial=trial, system="cobatch", concurrency=c, **run)
+                    r = run_raw_loop(engine.model, token_prompts[:c], 32, context=raw_ctx)
+                    raw_runs[c].append(c * r.steps / r.decode_seconds)
+                    record.trial(trial=trial, system="raw_loop", batch=c, tok_s=raw_runs[c][-1])
+                    print(f"trial {trial} C={c}: cobatch {run['tok_s']:.1f} tok/s, raw loop "
+                          f"{raw_runs[c][-1]:.1f}", file=sys.stderr)
         finally:
             raw_ctx.close()
     finally:
         engine.close()
+    seq_tok_s = statistics.median(seq_runs)
+    cobatch = {c: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for c, runs in cobatch_runs.items()}
+    raw = {c: statistics.median(v) for c, v in raw_runs.items()}
+    service = next(t["service_s"] for t in record.trials if t["system"] == "sequential")
     batched = {}
     tool = find_tool("llama-batched-bench", args.batched_bench_bin)
     if tool:
@@ -126,7 +134,8 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     headline["sequential_tok_s"] = round(seq_tok_s, 1)
     if top in batched:
         headline[f"fraction_of_batched_bench_c{top}"] = round(cobatch[top]["tok_s"] / batched[top], 2)
-    summary = (f"{table}\n\n{args.requests} requests x {args.tokens} tokens, {args.threads} threads. "
+    summary = (f"{table}\n\n{args.requests} requests x {args.tokens} tokens, {args.threads} threads, "
+               f"medians of {args.trials} trial(s); each level's raw loop runs right after it. "
                f"Sequential: llama-cpp-python {llama_cpp_version()} `Llama.create_completion`, one at a time.")
     return summary, headline
 
@@ -137,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per request")
     parser.add_argument("--concurrency", default="4,16,32")
     parser.add_argument("--n-ctx", type=int, default=8192)
+    parser.add_argument("--trials", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None)
     parser.add_argument("--batched-bench-bin", default=None,
