@@ -18,7 +18,7 @@ import time
 from bench.stats import percentile
 from bench.record import RunRecord, add_record_arguments, publish
 from bench.table import markdown_table
-from engine import Engine
+from engine import Engine, EngineConfig
 
 QUESTIONS = [
     "What is the capital of France?", "How many legs does a spider have?",
@@ -81,8 +81,9 @@ def flood(engine: Engine, n_batch: int, batch_tokens: int, every_s: float, token
 
 def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     engines = {
-        mode: Engine(args.model, n_threads=args.threads, max_batch=args.max_batch, priority_scheduling=priority)
-        for mode, priority in (("priority", True), ("fifo", False))
+        "priority": Engine(args.model, n_threads=args.threads, max_batch=args.max_batch,
+                           interrupt_window=args.interrupt_window),
+        "fifo": Engine(args.model, n_threads=args.threads, max_batch=args.max_batch, priority_scheduling=False),
     }
     try:
         warm = engines["priority"]
@@ -123,7 +124,8 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     summary = (
         f"{table}\n\nWorkload: {args.batch} batch x {args.batch_tokens} tokens at once; interactive "
         f"{args.interactive_tokens} tokens every {args.every} s until the batch is done; max_batch "
-        f"{args.max_batch}; {args.threads} threads; medians of {args.trials} trial(s).\n\n"
+        f"{args.max_batch}; interrupt_window {args.interrupt_window}; {args.threads} threads; medians of "
+        f"{args.trials} trial(s).\n\n"
         f"Ratios are taken within each trial (the machine's speed drifts between trials), then "
         f"the median over trials. Interactive TTFT p95 under the flood, priority: {ttft_ratio:.2f}x "
         f"idle (target <= 2x); "
@@ -141,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     # The spec says 0.5 s for a machine about 3x faster than this one (see NOTES vs README).
     parser.add_argument("--every", type=float, default=1.5, help="seconds between interactive arrivals")
     parser.add_argument("--idle-requests", type=int, default=8)
+    parser.add_argument("--interrupt-window", type=float, default=EngineConfig.interrupt_window,
+                        help="the priority engine's interrupt_window (0: never interrupt a step)")
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--trials", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
