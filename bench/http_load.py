@@ -59,6 +59,7 @@ import httpx
 from bench.peer import find_tool, llama_server
 from bench.prompts import benchmark_prompts
 from bench.record import RunRecord, add_record_arguments, publish
+from bench.sse import Event, SseDecoder
 from bench.stats import percentile
 from bench.table import markdown_table
 from engine.model_source import resolve_model
@@ -82,23 +83,14 @@ class Sample:
     error: str = ""
 
 
-async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str | None, str]]:
-    """(event name, data) pairs of an SSE stream; llama.cpp's `error: {...}` lines come out as
-    ("error", data)."""
-    event, data = None, []
+async def sse_events(response: httpx.Response) -> AsyncIterator[Event]:
+    """(event name, data) pairs of a streamed response (see bench/sse.py)."""
+    decoder = SseDecoder()
     async for line in response.aiter_lines():
-        if line == "":
-            if data:
-                yield event, "\n".join(data)
-            event, data = None, []
-        elif line.startswith("event:"):
-            event = line[len("event:"):].strip()
-        elif line.startswith("data:"):
-            data.append(line[len("data:"):].lstrip(" "))
-        elif line.startswith("error:"):
-            yield "error", line[len("error:"):].strip()
-    if data:
-        yield event, "\n".join(data)
+        if (event := decoder.feed(line)) is not None:
+            yield event
+    if (event := decoder.flush()) is not None:
+        yield event
 
 
 class Target:

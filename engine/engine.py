@@ -28,7 +28,7 @@ from engine.request import (
     RequestError,
 )
 from engine.runner import ModelRunner
-from engine.scheduler import Chunk, Scheduler
+from engine.scheduler import Chunk, Scheduler, StepPlan
 from engine.sequence import Sequence
 from sampling.grammar import SchemaError, compile_grammar
 from sampling.params import InvalidParameterError, SamplingParams
@@ -288,7 +288,7 @@ class Engine:
         self._profiles[kind].record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, len(sampled))
         return True
 
-    def _decode(self, plan: Any) -> DecodeOutcome:
+    def _decode(self, plan: StepPlan) -> DecodeOutcome:
         interrupter = self._runner.interrupter
         with self._interrupt_lock:
             interrupter.reset()

@@ -269,7 +269,8 @@ class Scheduler:
 
     def _lay_out_step(self) -> StepPlan:
         waited = self._steps_without_batch
-        exclusive = self._interactive_prefilling() and self._batch_may_wait(waited)
+        prefilling = self._interactive_prefilling()
+        exclusive = prefilling and self._batch_may_wait(waited)
         plan = StepPlan()
         budget = self.step_token_budget
         ordered = sorted(self.running, key=self._step_rank) if self.policy.enabled else self.running
@@ -293,7 +294,7 @@ class Scheduler:
         # of a step), never while batch work has already waited its bound (that is what keeps
         # arrivals faster than a step from aborting every step).
         plan.interruptible = (
-            self.policy.enabled and self.policy.interrupt_steps and not self._interactive_prefilling()
+            self.policy.enabled and self.policy.interrupt_steps and not prefilling
             and all(c.length == 1 for c in plan.chunks) and self._batch_may_wait(waited)
         )
         has_batch = any(c.seq.request.priority is BATCH for c in plan.chunks)

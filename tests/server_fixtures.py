@@ -14,6 +14,7 @@ import httpx
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.sse import sse_events
 from engine import Engine
 from engine.model_source import default_model_path
 from server.app import create_app
@@ -119,22 +120,6 @@ def assert_engine_idle(engine: Engine, timeout: float = 15.0) -> None:
     any sequence id: whatever ran before left no seq id or KV behind."""
     wait_until(lambda: is_idle(engine), timeout, f"engine not idle: {engine.stats()}")
     assert kv_positions(engine) == [-1] * engine.config.max_batch
-
-
-def sse_events(lines: Iterator[str]) -> Iterator[tuple[str | None, str]]:
-    """(event name, data) pairs from an SSE line stream."""
-    event, data = None, []
-    for line in lines:
-        if line == "":
-            if data:
-                yield event, "\n".join(data)
-            event, data = None, []
-        elif line.startswith("event:"):
-            event = line[len("event:"):].strip()
-        elif line.startswith("data:"):
-            data.append(line[len("data:"):].lstrip(" "))
-    if data:
-        yield event, "\n".join(data)
 
 
 def generate_stream(client: httpx.Client, body: dict) -> list[tuple[str | None, Any]]:

@@ -10,6 +10,7 @@ import json
 import httpx
 import pytest
 
+from bench.sse import sse_events
 from engine import FinishReason, GenerationResult, RequestMetrics
 from tests.server_fixtures import (
     assert_engine_idle,
@@ -18,7 +19,6 @@ from tests.server_fixtures import (
     raw_http_request,
     running_server,
     scrape,
-    sse_events,
     wait_until,
 )
 

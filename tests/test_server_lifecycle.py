@@ -15,12 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.sse import sse_events
 from server import cli
 from tests.server_fixtures import (
     assert_engine_idle,
     shared_engine,
     running_server,
-    sse_events,
     wait_until,
 )
 

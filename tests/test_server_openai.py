@@ -7,8 +7,9 @@ import httpx
 import openai
 import pytest
 
+from bench.sse import sse_events
 from server.chat_format import ChatMessage
-from tests.server_fixtures import assert_engine_idle, sse_events
+from tests.server_fixtures import assert_engine_idle
 
 MODEL = "gemma-3-270m-Q4_K_M"
 
