@@ -34,6 +34,10 @@ on the same model, threads and sampling settings, e.g.
   llama-server -m gemma-3-270m-Q4_K_M.gguf -t 2 -np 16 -kvu -c 8192 --port 8080
   cobatch bench http-load --peer-url http://127.0.0.1:8080
 
+Or let the benchmark run llama-server itself: with --peer-bin PATH, or by default when
+llama-server is on PATH (--no-peer to skip), it starts it on loopback with the same model,
+threads, one slot per top-level client and -kvu, and stops it at the end.
+
 The levels run cobatch then the peer, one level at a time, so a drift in machine speed hits
 both alike. Each server gets one warm-up request first.
 """
@@ -408,11 +412,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="started server: GGUF path (default: the bundled one)")
     parser.add_argument("--n-ctx", type=int, default=8192, help="started server: KV cells")
     parser.add_argument("--peer-bin", default=None,
-                        help="a llama-server binary (or its folder): started on loopback with the same "
-                             "model, threads, one slot per top-level client and -kvu, then stopped")
+                        help="a llama-server binary (or its folder), default: llama-server on PATH if "
+                             "there is one; started on loopback with the same model, threads, one slot "
+                             "per top-level client and -kvu, then stopped")
+    parser.add_argument("--no-peer", action="store_true", help="do not start a llama-server even if on PATH")
     parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
     add_record_arguments(parser)
     args = parser.parse_args(argv)
+    if args.peer_bin and args.peer_url:
+        parser.error("--peer-bin starts a peer; --peer-url names a running one: give one of them")
     levels = [int(x) for x in args.concurrency.split(",")]
     if args.quick:
         levels, args.tokens, args.requests_per_level = [1, 2], 4, 2
@@ -433,11 +441,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         url = args.url
         wait_healthy(url, 300.0)
-    peer = contextlib.nullcontext(args.peer_url)
-    if args.peer_bin:
-        binary = find_tool("llama-server", args.peer_bin)
-        peer = llama_server(binary, str(resolve_model(args.model)), args.threads, max(levels), args.n_ctx)
     try:
+        # A llama-server given with --peer-bin, or found on PATH, is started as the peer
+        # (not in quick mode, so the test stays hermetic, nor with --peer-url or --no-peer).
+        binary = None
+        if not (args.peer_url or args.no_peer or (args.quick and not args.peer_bin)):
+            binary = find_tool("llama-server", args.peer_bin)
+        peer = contextlib.nullcontext(args.peer_url)
+        if binary:
+            peer = llama_server(binary, str(resolve_model(args.model)), args.threads, max(levels), args.n_ctx)
         with peer as peer_url:
             args.peer_url = peer_url
             results, notes = asyncio.run(sweep(url, peer_url, levels, per_level, args.tokens, args.ignore_eos))
@@ -448,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         if local is not None:
             local.stop()
     where = url if local is None else ("child process" if args.spawn else "in-process")
-    peer_name = f"llama-server ({args.peer_bin})" if args.peer_bin else args.peer_url
+    peer_name = f"llama-server ({binary})" if binary else args.peer_url
     header = (f"cobatch: {where}" + (f"; peer: {peer_name}" if args.peer_url else "")
               + f"; {args.tokens} tokens per request; temperature 0.7, top-k 40, top-p 0.9\n")
     summary = header + "\n" + render(results, per_level, notes)
