@@ -8,6 +8,7 @@ import sys
 BENCHMARKS = {
     "decode-step": "bench.decode_step",
     "http-load": "bench.http_load",
+    "memory": "bench.memory",
     "mixed-priority": "bench.mixed_priority",
     "plot": "bench.plots",
     "prefix-sharing": "bench.prefix_sharing",

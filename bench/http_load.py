@@ -38,8 +38,13 @@ Or let the benchmark run llama-server itself: with --peer-bin PATH, or by defaul
 llama-server is on PATH (--no-peer to skip), it starts it on loopback with the same model,
 threads, one slot per top-level client and -kvu, and stops it at the end.
 
-The levels run cobatch then the peer, one level at a time, so a drift in machine speed hits
-both alike. Each server gets one warm-up request first.
+Same-run baseline, always (unless --no-raw-loop): right after each level, the raw llama_decode
+loop (bench/raw_loop.py) decodes C sequences together in this process, with its own copy of the
+model; cobatch/raw loop is the fraction of this machine's decode ceiling that reaches HTTP clients.
+
+--trials sweeps every level that many times. Within a level, cobatch, the peer and the raw loop
+run back to back, so a drift in machine speed hits them alike; ratios are taken within a trial,
+then their median. Each server gets one warm-up request first.
 """
 from __future__ import annotations
 
@@ -242,8 +247,44 @@ async def supports_ignore_eos(client: httpx.AsyncClient, url: str) -> bool:
     return r.status_code == 200
 
 
+@dataclass
+class LevelRuns:
+    """Every trial of one concurrency level: cobatch's, the peer's, and the raw loop's tok/s."""
+
+    concurrency: int
+    cobatch: list[Level] = field(default_factory=list)
+    peer: list[Level] = field(default_factory=list)
+    raw_tok_s: list[float] = field(default_factory=list)
+
+    def sides(self) -> list[tuple[str, list[Level]]]:
+        return [("cobatch", self.cobatch)] + ([("peer", self.peer)] if self.peer else [])
+
+
+def side_cells(levels: list[Level]) -> list[object]:
+    """req/s and tok/s: medians over trials; TTFT and latency percentiles: over every sample."""
+    ok = [s for level in levels for s in level.ok]
+    if not ok:
+        return ["failed"] * 6
+    per_trial = [level.cells() for level in levels if level.ok]
+    ttft = [s.ttft_s * 1000 for s in ok]
+    lat = [s.latency_s * 1000 for s in ok]
+    return [statistics.median(c[0] for c in per_trial), statistics.median(c[1] for c in per_trial),
+            percentile(ttft, 50), percentile(ttft, 95), percentile(lat, 50), percentile(lat, 95)]
+
+
+def paired_ratio(mine: list[Level], other: list[Level] | list[float]) -> float | None:
+    """Median over trials of cobatch's tok/s over the other's, each pair from the same trial."""
+    ratios = []
+    for a, b in zip(mine, other):
+        theirs = b if isinstance(b, float) else (b.cells()[1] if b.ok else 0.0)
+        if a.ok and theirs:
+            ratios.append(a.cells()[1] / theirs)
+    return statistics.median(ratios) if ratios else None
+
+
 async def sweep(url: str, peer_url: str | None, levels: list[int], per_level: Callable[[int], int],
-                tokens: int, ignore_eos: str) -> tuple[list[tuple[Level, Level | None]], dict]:
+                tokens: int, ignore_eos: str, trials: int,
+                raw_loop: Callable[[int], float] | None) -> tuple[list[LevelRuns], dict]:
     timeout = httpx.Timeout(600.0, connect=30.0)
     limits = httpx.Limits(max_connections=max(levels) * 2, max_keepalive_connections=max(levels) * 2)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
@@ -258,31 +299,54 @@ async def sweep(url: str, peer_url: str | None, levels: list[int], per_level: Ca
             s = await t.one(client, "Warm-up: the quick brown fox")
             if not s.ok:
                 raise RuntimeError(f"{t.name} at {t.url}: warm-up request failed: {s.error}")
-        results = []
-        for c in levels:
-            prompts = benchmark_prompts(per_level(c))
-            measured = [await run_level(t, client, prompts, c) for t in targets]
-            results.append((measured[0], measured[1] if peer_url else None))
+        results = [LevelRuns(c) for c in levels]
+        # Trials sweep every level in turn, and within a level the servers and the raw loop run
+        # back to back: a drift in machine speed then hits all of them alike.
+        for trial in range(trials):
+            for runs in results:
+                prompts = benchmark_prompts(per_level(runs.concurrency))
+                for t in targets:
+                    level = await run_level(t, client, prompts, runs.concurrency)
+                    (runs.cobatch if t.name == "cobatch" else runs.peer).append(level)
+                if raw_loop is not None:
+                    runs.raw_tok_s.append(raw_loop(runs.concurrency))
+                print(f"trial {trial} C={runs.concurrency}: "
+                      + ", ".join(f"{name} {side[-1].cells()[1] if side[-1].ok else 0:.1f} tok/s"
+                                  for name, side in runs.sides())
+                      + (f", raw loop {runs.raw_tok_s[-1]:.1f}" if runs.raw_tok_s else ""), file=sys.stderr)
     return results, {"ignore_eos": use_ignore}
 
 
-def render(results: list[tuple[Level, Level | None]], per_level: Callable[[int], int], notes: dict) -> str:
+def render(results: list[LevelRuns], per_level: Callable[[int], int], notes: dict) -> str:
     stats = ["req/s", "tok/s", "TTFT p50 ms", "TTFT p95 ms", "latency p50 ms", "latency p95 ms"]
-    peer = results[0][1] is not None
+    peer = bool(results[0].peer)
+    raw = bool(results[0].raw_tok_s)
     headers = ["concurrency", "requests"] + [f"cobatch {s}" for s in stats]
+    if raw:
+        headers += ["raw loop tok/s (B=C)", "cobatch/raw loop"]
     if peer:
         headers += [f"peer {s}" for s in stats] + ["tok/s cobatch/peer"]
     rows = []
-    for mine, theirs in results:
-        row: list[object] = [mine.concurrency, per_level(mine.concurrency)] + mine.cells()
-        if theirs is not None:
-            other = theirs.cells()
-            ratio = mine.cells()[1] / other[1] if mine.ok and theirs.ok and other[1] else "-"
-            row += other + [ratio]
+    for runs in results:
+        row: list[object] = [runs.concurrency, per_level(runs.concurrency)] + side_cells(runs.cobatch)
+        if raw:
+            ratio = paired_ratio(runs.cobatch, runs.raw_tok_s)
+            row += [statistics.median(runs.raw_tok_s), "-" if ratio is None else ratio]
+        if peer:
+            ratio = paired_ratio(runs.cobatch, runs.peer)
+            row += side_cells(runs.peer) + ["-" if ratio is None else ratio]
         rows.append(row)
-    lines = [markdown_table(headers, rows), ""]
-    sides = [("cobatch", [m for m, _ in results])] + ([("peer", [p for _, p in results])] if peer else [])
-    for name, side in sides:
+    trials = len(results[0].cobatch)
+    lines = [f"{trials} trial(s) per level. req/s and tok/s are medians over trials, ratios the median "
+             f"of each trial's ratio; TTFT and latency percentiles pool every request of every trial."]
+    if raw:
+        lines.append("Raw loop: the plain llama_decode + argmax loop of bench/raw_loop.py in this process, "
+                     "C sequences decoding together right after the level (generation steps only: no "
+                     "prefill, no sampling, no HTTP), so cobatch/raw loop is the fraction of the machine's "
+                     "decode ceiling that reaches the clients.")
+    lines += ["", markdown_table(headers, rows), ""]
+    for name, side in [("cobatch", [lv for r in results for lv in r.cobatch])] + (
+            [("peer", [lv for r in results for lv in r.peer])] if peer else []):
         ok = [s for level in side for s in level.ok]
         failed = [s for level in side for s in level.failed]
         mean = statistics.mean(s.tokens for s in ok) if ok else 0.0
@@ -292,6 +356,34 @@ def render(results: list[tuple[Level, Level | None]], per_level: Callable[[int],
         lines.append(line)
     lines.append(f"ignore_eos: {'sent to both' if notes['ignore_eos'] else 'not sent (tok/s from real token counts)'}")
     return "\n".join(lines)
+
+
+class RawLoopBaseline:
+    """The raw llama_decode loop at B = C on this machine, with its own copy of the model."""
+
+    def __init__(self, model: str | None, threads: int, top: int, tokens: int) -> None:
+        from bindings import Model
+
+        self.model = Model(str(resolve_model(model)))
+        self.threads, self.top, self.tokens = threads, top, tokens
+        self.prompts = [self.model.tokenize(p, add_bos=True) for p in benchmark_prompts(top)]
+        self.context = None
+
+    def __call__(self, concurrency: int) -> float:
+        from bench.raw_loop import raw_loop_context, run_raw_loop
+
+        if self.context is None:
+            rows = max(512, sum(len(p) for p in self.prompts))
+            self.context = raw_loop_context(self.model, self.top, self.threads,
+                                            n_ctx=max(4096, self.top * (self.tokens + 64)), batch_rows=rows)
+        run = run_raw_loop(self.model, self.prompts[:concurrency], max(self.tokens, 2), context=self.context,
+                           batch_rows=max(512, sum(len(p) for p in self.prompts)))
+        return concurrency * run.steps / run.decode_seconds
+
+    def close(self) -> None:
+        if self.context is not None:
+            self.context.close()
+        self.model.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,14 +508,20 @@ def main(argv: list[str] | None = None) -> int:
                              "there is one; started on loopback with the same model, threads, one slot "
                              "per top-level client and -kvu, then stopped")
     parser.add_argument("--no-peer", action="store_true", help="do not start a llama-server even if on PATH")
+    parser.add_argument("--trials", type=int, default=3, help="sweeps over every level")
+    parser.add_argument("--no-raw-loop", action="store_true",
+                        help="skip the raw llama_decode loop baseline (it runs on this machine: skip it "
+                             "when --url points elsewhere)")
     parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
     add_record_arguments(parser)
     args = parser.parse_args(argv)
+    if args.trials < 1:
+        parser.error("--trials must be at least 1")
     if args.peer_bin and args.peer_url:
         parser.error("--peer-bin starts a peer; --peer-url names a running one: give one of them")
     levels = [int(x) for x in args.concurrency.split(",")]
     if args.quick:
-        levels, args.tokens, args.requests_per_level = [1, 2], 4, 2
+        levels, args.tokens, args.requests_per_level, args.trials = [1, 2], 4, 2, 1
     fixed = args.requests_per_level
 
     def per_level(c: int) -> int:
@@ -441,7 +539,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         url = args.url
         wait_healthy(url, 300.0)
+    raw_loop = None
     try:
+        if not args.no_raw_loop:
+            raw_loop = RawLoopBaseline(args.model, args.threads, max(levels), args.tokens)
         # A llama-server given with --peer-bin, or found on PATH, is started as the peer
         # (not in quick mode, so the test stays hermetic, nor with --peer-url or --no-peer).
         binary = None
@@ -452,11 +553,14 @@ def main(argv: list[str] | None = None) -> int:
             peer = llama_server(binary, str(resolve_model(args.model)), args.threads, max(levels), args.n_ctx)
         with peer as peer_url:
             args.peer_url = peer_url
-            results, notes = asyncio.run(sweep(url, peer_url, levels, per_level, args.tokens, args.ignore_eos))
+            results, notes = asyncio.run(sweep(url, peer_url, levels, per_level, args.tokens, args.ignore_eos,
+                                               args.trials, raw_loop))
     except (RuntimeError, OSError) as exc:  # a server that is not there or refuses the workload
         print(f"http-load: {exc}", file=sys.stderr)
         return 1
     finally:
+        if raw_loop is not None:
+            raw_loop.close()
         if local is not None:
             local.stop()
     where = url if local is None else ("child process" if args.spawn else "in-process")
@@ -465,16 +569,23 @@ def main(argv: list[str] | None = None) -> int:
               + f"; {args.tokens} tokens per request; temperature 0.7, top-k 40, top-p 0.9\n")
     summary = header + "\n" + render(results, per_level, notes)
     record = RunRecord("http-load", args, args.model, argv)
-    for mine, theirs in results:
-        for side, level in (("cobatch", mine), ("peer", theirs)):
-            if level is not None:
-                record.trial(system=side, concurrency=level.concurrency, wall_s=level.wall_s,
+    for runs in results:
+        for name, side in runs.sides():
+            for trial, level in enumerate(side):
+                record.trial(trial=trial, system=name, concurrency=level.concurrency, wall_s=level.wall_s,
                              samples=[dataclasses.asdict(x) for x in level.samples])
-    top_mine, top_peer = results[-1]
-    headline = {f"cobatch_tok_s_c{top_mine.concurrency}": round(top_mine.cells()[1], 1) if top_mine.ok else 0}
-    if top_peer is not None and top_peer.ok and top_mine.ok:
-        headline[f"peer_tok_s_c{top_peer.concurrency}"] = round(top_peer.cells()[1], 1)
-        headline["ratio"] = round(top_mine.cells()[1] / top_peer.cells()[1], 2)
+        for trial, tok_s in enumerate(runs.raw_tok_s):
+            record.trial(trial=trial, system="raw_loop", concurrency=runs.concurrency, tok_s=tok_s)
+    top = results[-1]
+    mine = side_cells(top.cobatch)
+    headline = {f"cobatch_tok_s_c{top.concurrency}": round(mine[1], 1) if top.cobatch[0].ok else 0}
+    if top.raw_tok_s and (ratio := paired_ratio(top.cobatch, top.raw_tok_s)) is not None:
+        headline["fraction_of_raw_loop"] = round(ratio, 2)
+    if top.peer and top.peer[0].ok:
+        headline[f"peer_tok_s_c{top.concurrency}"] = round(side_cells(top.peer)[1], 1)
+    for runs in results:
+        if runs.peer and (ratio := paired_ratio(runs.cobatch, runs.peer)) is not None:
+            headline[f"ratio_c{runs.concurrency}"] = round(ratio, 2)
     publish(record, summary, headline)
     return 0
 

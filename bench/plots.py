@@ -2,7 +2,8 @@
 
 - sequential:      tok/s and p95 latency against concurrency, cobatch vs one-at-a-time Llama,
                    with the raw-loop and llama-batched-bench ceilings when measured
-- http-load:       tok/s and p95 latency against concurrency, cobatch vs the peer server
+- http-load:       tok/s and p95 latency against concurrency, cobatch vs the peer server,
+                   with the raw-loop ceiling
 - mixed-priority:  interactive TTFT p50/p95/p99 on the idle engine, under the flood with
                    priority, and under the flood with FIFO
 
@@ -103,17 +104,24 @@ def plot_sequential(trials: list[dict], manifest: dict[str, Any], out: Path) -> 
 
 def plot_http_load(trials: list[dict], manifest: dict[str, Any], out: Path) -> None:
     fig, left, right = _two_panels("HTTP load: cobatch vs llama-server, same workload, same run", manifest)
-    by_side: dict[str, list[dict]] = defaultdict(list)
+    tok_s: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    latencies: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for t in trials:
-        by_side[t["system"]].append(t)
-    for side, label in (("cobatch", "cobatch serve"), ("peer", "llama-server")):
-        levels = sorted(by_side.get(side, []), key=lambda t: t["concurrency"])
-        if not levels:
+        c = t["concurrency"]
+        if t["system"] == "raw_loop":
+            tok_s["raw_loop"][c].append(t["tok_s"])
             continue
-        xs = [t["concurrency"] for t in levels]
-        ok = [[s for s in t["samples"] if s["ok"]] for t in levels]
-        left.plot(xs, [sum(s["tokens"] for s in o) / t["wall_s"] for o, t in zip(ok, levels)], "o-", label=label)
-        right.plot(xs, [percentile([s["latency_s"] for s in o], 95) for o in ok], "o-", label=label)
+        ok = [s for s in t["samples"] if s["ok"]]
+        tok_s[t["system"]][c].append(sum(s["tokens"] for s in ok) / t["wall_s"])
+        latencies[t["system"]][c] += [s["latency_s"] for s in ok]
+    for side, label, style in (("cobatch", "cobatch serve", "o-"), ("peer", "llama-server", "o-"),
+                               ("raw_loop", "raw llama_decode loop (B = C)", ":")):
+        if side not in tok_s:
+            continue
+        xs = sorted(tok_s[side])
+        left.plot(xs, [statistics.median(tok_s[side][c]) for c in xs], style, label=label)
+        if side in latencies:
+            right.plot(xs, [percentile(latencies[side][c], 95) for c in xs], style, label=label)
     left.legend(fontsize=8)
     right.legend(fontsize=8)
     fig.tight_layout()

@@ -62,21 +62,35 @@ def run_case(engine: Engine, system: list[int], n_requests: int, max_tokens: int
 
 
 def run(n_requests: int, system_tokens: int, max_tokens: int, n_ctx: int, threads: int, model: str | None,
-        record: RunRecord | None = None) -> tuple[str, dict]:
-    rows, peaks = [], {}
+        trials: int = 1, record: RunRecord | None = None) -> tuple[str, dict]:
+    runs: dict[bool, list[dict]] = {False: [], True: []}
+    for trial in range(trials):
+        # alternate which setting goes first: the machine's speed drifts within a run
+        for cache in ((False, True) if trial % 2 == 0 else (True, False)):
+            with Engine(model, n_ctx=n_ctx, max_batch=n_requests, step_token_budget=512,
+                        n_threads=threads, prefix_cache=cache) as engine:
+                system = system_prompt_ids(engine, system_tokens)
+                r = run_case(engine, system, n_requests, max_tokens)
+            runs[cache].append(r)
+            if record is not None:
+                record.trial(trial=trial, prefix_cache=cache, **r)
+            print(f"trial {trial} prefix cache {'on' if cache else 'off'}: total {r['total_s']:.1f} s, "
+                  f"TTFT p50 {r['ttft_p50']:.0f} ms, peak cells {r['peak_cells']}", file=sys.stderr)
+    med = {cache: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for cache, rs in runs.items()}
+    # speed-up of each trial's cached run over its uncached one, then the median
+    speedup = statistics.median(a["total_s"] / b["total_s"] for a, b in zip(runs[False], runs[True]))
+    peaks = {cache: max(r["peak_cells"] for r in rs) for cache, rs in runs.items()}
+    rows = []
     for cache in (False, True):
-        with Engine(model, n_ctx=n_ctx, max_batch=n_requests, step_token_budget=512,
-                    n_threads=threads, prefix_cache=cache) as engine:
-            system = system_prompt_ids(engine, system_tokens)
-            r = run_case(engine, system, n_requests, max_tokens)
-        peaks[cache] = r["peak_cells"]
-        if record is not None:
-            record.trial(prefix_cache=cache, **r)
-        rows.append(["on" if cache else "off", r["prompt_tokens"], r["prefilled"], r["cached"], r["peak_cells"],
-                     r["ttft_p50"], r["ttft_max"], r["total_s"]])
+        m = med[cache]
+        rows.append(["on" if cache else "off", m["prompt_tokens"], m["prefilled"], m["cached"], peaks[cache],
+                     m["ttft_p50"], m["ttft_max"], m["total_s"]])
     table_a = markdown_table(
         ["prefix cache", "prompt tokens", "tokens prefilled", "tokens from cache", "peak KV cells",
          "TTFT p50 ms", "TTFT max ms", "total s"], rows)
+    table_a = (f"{trials} trial(s), alternating which setting runs first; medians over trials, peak "
+               f"cells the highest of any trial. Total time, uncached over cached, median of each "
+               f"trial's ratio: {speedup:.1f}x.\n\n{table_a}")
     per_request = system_tokens + 20 + max_tokens
     # llama-server -np N without -kvu splits n_ctx into N fixed slots, each reserved for its
     # request whatever it uses: all n_ctx cells are committed while N requests run.
@@ -88,7 +102,8 @@ def run(n_requests: int, system_tokens: int, max_tokens: int, n_ctx: int, thread
     ]
     table_b = markdown_table(["KV reservation", "cells", "reduction vs fixed slots"], slot_rows)
     headline = {"peak_cells_no_cache": peaks[False], "peak_cells_cache": peaks[True],
-                "reduction_vs_fixed_slots": round(1 - peaks[True] / reserve_full, 3)}
+                "reduction_vs_fixed_slots": round(1 - peaks[True] / reserve_full, 3),
+                "total_speedup_with_cache": round(speedup, 2)}
     return (f"{n_requests} requests, {system_tokens}-token shared system prompt, {max_tokens} tokens "
             f"each (about {per_request} tokens per request), n_ctx {n_ctx}\n\n{table_a}\n\n{table_b}"), headline
 
@@ -101,13 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-ctx", type=int, default=16384)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
     add_record_arguments(parser)
     args = parser.parse_args(argv)
     if args.quick:
-        args.requests, args.system_tokens, args.tokens, args.n_ctx = 4, 64, 4, 1024
+        args.requests, args.system_tokens, args.tokens, args.n_ctx, args.trials = 4, 64, 4, 1024, 1
     record = RunRecord("prefix-sharing", args, args.model, argv)
-    publish(record, *run(args.requests, args.system_tokens, args.tokens, args.n_ctx, args.threads, args.model, record))
+    publish(record, *run(args.requests, args.system_tokens, args.tokens, args.n_ctx, args.threads, args.model,
+                         args.trials, record))
     return 0
 
 

@@ -121,6 +121,10 @@ class Context:
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self._memory, True)
 
+    def sequence_state_bytes(self, seq_id: int) -> int:
+        """Bytes llama.cpp needs to save the sequence's state: its KV cells and a small header."""
+        return int(llama_cpp.llama_state_seq_get_size(self._handle, seq_id))
+
     def close(self) -> None:
         if self._handle is not None:
             llama_cpp.llama_free(self._handle)
