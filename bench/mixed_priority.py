@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interrupt-window", type=float, default=EngineConfig.interrupt_window,
                         help="the priority engine's interrupt_window (0: never interrupt a step)")
     parser.add_argument("--max-batch", type=int, default=32)
-    parser.add_argument("--trials", type=int, default=1)
+    parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None)
     parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per request")
     parser.add_argument("--concurrency", default="4,16,32")
     parser.add_argument("--n-ctx", type=int, default=8192)
-    parser.add_argument("--trials", type=int, default=1)
+    parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None)
     parser.add_argument("--batched-bench-bin", default=None,
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     add_record_arguments(parser)
     args = parser.parse_args(argv)
     if args.quick:
-        args.requests, args.tokens, args.concurrency, args.n_ctx = 4, 4, "2,4", 2048
+        args.requests, args.tokens, args.concurrency, args.n_ctx, args.trials = 4, 4, "2,4", 2048, 1
     record = RunRecord("sequential", args, args.model, argv)
     publish(record, *run(args, record))
     return 0

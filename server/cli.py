@@ -26,6 +26,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = _model_spec_problem(options.model)
     if problem:
         parser.error(problem)
+    if not 0.0 <= options.cache_max_fraction <= 1.0:
+        parser.error(f"--cache-max-fraction must be between 0 and 1, got {options.cache_max_fraction}")
     return serve(options)
 
 
@@ -50,6 +52,11 @@ def _parser() -> argparse.ArgumentParser:
                            help="share of slots, prompt tokens and steps batch work always keeps")
     serve_cmd.add_argument("--no-priority", action="store_true",
                            help="one FIFO queue: ignore request priority")
+    serve_cmd.add_argument("--no-prefix-cache", action="store_true",
+                           help="do not keep finished requests' prompt blocks for reuse")
+    serve_cmd.add_argument("--cache-max-fraction", type=float, default=0.25,
+                           help="share of KV cells idle cached prefixes may hold (default 0.25); every decode "
+                                "step attends over held cells, so a smaller share trades prefix hits for speed")
     serve_cmd.add_argument(
         "--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S,
         help="seconds running requests get to finish at shutdown (default 30)",
@@ -70,15 +77,9 @@ def _model_spec_problem(spec: str | None) -> str | None:
     return f"--model {spec}: no such file (give a GGUF path, or owner/repo/file.gguf on Hugging Face)"
 
 
-def serve(options: argparse.Namespace) -> int:
-    import uvicorn  # imported here so `cobatch bench` does not pay for the server stack
-
-    from server.app import create_app
-    from server.context import ServerSettings
-    from server.draining_server import DrainingServer
-
-    logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine_options = dict(
+def engine_options_from(options: argparse.Namespace) -> dict[str, Any]:
+    """The Engine keyword arguments that `cobatch serve`'s flags select."""
+    return dict(
         n_ctx=options.n_ctx,
         max_batch=options.max_batch,
         step_token_budget=options.step_token_budget,
@@ -87,7 +88,20 @@ def serve(options: argparse.Namespace) -> int:
         max_waiting_interactive=options.max_waiting_interactive,
         batch_min_share=options.batch_min_share,
         priority_scheduling=not options.no_priority,
+        prefix_cache=not options.no_prefix_cache,
+        cache_max_fraction=options.cache_max_fraction,
     )
+
+
+def serve(options: argparse.Namespace) -> int:
+    import uvicorn  # imported here so `cobatch bench` does not pay for the server stack
+
+    from server.app import create_app
+    from server.context import ServerSettings
+    from server.draining_server import DrainingServer
+
+    logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine_options = engine_options_from(options)
 
     def load_engine() -> Any:
         from engine import Engine

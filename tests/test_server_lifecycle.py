@@ -132,6 +132,19 @@ def test_serve_rejects_a_missing_model_file_at_once(capsys):
     assert info.value.code == 2 and "no such file" in capsys.readouterr().err
 
 
+def test_serve_flags_select_the_engine_options(capsys):
+    options = cli._parser().parse_args(["serve", "--no-prefix-cache", "--cache-max-fraction", "0.05",
+                                        "--no-priority", "--max-batch", "8"])
+    chosen = cli.engine_options_from(options)
+    assert chosen["prefix_cache"] is False and chosen["cache_max_fraction"] == 0.05
+    assert chosen["priority_scheduling"] is False and chosen["max_batch"] == 8
+    defaults = cli.engine_options_from(cli._parser().parse_args(["serve"]))
+    assert defaults["prefix_cache"] is True and defaults["cache_max_fraction"] == 0.25
+    with pytest.raises(SystemExit) as info:
+        cli.main(["serve", "--cache-max-fraction", "1.5"])
+    assert info.value.code == 2 and "--cache-max-fraction must be between 0 and 1" in capsys.readouterr().err
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
