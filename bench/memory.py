@@ -1,16 +1,18 @@
 """Memory: KV cells and process memory while C requests run together, block accounting against
 fixed per-request slots, in one run.
 
-For each concurrency C, C requests (bench/prompts.py, temperature 0.7, top-k 40, top-p 0.9,
-up to --max-tokens tokens, stopping at end-of-generation as real requests do) are submitted
-together to one engine (prefix cache off, so nothing is held from one level to the next). A
-watcher thread samples, every 5 ms, the KV cells in use (read from llama.cpp) and the process
-resident set size (/proc/self/status).
+For each concurrency C, C requests (bench/prompts.py, temperature 0.7, top-k 40, top-p 0.9)
+are submitted together to one engine, prefix cache off so nothing is held from one level to
+the next. Like real traffic they ask for different lengths: request i may generate
+(i mod 8 + 1)/8 of --max-tokens, and stops earlier at end-of-generation. A watcher thread
+samples, every 5 ms, the KV cells in use (read from llama.cpp) and the process resident set
+size (/proc/self/status).
 
-Baseline, from the same requests: a slot server (llama-server -np C without -kvu) has to give
-every slot the longest prompt plus max_tokens cells before it knows how long each answer will
-be, so it reserves C times that while the level runs. Block accounting reserves what each
-sequence has used, rounded up to its 16-token block.
+Baseline, from the same requests: a slot server (llama-server -np C -c N without -kvu) gives
+every slot N/C cells before it knows which request lands there or how long its answer will be,
+so N/C must cover the longest prompt plus --max-tokens, and it reserves C times that while the
+level runs. Block accounting reserves what each sequence has used, rounded up to its 16-token
+block.
 
 Bytes per KV cell are measured from llama.cpp, not computed from the model's shape: the state
 size (llama_state_seq_get_size) of two sequences of different lengths, divided by the
@@ -59,8 +61,13 @@ def kv_bytes_per_cell(model: Model, threads: int, short: int = 64, long: int = 3
         return (ctx.sequence_state_bytes(1) - ctx.sequence_state_bytes(0)) / (long - short)
 
 
+def requested_lengths(concurrency: int, max_tokens: int) -> list[int]:
+    return [max(1, max_tokens * (i % 8 + 1) // 8) for i in range(concurrency)]
+
+
 def run_level(engine: Engine, concurrency: int, max_tokens: int, seed: int) -> dict:
     prompts = benchmark_prompts(concurrency)
+    lengths = requested_lengths(concurrency, max_tokens)
     prompt_tokens = [len(engine.tokenize(p)) for p in prompts]
     peak = {"cells": 0, "rss": 0}
     stop = threading.Event()
@@ -75,12 +82,14 @@ def run_level(engine: Engine, concurrency: int, max_tokens: int, seed: int) -> d
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        results = engine.generate(prompts, max_tokens=max_tokens, seed=seed, **SAMPLING)
+        handles = [engine.submit(p, max_tokens=n, seed=seed, **SAMPLING) for p, n in zip(prompts, lengths)]
+        results = [h.result() for h in handles]
     finally:
         stop.set()
         watcher.join()
     return {
         "concurrency": concurrency,
+        "requested": lengths,
         "generated": [r.metrics.tokens_generated for r in results],
         "prompt_tokens": prompt_tokens,
         "peak_cells": peak["cells"],
@@ -129,7 +138,8 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     top = max(levels)
     headline = {f"reduction_c{top}": round(1 - rows[-1][4] / rows[-1][2], 3),
                 "kv_bytes_per_cell": round(per_cell), "rss_loaded_mib": round(rss_loaded / MIB)}
-    summary = (f"{table}\n\nUp to {args.max_tokens} tokens per request, stopping at end-of-generation; "
+    summary = (f"{table}\n\nRequest i asks for (i mod 8 + 1)/8 of {args.max_tokens} tokens and stops earlier at "
+               f"end-of-generation; fixed slots are sized for the longest prompt plus {args.max_tokens}; "
                f"{args.trials} trial(s), medians. KV cell: {per_cell:.0f} bytes, measured from llama.cpp. "
                f"The context's whole KV buffer ({n_ctx} cells, {n_ctx * per_cell / MIB:.0f} MiB) is "
                f"allocated when the engine starts; RSS after loading and warm-up: {rss_loaded / MIB:.0f} MiB. "

@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
                            help="one FIFO queue: ignore request priority")
     serve_cmd.add_argument("--no-prefix-cache", action="store_true",
                            help="do not keep finished requests' prompt blocks for reuse")
+    serve_cmd.add_argument("--flash-attn", choices=["on", "off"], default="off",
+                           help="llama.cpp's flash attention (default off)")
     serve_cmd.add_argument("--cache-max-fraction", type=float, default=0.25,
                            help="share of KV cells idle cached prefixes may hold (default 0.25); every decode "
                                 "step attends over held cells, so a smaller share trades prefix hits for speed")
@@ -90,6 +92,7 @@ def engine_options_from(options: argparse.Namespace) -> dict[str, Any]:
         priority_scheduling=not options.no_priority,
         prefix_cache=not options.no_prefix_cache,
         cache_max_fraction=options.cache_max_fraction,
+        flash_attn=options.flash_attn == "on",
     )
 
 
