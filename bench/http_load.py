@@ -53,6 +53,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import shlex
 import signal
 import socket
 import statistics
@@ -433,7 +434,8 @@ class SpawnedServer:
     """`cobatch serve` in a child process (its own GIL, like any real deployment), stopped with
     SIGINT (its graceful drain)."""
 
-    def __init__(self, model: str | None, threads: int, max_batch: int, n_ctx: int) -> None:
+    def __init__(self, model: str | None, threads: int, max_batch: int, n_ctx: int,
+                 extra_args: list[str] | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -443,6 +445,7 @@ class SpawnedServer:
                         "--step-token-budget", str(max(256, max_batch)), "--log-level", "warning"]
         if model:
             self.command += ["--model", model]
+        self.command += extra_args or []
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 300.0) -> "SpawnedServer":
@@ -500,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="send ignore_eos to both (auto: if cobatch's /generate accepts it)")
     parser.add_argument("--spawn", action="store_true",
                         help="without --url: run `cobatch serve` in a child process instead of in this one")
+    parser.add_argument("--serve-args", default="",
+                        help="with --spawn: more `cobatch serve` flags, e.g. \"--flash-attn on\"")
     parser.add_argument("--threads", type=int, default=2, help="started server: CPU threads")
     parser.add_argument("--model", default=None, help="started server: GGUF path (default: the bundled one)")
     parser.add_argument("--n-ctx", type=int, default=8192, help="started server: KV cells")
@@ -517,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.trials < 1:
         parser.error("--trials must be at least 1")
+    if args.serve_args and not args.spawn:
+        parser.error("--serve-args needs --spawn (they are flags of the `cobatch serve` it starts)")
     if args.peer_bin and args.peer_url:
         parser.error("--peer-bin starts a peer; --peer-url names a running one: give one of them")
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -529,9 +536,10 @@ def main(argv: list[str] | None = None) -> int:
 
     local = None
     if args.url is None:
-        kind = SpawnedServer if args.spawn else InProcessServer
         try:
-            local = kind(args.model, args.threads, max(32, max(levels)), args.n_ctx).start()
+            settings = (args.model, args.threads, max(32, max(levels)), args.n_ctx)
+            local = (SpawnedServer(*settings, shlex.split(args.serve_args)) if args.spawn
+                     else InProcessServer(*settings)).start()
         except RuntimeError as exc:
             print(f"http-load: {exc}", file=sys.stderr)
             return 1
@@ -563,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
             raw_loop.close()
         if local is not None:
             local.stop()
-    where = url if local is None else ("child process" if args.spawn else "in-process")
+    where = url if local is None else (f"child process {args.serve_args}".strip() if args.spawn else "in-process")
     peer_name = f"llama-server ({binary})" if binary else args.peer_url
     header = (f"cobatch: {where}" + (f"; peer: {peer_name}" if args.peer_url else "")
               + f"; {args.tokens} tokens per request; temperature 0.7, top-k 40, top-p 0.9\n")

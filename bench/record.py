@@ -98,7 +98,9 @@ def git_state() -> dict[str, Any]:
             return ""
 
     commit = git("rev-parse", "HEAD")
-    return {"commit": commit or "unknown", "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    # Stored runs are not code: the index every run appends to must not mark the next run dirty.
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
+    return {"commit": commit or "unknown", "dirty": bool(changed)}
 
 
 def sha256_of(path: Path) -> str:
