@@ -54,8 +54,11 @@ def _parser() -> argparse.ArgumentParser:
                            help="one FIFO queue: ignore request priority")
     serve_cmd.add_argument("--no-prefix-cache", action="store_true",
                            help="do not keep finished requests' prompt blocks for reuse")
-    serve_cmd.add_argument("--flash-attn", choices=["on", "off"], default="off",
-                           help="llama.cpp's flash attention (default off)")
+    # On by default, as in llama-server: llama.cpp's CPU kernel skips the cells a row's mask hides,
+    # so the other requests' cells in the unified cache (and idle cached prefixes) cost a step
+    # almost nothing. The Engine's own default stays off, for outputs independent of neighbours.
+    serve_cmd.add_argument("--flash-attn", choices=["on", "off"], default="on",
+                           help="llama.cpp's flash attention (default on)")
     serve_cmd.add_argument("--cache-max-fraction", type=float, default=0.25,
                            help="share of KV cells idle cached prefixes may hold (default 0.25); every decode "
                                 "step attends over held cells, so a smaller share trades prefix hits for speed")

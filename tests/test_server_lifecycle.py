@@ -134,13 +134,13 @@ def test_serve_rejects_a_missing_model_file_at_once(capsys):
 
 def test_serve_flags_select_the_engine_options(capsys):
     options = cli._parser().parse_args(["serve", "--no-prefix-cache", "--cache-max-fraction", "0.05",
-                                        "--no-priority", "--max-batch", "8", "--flash-attn", "on"])
+                                        "--no-priority", "--max-batch", "8", "--flash-attn", "off"])
     chosen = cli.engine_options_from(options)
     assert chosen["prefix_cache"] is False and chosen["cache_max_fraction"] == 0.05
-    assert chosen["priority_scheduling"] is False and chosen["max_batch"] == 8 and chosen["flash_attn"] is True
+    assert chosen["priority_scheduling"] is False and chosen["max_batch"] == 8 and chosen["flash_attn"] is False
     defaults = cli.engine_options_from(cli._parser().parse_args(["serve"]))
     assert defaults["prefix_cache"] is True and defaults["cache_max_fraction"] == 0.25
-    assert defaults["flash_attn"] is False
+    assert defaults["flash_attn"] is True
     with pytest.raises(SystemExit) as info:
         cli.main(["serve", "--cache-max-fraction", "1.5"])
     assert info.value.code == 2 and "--cache-max-fraction must be between 0 and 1" in capsys.readouterr().err
