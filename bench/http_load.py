@@ -368,17 +368,17 @@ class RawLoopBaseline:
         self.model = Model(str(resolve_model(model)))
         self.threads, self.top, self.tokens = threads, top, tokens
         self.prompts = [self.model.tokenize(p, add_bos=True) for p in benchmark_prompts(top)]
+        self.rows = max(512, sum(len(p) for p in self.prompts))  # every prompt prefills in one batch
         self.context = None
 
     def __call__(self, concurrency: int) -> float:
         from bench.raw_loop import raw_loop_context, run_raw_loop
 
         if self.context is None:
-            rows = max(512, sum(len(p) for p in self.prompts))
             self.context = raw_loop_context(self.model, self.top, self.threads,
-                                            n_ctx=max(4096, self.top * (self.tokens + 64)), batch_rows=rows)
+                                            n_ctx=max(4096, self.top * (self.tokens + 64)), batch_rows=self.rows)
         run = run_raw_loop(self.model, self.prompts[:concurrency], max(self.tokens, 2), context=self.context,
-                           batch_rows=max(512, sum(len(p) for p in self.prompts)))
+                           batch_rows=self.rows)
         return concurrency * run.steps / run.decode_seconds
 
     def close(self) -> None:
