@@ -15,7 +15,7 @@ import sys
 
 from bench.prompts import benchmark_prompts
 from bench.raw_loop import raw_loop_context, run_raw_loop
-from bench.record import RunRecord, add_record_arguments, publish
+from bench.record import RunRecord, add_common_arguments, publish
 from bench.table import markdown_table
 from engine import Engine
 from engine.profile import PHASES
@@ -84,12 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cobatch bench decode-step", description=__doc__)
     parser.add_argument("--batch-sizes", default="1,4,8,16,32")
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per request")
-    parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", default=None)
     parser.add_argument("--prefix-cache", action="store_true", help="run the engine with its prefix cache on")
-    parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
-    add_record_arguments(parser)
+    add_common_arguments(parser, trials=3)
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     if args.quick:

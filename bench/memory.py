@@ -28,7 +28,7 @@ import time
 
 from bench.prompts import benchmark_prompts
 from bench.raw_loop import raw_loop_context
-from bench.record import RunRecord, add_record_arguments, publish
+from bench.record import RunRecord, add_common_arguments, publish
 from bench.table import markdown_table
 from bindings import Batch, DecodeOutcome, Model
 from engine import Engine
@@ -154,11 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,8,16,32")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--n-ctx", type=int, default=16384)
-    parser.add_argument("--trials", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
-    add_record_arguments(parser)
+    add_common_arguments(parser, trials=2)
     args = parser.parse_args(argv)
     if args.quick:
         args.concurrency, args.max_tokens, args.n_ctx, args.trials = "1,2", 8, 1024, 1

@@ -16,7 +16,7 @@ import sys
 import time
 
 from bench.stats import percentile
-from bench.record import RunRecord, add_record_arguments, publish
+from bench.record import RunRecord, add_common_arguments, publish
 from bench.table import markdown_table
 from engine import Engine, EngineConfig
 
@@ -146,11 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interrupt-window", type=float, default=EngineConfig.interrupt_window,
                         help="the priority engine's interrupt_window (0: never interrupt a step)")
     parser.add_argument("--max-batch", type=int, default=32)
-    parser.add_argument("--trials", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
-    add_record_arguments(parser)
+    add_common_arguments(parser, trials=2)
     args = parser.parse_args(argv)
     if args.quick:
         args.batch, args.batch_tokens, args.interactive_tokens = 3, 12, 4

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from bench.record import RunRecord, add_record_arguments, publish
+from bench.record import RunRecord, add_common_arguments, publish
 from bench.table import markdown_table
 from engine import Engine
 
@@ -114,11 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--system-tokens", type=int, default=512)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--n-ctx", type=int, default=16384)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--quick", action="store_true")
-    add_record_arguments(parser)
+    add_common_arguments(parser, trials=3)
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.system_tokens, args.tokens, args.n_ctx, args.trials = 4, 64, 4, 1024, 1

@@ -32,6 +32,16 @@ def add_record_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-save", action="store_true", help="print only; store nothing")
 
 
+def add_common_arguments(parser: argparse.ArgumentParser, trials: int | None = None) -> None:
+    """The flags every in-process benchmark shares, and the record flags; --trials only with a default."""
+    if trials is not None:
+        parser.add_argument("--trials", type=int, default=trials)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default=None, help="GGUF path (default: the bundled model)")
+    parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
+    add_record_arguments(parser)
+
+
 class RunRecord:
     def __init__(self, benchmark: str, args: argparse.Namespace, model_path: str | Path | None,
                  argv: list[str] | None = None) -> None:

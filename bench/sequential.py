@@ -21,7 +21,7 @@ from bindings.library import llama_cpp_version
 from bench.peer import batched_bench_tg, find_tool
 from bench.prompts import benchmark_prompts
 from bench.raw_loop import raw_loop_context, run_raw_loop
-from bench.record import RunRecord, add_record_arguments, publish
+from bench.record import RunRecord, add_common_arguments, publish
 from bench.table import markdown_table
 from engine import Engine
 from engine.model_source import resolve_model
@@ -146,13 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per request")
     parser.add_argument("--concurrency", default="4,16,32")
     parser.add_argument("--n-ctx", type=int, default=8192)
-    parser.add_argument("--trials", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", default=None)
     parser.add_argument("--batched-bench-bin", default=None,
                         help="llama-batched-bench (file or folder); default: PATH, else skipped")
-    parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
-    add_record_arguments(parser)
+    add_common_arguments(parser, trials=2)
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.tokens, args.concurrency, args.n_ctx, args.trials = 4, 4, "2,4", 2048, 1

@@ -23,7 +23,7 @@ from bench.prompts import benchmark_prompts
 from bench.schemas import REVIEW_SCHEMA as REVIEW
 from bench.mask_timing import cobatch_mask_times, llguidance_mask_times
 from bench.stats import percentile
-from bench.record import RunRecord, add_record_arguments, publish
+from bench.record import RunRecord, add_common_arguments, publish
 from bench.table import markdown_table
 from engine import Engine
 from engine.request import Request
@@ -137,10 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", default="1,8")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--quick", action="store_true")
-    add_record_arguments(parser)
+    add_common_arguments(parser)
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     if args.quick:
