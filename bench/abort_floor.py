@@ -1,0 +1,84 @@
+"""The part of a flood step that no scheduler can interrupt, measured on the flood's own shape.
+
+llama.cpp checks its abort callback between graph nodes. The logits of every row come from a
+single node, the output projection over the whole vocabulary (262,144 entries for Gemma 3),
+and for this small model that node is a large share of a decode step. An interactive request
+arriving while it runs waits for it to end, whatever the scheduler decides. The node's time is
+measured as the difference between a decode step with logits on every row and the same step
+with logits on one row, on a context holding as many sequences as the flood runs.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from bindings import Batch, Context, ContextSettings, DecodeOutcome, Model
+
+FILLER_TOKEN = 500  # any ordinary token: only the shape of the step matters here
+
+
+@dataclass(frozen=True)
+class UninterruptibleTail:
+    step_ms: float  # a decode step of the flood's rows, logits on every row
+    tail_ms: float  # of which the output projection, which cannot be aborted
+
+    @property
+    def share(self) -> float:
+        return self.tail_ms / self.step_ms if self.step_ms > 0 else 0.0
+
+    def wait_ms(self, quantile: float = 0.95) -> float:
+        """The given quantile of the wait for an arrival at a uniformly random moment of such
+        steps, even with an abort that acts instantly everywhere else: only arrivals inside
+        the tail wait, for what is left of it."""
+        if self.share <= 0:
+            return 0.0
+        return self.tail_ms * max(0.0, 1.0 - (1.0 - quantile) / self.share)
+
+
+class TailProbe:
+    """A context filled like the flood (rows sequences of context_tokens cells each), timed on
+    demand so each trial gets its own figure on a machine whose speed drifts."""
+
+    def __init__(self, model: Model, rows: int, context_tokens: int, threads: int, flash_attn: bool) -> None:
+        cells = rows * (context_tokens + 1)
+        self.rows, self.position = rows, context_tokens
+        self.context = Context(model, ContextSettings(
+            n_ctx=max(256, -(-cells // 256) * 256), n_batch=256, n_ubatch=256, n_seq_max=max(rows, 1),
+            n_threads=threads, n_threads_batch=threads, flash_attn=1 if flash_attn else 0,
+        ))
+        self.batch = Batch(256)
+        filler = np.full(context_tokens, FILLER_TOKEN, dtype=np.int32)
+        for seq in range(rows):
+            self.batch.clear()
+            self.batch.add_run(filler, 0, seq, logits_last=False)
+            self._decode()
+
+    def measure(self, repeats: int = 5) -> UninterruptibleTail:
+        every_row, one_row = [], []
+        for _ in range(repeats):  # interleaved: both kinds see the same machine
+            every_row.append(self._time_step(all_logits=True))
+            one_row.append(self._time_step(all_logits=False))
+        step, without = statistics.median(every_row), statistics.median(one_row)
+        return UninterruptibleTail(step_ms=step, tail_ms=max(0.0, step - without))
+
+    def close(self) -> None:
+        self.context.close()
+
+    def _time_step(self, all_logits: bool) -> float:
+        self.batch.clear()
+        for seq in range(self.rows):
+            self.batch.add(FILLER_TOKEN, self.position, [seq], logits=all_logits or seq == 0)
+        start = time.perf_counter()
+        self._decode()
+        elapsed = (time.perf_counter() - start) * 1000.0
+        for seq in range(self.rows):  # back to the same fill for the next timing
+            self.context.seq_rm(seq, self.position, -1)
+        return elapsed
+
+    def _decode(self) -> None:
+        outcome = self.context.decode(self.batch)
+        if outcome is not DecodeOutcome.OK:
+            raise RuntimeError(f"tail probe decode returned {outcome}")
