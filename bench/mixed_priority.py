@@ -87,7 +87,27 @@ def flood(engine: Engine, n_batch: int, batch_tokens: int, every_s: float, token
         "preemptions": after.preemptions - before.preemptions,
         "steps_interrupted": after.steps_interrupted - before.steps_interrupted,
         "decode_rows_mean": decode_steps.tokens / max(1, decode_steps.steps),
+        # llama_decode time per row of pure decode steps: the same work whoever the rows belong
+        # to, so it gauges how fast the machine ran during this flood.
+        "decode_ms_per_row": decode_steps.seconds["decode"] * 1000.0 / max(1, decode_steps.tokens),
     }
+
+
+def speed_adjusted(figures: dict) -> float:
+    """Batch tokens per unit of the machine's row time during that flood."""
+    return figures["batch_tok_s"] * figures["decode_ms_per_row"]
+
+
+def per_trial_lines(pairs: list[tuple[dict, dict, dict]]) -> str:
+    lines = []
+    for trial, (idle, prio, fifo) in enumerate(pairs):
+        lines.append(
+            f"- trial {trial}: TTFT p95 {prio['ttft_p95']:.0f} ms = {prio['ttft_p95'] / idle['ttft_p95']:.2f}x "
+            f"idle; batch {prio['batch_tok_s']:.1f} vs FIFO {fifo['batch_tok_s']:.1f} tok/s "
+            f"({(prio['batch_tok_s'] / fifo['batch_tok_s'] - 1) * 100:+.1f}%); decode ms/row "
+            f"{prio['decode_ms_per_row']:.1f} vs FIFO {fifo['decode_ms_per_row']:.1f}; at equal speed "
+            f"{(speed_adjusted(prio) / speed_adjusted(fifo) - 1) * 100:+.1f}%")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
@@ -146,8 +166,9 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     floor_ratio = statistics.median(t["ttft_p95_floor"] / i["ttft_p95"] for i, t in zip(measured["idle"], measured["tail"]))
     loss = statistics.median(1 - p["batch_tok_s"] / f["batch_tok_s"] for _, p, f in pairs)
     all_loss = statistics.median(1 - p["all_tok_s"] / f["all_tok_s"] for _, p, f in pairs)
+    steady_loss = statistics.median(1 - speed_adjusted(p) / speed_adjusted(f) for _, p, f in pairs)
     headline = {"ttft_p95_vs_idle": round(ttft_ratio, 2), "batch_loss_vs_fifo": round(loss, 3),
-                "all_tokens_loss_vs_fifo": round(all_loss, 3),
+                "all_tokens_loss_vs_fifo": round(all_loss, 3), "batch_loss_at_equal_speed": round(steady_loss, 3),
                 "fifo_ttft_p95_vs_idle": round(fifo_ratio, 2), "ttft_p95_floor_vs_idle": round(floor_ratio, 2)}
     tail = med["tail"]
     summary = (
@@ -164,6 +185,10 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
         f"batch and interactive, priority vs FIFO: {-all_loss * 100:+.1f}%. Interactive tokens produced during "
         f"the flood: priority {med['priority']['interactive_tok_s']:.1f} tok/s, FIFO "
         f"{med['fifo']['interactive_tok_s']:.1f} tok/s.\n\n"
+        f"Machine speed: llama_decode ms per row of a decode step, which is the same work whoever "
+        f"the rows belong to. Batch loss with each mode's batch tok/s scaled by that figure (as if "
+        f"both had run at the same machine speed): {-steady_loss * 100:+.1f}%. Per trial:\n\n"
+        f"{per_trial_lines(pairs)}\n\n"
         f"Uninterruptible tail (bench/abort_floor.py): llama.cpp checks for an abort between graph "
         f"nodes, and the output projection over the whole vocabulary is one node. On a decode step "
         f"of {int(tail['rows'])} rows (the priority run's mean) it took {tail['tail_ms']:.0f} of "
