@@ -34,7 +34,8 @@ class EngineConfig:
     batch_min_share: float = 0.25  # of slots, prompt tokens and steps batch work always keeps
     # An interactive arrival aborts a pure decode step in flight if it has run less than this
     # fraction of a typical such step (0: never). Aborting later would waste more batch work
-    # than it saves the interactive request.
+    # than it saves the interactive request: the step's last part is the output projection,
+    # which llama.cpp cannot abort, so a late abort only discards a finished step.
     interrupt_window: float = 0.5
 
     def __post_init__(self) -> None:
