@@ -6,10 +6,10 @@ out the step: decoding rows first, then prompt chunks. KV blocks are reserved in
 before llama_decode ever sees a token, so it never has to discover that the cache is full.
 
 Two priority tiers (see engine/priority.py for the policy and its knobs): interactive requests
-are admitted first and may displace batch sequences: for a slot, a batch sequence is
-*suspended* (back at the head of its queue, keeping its seq id and KV cells, so it resumes
-without recomputing); for KV blocks, suspended ones are released first, then running batch
-sequences are preempted (released, recomputed later). While one of them is
+are admitted first and may displace batch sequences: for a slot, the batch sequence furthest
+ahead is *suspended* (back at the head of its queue, keeping its seq id and KV cells, so it
+resumes without recomputing); for KV blocks, suspended ones are released first, then running
+batch sequences are preempted (released, recomputed later). While one of them is
 still reading its prompt, steps carry interactive work only, so its first token comes after one
 short step instead of one long mixed one. Batch work keeps a guaranteed share of slots, of
 prompt tokens and of steps, so it never starves. A preempted sequence keeps its tokens and
@@ -130,7 +130,7 @@ class Scheduler:
         seq.preemptions += 1
         self.tiers[seq.request.priority].preemptions += 1
         seq.state = SequenceState.WAITING
-        self.waiting[seq.request.priority].appendleft(seq)
+        self._requeue(seq)
 
     def suspend(self, seq: Sequence) -> None:
         """Give up a running sequence's slot but keep its KV: it waits at the head of its queue
@@ -139,12 +139,22 @@ class Scheduler:
         seq.preemptions += 1
         self.tiers[seq.request.priority].preemptions += 1
         seq.state = SequenceState.SUSPENDED
-        self.waiting[seq.request.priority].appendleft(seq)
+        self._requeue(seq)
+
+    def _requeue(self, seq: Sequence) -> None:
+        """Back to the head of its queue, among the other displaced sequences in arrival order:
+        displaced work resumes first come, first served, so none is passed over indefinitely."""
+        queue = self.waiting[seq.request.priority]
+        i = 0
+        while i < len(queue) and queue[i].admitted_at is not None and queue[i].arrival < seq.arrival:
+            i += 1
+        queue.insert(i, seq)
 
     def _release_suspended(self) -> bool:
-        """Free the KV of the most recently suspended sequence (it will recompute); False if none."""
+        """Free the KV of the suspended sequence that will resume last (it will recompute);
+        False if none."""
         for tier in (BATCH, INTERACTIVE):
-            for seq in self.waiting[tier]:
+            for seq in reversed(self.waiting[tier]):
                 if seq.state is SequenceState.SUSPENDED:
                     self.kv.release(seq, keep_prefix=True)
                     seq.n_computed = 0
@@ -193,7 +203,7 @@ class Scheduler:
             return False
         while True:
             if len(self.running) >= self.max_running:
-                victim = self._victim_for(seq)
+                victim = self._suspension_victim(seq)
                 if victim is None:
                     return False
                 self.suspend(victim)  # a slot is all it needs: the victim keeps its KV
@@ -219,12 +229,27 @@ class Scheduler:
         return self.policy.enabled and seq.request.priority is INTERACTIVE
 
     def _victim_for(self, seq: Sequence) -> Sequence | None:
-        """The batch sequence an interactive one may displace: the most recently admitted, which
-        loses the least work, and only while batch keeps its guaranteed slots."""
-        if not self._may_displace(seq) or self.n_running(BATCH) <= self._batch_slots:
-            return None
-        batch = [s for s in self.running if s.request.priority is BATCH]
+        """The batch sequence an interactive one may release for KV blocks: the most recently
+        admitted, which has the least to recompute, and only while batch keeps its guaranteed
+        slots."""
+        batch = self._displaceable_batch(seq)
         return batch[-1] if batch else None
+
+    def _suspension_victim(self, seq: Sequence) -> Sequence | None:
+        """The batch sequence an interactive one may take a slot from. Suspension loses no work,
+        only time, so it falls on the one furthest ahead (the most recently admitted of those):
+        the delay is spread over the batch tier instead of holding back the same sequence again
+        and again, which would also leave it to finish alone in steps of a few rows."""
+        batch = self._displaceable_batch(seq)
+        if not batch:
+            return None
+        most = max(s.n_generated for s in batch)
+        return [s for s in batch if s.n_generated == most][-1]
+
+    def _displaceable_batch(self, seq: Sequence) -> list[Sequence]:
+        if not self._may_displace(seq) or self.n_running(BATCH) <= self._batch_slots:
+            return []
+        return [s for s in self.running if s.request.priority is BATCH]
 
     def _budget_ahead_of(self, seq: Sequence) -> int:
         """Step tokens left for `seq` after the work that comes before it in this step."""

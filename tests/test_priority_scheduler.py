@@ -4,10 +4,14 @@ the starvation bound, cancellation in every state, deadlines and per-tier queue 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from engine import FinishReason, Priority, QueueFullError
+from engine.request import Request
+from engine.scheduler import Scheduler
+from sampling.params import SamplingParams
 from tests.fake_backend import StepGate, expected_tokens, fake_engine
 
 GREEDY = dict(temperature=0.0)
@@ -30,9 +34,15 @@ def stepped():
     engine.close()
 
 
+def submit_batch(engine, n, max_tokens):
+    """b0..b{n-1}, submitted together: the first step admits them at once, so they stay equally
+    far along (suspension picks the sequence furthest ahead)."""
+    return engine.submit_many([Request(prompt=prompt(i), max_tokens=max_tokens, request_id=f"b{i}",
+                                       sampling=SamplingParams(**GREEDY)) for i in range(n)])
+
+
 def fill_with_batch(engine, gate, n=6, max_tokens=40):
-    handles = [engine.submit(prompt(i), max_tokens=max_tokens, request_id=f"b{i}", **GREEDY)
-               for i in range(n)]
+    handles = submit_batch(engine, n, max_tokens)
     gate.step(3)  # admitted, prompts read, decoding
     return handles
 
@@ -70,6 +80,46 @@ def test_interactive_preempts_the_most_recent_batch_sequence_and_jumps_the_queue
     # b3 was suspended, not released: it resumed without recomputing a single token.
     assert engine.stats().tokens_prefilled == sum(len(prompt(i)) for i in range(6)) + len(prompt(9))
     assert_clean(engine, runner)
+
+
+def test_suspension_rotates_over_the_batch_tier_instead_of_hitting_one_sequence_again(stepped):
+    engine, runner, gate = stepped
+    batch = fill_with_batch(engine, gate, n=4)  # b0..b3 fill the 4 slots, equally far along
+    scheduler = engine._scheduler
+    first = engine.submit(prompt(9), max_tokens=2, priority="interactive", **GREEDY)
+    gate.step()
+    # b3 was suspended (a tie on progress goes to the most recently admitted) ...
+    assert [s.request_id for s in scheduler.waiting[Priority.BATCH]] == ["b3"]
+    while not first.done():
+        gate.step()
+    gate.step()  # ... and resumed once the interactive request finished, now behind the others
+    running = {s.request_id: s for s in scheduler.running}
+    assert set(running) == {"b0", "b1", "b2", "b3"}
+    assert running["b3"].n_generated < running["b2"].n_generated
+    engine.submit(prompt(10), max_tokens=2, priority="interactive", **GREEDY)
+    gate.step()
+    # The next slot comes from one of the sequences furthest ahead, not from b3 a second time.
+    assert [s.request_id for s in scheduler.waiting[Priority.BATCH]] == ["b2"]
+    gate.release()
+    for i, h in enumerate(batch):
+        assert list(h.result(10).token_ids) == expected_tokens(prompt(i), 40)
+    assert_clean(engine, runner)
+
+
+def test_displaced_sequences_resume_first_come_first_served():
+    scheduler = Scheduler(kv=None, max_running=4, step_token_budget=64)
+
+    def seq(arrival, displaced):
+        return SimpleNamespace(request=SimpleNamespace(priority=Priority.BATCH), arrival=arrival,
+                               admitted_at=1.0 if displaced else None)
+
+    early, fresh, earliest, middle = seq(5, True), seq(7, False), seq(2, True), seq(6, True)
+    scheduler.waiting[Priority.BATCH].extend([early, fresh])
+    scheduler._requeue(earliest)
+    scheduler._requeue(middle)
+    # Ahead of work never started, and among themselves in arrival order: a sequence displaced
+    # early is not passed over by every one displaced after it.
+    assert list(scheduler.waiting[Priority.BATCH]) == [earliest, early, middle, fresh]
 
 
 def test_an_arriving_interactive_request_interrupts_a_batch_only_step(stepped):
@@ -207,7 +257,7 @@ def test_cancel_in_every_state_frees_everything(state):
     # interactive prompt (7 blocks) fits only once the suspended one releases its KV.
     engine, runner = fake_engine(gate, step_token_budget=16, max_batch=2, n_ctx=128 if state == "preempted" else 1024)
     try:
-        others = [engine.submit(prompt(i), max_tokens=30, request_id=f"b{i}", **GREEDY) for i in range(2)]
+        others = submit_batch(engine, 2, max_tokens=30)
         long_prompt = prompt(7, n=100)
         if state == "inbox":
             target = engine.submit(prompt(5), max_tokens=30, **GREEDY)
