@@ -16,6 +16,7 @@ import sys
 import time
 
 from bench.abort_floor import TailProbe
+from bench.cpu_steal import cpu_ticks, steal_share
 from bench.stats import percentile
 from bench.record import RunRecord, add_common_arguments, publish
 from bench.table import markdown_table
@@ -56,6 +57,7 @@ def flood(engine: Engine, n_batch: int, batch_tokens: int, every_s: float, token
                for i in range(n_batch)]
     before = engine.stats()
     engine.profile(reset=True)
+    ticks = cpu_ticks()
     start = time.perf_counter()
     batch = engine.submit_many(prompts, max_tokens=batch_tokens, ignore_eos=True, temperature=0.7, seed=7)
     interactive, next_arrival, batch_done_at = [], start + every_s, None
@@ -69,6 +71,7 @@ def flood(engine: Engine, n_batch: int, batch_tokens: int, every_s: float, token
         if all(h.done() for h in batch):
             batch_done_at = now
             during_flood = engine.profile()  # every token produced while the flood ran
+            stolen = steal_share(ticks, cpu_ticks())
         time.sleep(0.002)
     results = [h.result() for h in interactive]
     batch_tokens_done = sum(len(h.result().token_ids) for h in batch)
@@ -87,6 +90,7 @@ def flood(engine: Engine, n_batch: int, batch_tokens: int, every_s: float, token
         "preemptions": after.preemptions - before.preemptions,
         "steps_interrupted": after.steps_interrupted - before.steps_interrupted,
         "decode_rows_mean": decode_steps.tokens / max(1, decode_steps.steps),
+        "cpu_steal": -1.0 if stolen is None else stolen,  # -1: not measurable here
     }
 
 
@@ -98,8 +102,13 @@ def per_trial_lines(pairs: list[tuple[dict, dict, dict]]) -> str:
             f"idle (floor {prio['ttft_p95_floor'] / idle['ttft_p95']:.2f}x); batch {prio['batch_tok_s']:.1f} vs "
             f"FIFO {fifo['batch_tok_s']:.1f} tok/s ({change(prio, fifo, 'batch_tok_s')}); all tokens "
             f"{change(prio, fifo, 'all_tok_s')}; gauge step {prio['gauge_step_ms']:.0f} ms after the "
-            f"priority flood, {fifo['gauge_step_ms']:.0f} ms after FIFO's")
+            f"priority flood, {fifo['gauge_step_ms']:.0f} ms after FIFO's; CPU steal during the "
+            f"flood {steal_text(prio)} (priority), {steal_text(fifo)} (FIFO)")
     return "\n".join(lines)
+
+
+def steal_text(figures: dict) -> str:
+    return "n/a" if figures["cpu_steal"] < 0 else f"{figures['cpu_steal'] * 100:.0f}%"
 
 
 def change(prio: dict, fifo: dict, key: str) -> str:
@@ -179,8 +188,9 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
         f"batch and interactive, priority vs FIFO: {-all_loss * 100:+.1f}%. Interactive tokens produced during "
         f"the flood: priority {med['priority']['interactive_tok_s']:.1f} tok/s, FIFO "
         f"{med['fifo']['interactive_tok_s']:.1f} tok/s.\n\n"
-        f"Per trial (the gauge is the same fixed step, timed right after each flood: it shows "
-        f"whether the machine ran at another speed for one mode than for the other):\n\n"
+        f"Per trial. The gauge is the same fixed step, timed right after each flood; CPU steal "
+        f"is the share of CPU time the hypervisor took during the flood (/proc/stat). Both show "
+        f"whether the machine ran at another speed for one mode than for the other:\n\n"
         f"{per_trial_lines(pairs)}\n\n"
         f"Uninterruptible tail (bench/abort_floor.py): llama.cpp checks for an abort between graph "
         f"nodes, and the output projection over the whole vocabulary is one node. On a decode step "
