@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -79,6 +79,9 @@ def create_app(
     return app
 
 
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request the client gave up on
+
+
 def _api(handler: Handler, ctx: ServerContext, endpoint: str) -> Callable[[Request], Awaitable[Response]]:
     """Turns APIErrors into their responses and any other exception into a 500 for this request
     only: the server, the engine and other requests carry on."""
@@ -89,6 +92,12 @@ def _api(handler: Handler, ctx: ServerContext, endpoint: str) -> Callable[[Reque
         except APIError as err:
             ctx.metrics.observe_rejection(endpoint, err.status_code, err.code or err.error_type)
             return err.response()
+        except ClientDisconnect:
+            # The client left before its body was read (uvicorn then reports the hang-up rather
+            # than the buffered body): nothing was submitted and nobody reads a reply. Neither a
+            # rejection nor a server error.
+            log.info("client left %s before its request was read", request.url.path)
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         except Exception as exc:
             log.exception("request to %s failed", request.url.path)
             ctx.metrics.observe_rejection(endpoint, 500, "internal_error")

@@ -5,13 +5,20 @@ queue is easy to reach for the 429 test.
 """
 from __future__ import annotations
 
+import asyncio
 import json
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
+from starlette.requests import ClientDisconnect
+from starlette.requests import Request as StarletteRequest
+
 from bench.sse import sse_events
 from engine import FinishReason, GenerationResult, RequestMetrics
+from server.app import _api
+from server.metrics import ServerMetrics
 from tests.server_fixtures import (
     assert_engine_idle,
     make_engine,
@@ -288,3 +295,24 @@ def test_exception_in_one_request_is_500_and_the_server_carries_on(faulty, live)
     assert ok.status_code == 200 and ok.json()["metrics"]["tokens_generated"] >= 1
     assert faulty.get("/health").json()["status"] == "ok"
     assert_engine_idle(live.engine)
+
+
+def _served_by(handler):
+    """What the server's error boundary makes of a handler's outcome, and what it counted."""
+    metrics = ServerMetrics(engine_stats=lambda: None, in_flight=lambda: 0)
+    route = _api(handler, SimpleNamespace(metrics=metrics), "generate")
+    request = StarletteRequest({"type": "http", "method": "POST", "path": "/generate", "headers": []})
+    response = asyncio.run(route(request))
+    rejected = sum(s.value for m in metrics.rejections.collect() for s in m.samples if s.name.endswith("_total"))
+    return response.status_code, rejected
+
+
+def test_a_client_gone_before_its_body_was_read_is_not_a_rejection_or_a_server_error():
+    async def hung_up(request, ctx):
+        raise ClientDisconnect()
+
+    async def broken(request, ctx):
+        raise RuntimeError("boom")
+
+    assert _served_by(hung_up) == (499, 0)
+    assert _served_by(broken) == (500, 1)  # a real failure still is one
