@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bindings import Batch, Context, ContextSettings, DecodeOutcome, Model
+from bench.raw_loop import decode_or_raise, raw_loop_context
+from bindings import Batch, Model
 
 FILLER_TOKEN = 500  # any ordinary token: only the shape of the step matters here
 
@@ -45,16 +46,14 @@ class TailProbe:
     def __init__(self, model: Model, rows: int, context_tokens: int, threads: int, flash_attn: bool) -> None:
         cells = rows * (context_tokens + 1)
         self.rows, self.position = rows, context_tokens
-        self.context = Context(model, ContextSettings(
-            n_ctx=max(256, -(-cells // 256) * 256), n_batch=256, n_ubatch=256, n_seq_max=max(rows, 1),
-            n_threads=threads, n_threads_batch=threads, flash_attn=1 if flash_attn else 0,
-        ))
+        self.context = raw_loop_context(model, max(rows, 1), threads, n_ctx=max(256, -(-cells // 256) * 256),
+                                        batch_rows=256, flash_attn=flash_attn)
         self.batch = Batch(256)
         filler = np.full(context_tokens, FILLER_TOKEN, dtype=np.int32)
         for seq in range(rows):
             self.batch.clear()
             self.batch.add_run(filler, 0, seq, logits_last=False)
-            self._decode()
+            decode_or_raise(self.context, self.batch)
 
     def measure(self, repeats: int = 5) -> UninterruptibleTail:
         every_row, one_row = [], []
@@ -72,13 +71,8 @@ class TailProbe:
         for seq in range(self.rows):
             self.batch.add(FILLER_TOKEN, self.position, [seq], logits=all_logits or seq == 0)
         start = time.perf_counter()
-        self._decode()
+        decode_or_raise(self.context, self.batch)
         elapsed = (time.perf_counter() - start) * 1000.0
         for seq in range(self.rows):  # back to the same fill for the next timing
             self.context.seq_rm(seq, self.position, -1)
         return elapsed
-
-    def _decode(self) -> None:
-        outcome = self.context.decode(self.batch)
-        if outcome is not DecodeOutcome.OK:
-            raise RuntimeError(f"tail probe decode returned {outcome}")

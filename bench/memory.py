@@ -27,10 +27,10 @@ import threading
 import time
 
 from bench.prompts import benchmark_prompts
-from bench.raw_loop import raw_loop_context
+from bench.raw_loop import decode_or_raise, raw_loop_context
 from bench.record import RunRecord, add_common_arguments, publish
 from bench.table import markdown_table
-from bindings import Batch, DecodeOutcome, Model
+from bindings import Batch, Model
 from engine import Engine
 from engine.model_source import resolve_model
 
@@ -56,8 +56,7 @@ def kv_bytes_per_cell(model: Model, threads: int, short: int = 64, long: int = 3
         batch = Batch(short + long)
         batch.add_run(ids[:short], 0, 0, logits_last=True)
         batch.add_run(ids[:long], 0, 1, logits_last=True)
-        if ctx.decode(batch) is not DecodeOutcome.OK:
-            raise RuntimeError("decode failed while measuring a KV cell")
+        decode_or_raise(ctx, batch)
         return (ctx.sequence_state_bytes(1) - ctx.sequence_state_bytes(0)) / (long - short)
 
 

@@ -116,7 +116,8 @@ def change(prio: dict, fifo: dict, key: str) -> str:
 
 
 def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
-    common = dict(n_threads=args.threads, max_batch=args.max_batch, flash_attn=args.flash_attn == "on")
+    flash_attn = args.flash_attn == "on"
+    common = dict(n_threads=args.threads, max_batch=args.max_batch, flash_attn=flash_attn)
     engines = {
         "priority": Engine(args.model, interrupt_window=args.interrupt_window, **common),
         "fifo": Engine(args.model, priority_scheduling=False, **common),
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
         # One fixed step shape, timed right after every flood: the machine's speed at that
         # moment (its speed drifts), and the uninterruptible tail that bounds TTFT.
         probe = TailProbe(warm.model, min(args.batch, args.max_batch), args.batch_tokens // 2, args.threads,
-                          args.flash_attn == "on")
+                          flash_attn)
         measured: dict[str, list[dict]] = {"idle": [], "priority": [], "fifo": []}
         for trial in range(args.trials):
             idle = idle_reference(warm, args.idle_requests, args.interactive_tokens)
@@ -173,7 +174,6 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
                 "all_tokens_loss_vs_fifo": round(all_loss, 3),
                 "fifo_ttft_p95_vs_idle": round(fifo_ratio, 2), "ttft_p95_floor_vs_idle": round(floor_ratio, 2)}
     tail = med["priority"]
-    probe_rows = min(args.batch, args.max_batch)
     summary = (
         f"{table}\n\nWorkload: {args.batch} batch x {args.batch_tokens} tokens at once; interactive "
         f"{args.interactive_tokens} tokens every {args.every} s until the batch is done; max_batch "
@@ -194,7 +194,7 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
         f"{per_trial_lines(pairs)}\n\n"
         f"Uninterruptible tail (bench/abort_floor.py): llama.cpp checks for an abort between graph "
         f"nodes, and the output projection over the whole vocabulary is one node. On a decode step "
-        f"of {probe_rows} rows it took {tail['tail_ms']:.0f} of {tail['gauge_step_ms']:.0f} ms "
+        f"of {probe.rows} rows it took {tail['tail_ms']:.0f} of {tail['gauge_step_ms']:.0f} ms "
         f"({tail['tail_share'] * 100:.0f}%), measured after each priority flood. An arrival during it waits "
         f"for its end whatever the scheduler does, so even an instant abort everywhere else "
         f"leaves TTFT p95 at idle TTFT p50 + the tail's p95 wait = {tail['ttft_p95_floor']:.0f} ms, "

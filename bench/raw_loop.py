@@ -46,10 +46,10 @@ def run_raw_loop(
 
 
 def raw_loop_context(model: Model, n_seq_max: int, n_threads: int = 2, n_ctx: int = 4096,
-                     batch_rows: int = 512) -> Context:
+                     batch_rows: int = 512, flash_attn: bool = False) -> Context:
     return Context(model, ContextSettings(
         n_ctx=n_ctx, n_batch=batch_rows, n_ubatch=batch_rows, n_seq_max=n_seq_max,
-        n_threads=n_threads, n_threads_batch=n_threads, flash_attn=0,
+        n_threads=n_threads, n_threads_batch=n_threads, flash_attn=1 if flash_attn else 0,
     ))
 
 
@@ -68,7 +68,7 @@ def _run(ctx: Context, prompts: list[list[int]], n_generate: int, batch_rows: in
     batch = Batch(batch_rows)
     for i, prompt in enumerate(prompts):
         batch.add_run(np.asarray(prompt, dtype=np.int32), 0, i, logits_last=True)
-    _decode(ctx, batch)
+    decode_or_raise(ctx, batch)
     next_tokens = choose(ctx.logits(n))
     generated = [next_tokens]
     positions = np.array([len(p) for p in prompts], dtype=np.int32)
@@ -81,7 +81,7 @@ def _run(ctx: Context, prompts: list[list[int]], n_generate: int, batch_rows: in
         batch.token[:n] = next_tokens
         batch.pos[:n] = positions
         batch.n_tokens = n
-        _decode(ctx, batch)
+        decode_or_raise(ctx, batch)
         next_tokens = choose(ctx.logits(n))
         positions += 1
         generated.append(next_tokens)
@@ -90,7 +90,8 @@ def _run(ctx: Context, prompts: list[list[int]], n_generate: int, batch_rows: in
     return RawLoopRun(tokens, elapsed, n_generate - 1, margins)
 
 
-def _decode(ctx: Context, batch: Batch) -> None:
+def decode_or_raise(ctx: Context, batch: Batch) -> None:
+    """llama_decode for a benchmark's own context, where anything but OK is a broken run."""
     outcome = ctx.decode(batch)
     if outcome is not DecodeOutcome.OK:
-        raise RuntimeError(f"raw loop decode returned {outcome}")
+        raise RuntimeError(f"benchmark decode returned {outcome}")

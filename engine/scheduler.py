@@ -241,10 +241,8 @@ class Scheduler:
         the delay is spread over the batch tier instead of holding back the same sequence again
         and again, which would also leave it to finish alone in steps of a few rows."""
         batch = self._displaceable_batch(seq)
-        if not batch:
-            return None
-        most = max(s.n_generated for s in batch)
-        return [s for s in batch if s.n_generated == most][-1]
+        # max() keeps the first of equals, so over the reversed list ties go to the latest admitted
+        return max(reversed(batch), key=lambda s: s.n_generated, default=None)
 
     def _displaceable_batch(self, seq: Sequence) -> list[Sequence]:
         if not self._may_displace(seq) or self.n_running(BATCH) <= self._batch_slots:
