@@ -60,8 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--flash-attn", choices=["on", "off"], default="on",
                            help="llama.cpp's flash attention (default on)")
     serve_cmd.add_argument("--cache-max-fraction", type=float, default=0.25,
-                           help="share of KV cells idle cached prefixes may hold (default 0.25); every decode "
-                                "step attends over held cells, so a smaller share trades prefix hits for speed")
+                           help="share of KV cells idle cached prefixes may hold (default 0.25); with --flash-attn "
+                                "off every decode step attends over held cells, so a smaller share trades prefix "
+                                "hits for speed")
     serve_cmd.add_argument(
         "--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S,
         help="seconds running requests get to finish at shutdown (default 30)",
