@@ -87,6 +87,7 @@ def flood(engine: Engine, n_batch: int, batch_tokens: int, every_s: float, token
         "interactive_tok_s": (produced - batch_tokens_done) / makespan,
         "all_tok_s": produced / makespan,
         "batch_makespan_s": makespan,
+        "suspensions": after.suspensions - before.suspensions,
         "preemptions": after.preemptions - before.preemptions,
         "steps_interrupted": after.steps_interrupted - before.steps_interrupted,
         "decode_rows_mean": decode_steps.tokens / max(1, decode_steps.steps),
@@ -158,11 +159,11 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
         rows.append([mode, int(m["n"]), m["ttft_p50"], m["ttft_p95"], m["ttft_p99"], m["e2e_p50"], m["e2e_p95"],
                      m["e2e_p99"], m["ms_per_token_p50"], m.get("batch_tok_s", "-"),
                      m.get("interactive_tok_s", "-"), m.get("all_tok_s", "-"),
-                     m.get("preemptions", "-"), m.get("steps_interrupted", "-")])
+                     m.get("suspensions", "-"), m.get("preemptions", "-"), m.get("steps_interrupted", "-")])
     table = markdown_table(
         ["engine", "interactive n", "TTFT p50 ms", "TTFT p95 ms", "TTFT p99 ms", "e2e p50 ms", "e2e p95 ms",
          "e2e p99 ms", "ms/token p50", "batch tok/s", "interactive tok/s in flood", "all tok/s in flood",
-         "preemptions", "interrupted steps"], rows)
+         "suspensions", "preemptions", "interrupted steps"], rows)
     # Ratios within each trial, then their median: the machine's speed drifts between trials.
     pairs = list(zip(measured["idle"], measured["priority"], measured["fifo"]))
     ttft_ratio = statistics.median(p["ttft_p95"] / i["ttft_p95"] for i, p, _ in pairs)

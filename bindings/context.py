@@ -107,9 +107,6 @@ class Context:
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         llama_cpp.llama_memory_seq_cp(self._memory, src, dst, p0, p1)
 
-    def seq_keep(self, seq_id: int) -> None:
-        llama_cpp.llama_memory_seq_keep(self._memory, seq_id)
-
     def seq_pos_min(self, seq_id: int) -> int:
         """Smallest position held for the sequence, or -1 if it holds none."""
         return llama_cpp.llama_memory_seq_pos_min(self._memory, seq_id)

@@ -1,8 +1,9 @@
 """Continuous batching: requests, sequences, the scheduler and the step loop."""
 from engine.config import EngineConfig
-from engine.engine import Engine, EngineStats, QueueFullError, TierStats
+from engine.engine import Engine
 from engine.handle import RequestHandle
-from engine.priority import PriorityPolicy
+from engine.inbox import QueueFullError
+from engine.policy import FifoPolicy, SchedulingPolicy, TwoTierPolicy
 from engine.request import (
     EngineClosedError,
     FinishReason,
@@ -13,10 +14,12 @@ from engine.request import (
     RequestError,
     RequestMetrics,
 )
+from engine.stats import EngineStats, TierStats
 from sampling.params import InvalidParameterError, SamplingParams
 
 __all__ = [
     "Engine", "EngineConfig", "EngineStats", "QueueFullError", "RequestHandle", "EngineClosedError",
     "FinishReason", "GenerationResult", "Priority", "PromptTooLongError", "Request", "RequestError",
-    "RequestMetrics", "InvalidParameterError", "SamplingParams", "PriorityPolicy", "TierStats",
+    "RequestMetrics", "InvalidParameterError", "SamplingParams", "SchedulingPolicy", "FifoPolicy", "TwoTierPolicy",
+    "TierStats",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from engine.priority import PriorityPolicy
+from engine.policy import FifoPolicy, SchedulingPolicy, TwoTierPolicy
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class EngineConfig:
     # whole unified cache holds, so a request's greedy text would change with its neighbours.
     # Off by default: each request's output is then independent of who else is running.
     flash_attn: bool = False
-    # Two priority tiers (engine/priority.py explains the policy). Off: one FIFO queue.
+    # Two priority tiers (engine/policy.py explains the policy). Off: one FIFO queue.
     priority_scheduling: bool = True
     batch_min_share: float = 0.25  # of slots, prompt tokens and steps batch work always keeps
     # An interactive arrival aborts a pure decode step in flight if it has run less than this
@@ -60,7 +60,7 @@ class EngineConfig:
             raise ValueError(f"cache_max_fraction must be between 0 and 1, got {self.cache_max_fraction}")
         if self.max_waiting < 1 or self.max_waiting_interactive < 1:
             raise ValueError("max_waiting and max_waiting_interactive must be >= 1")
-        self.priority_policy()  # checks batch_min_share
+        self.scheduling_policy()  # checks batch_min_share
 
     @property
     def sequence_ids(self) -> int:
@@ -70,5 +70,8 @@ class EngineConfig:
         holders = self.cache_holders if self.prefix_cache else 0
         return max(self.max_batch, min(2 * self.max_batch, 256 - holders))
 
-    def priority_policy(self) -> PriorityPolicy:
-        return PriorityPolicy(self.priority_scheduling, self.batch_min_share, self.interrupt_window > 0)
+    def scheduling_policy(self) -> SchedulingPolicy:
+        """A new policy object (it keeps per-engine state)."""
+        if not self.priority_scheduling:
+            return FifoPolicy()
+        return TwoTierPolicy(self.max_batch, self.step_token_budget, self.batch_min_share, self.interrupt_window > 0)

@@ -1,5 +1,8 @@
 """Block accounting for the single unified llama.cpp KV cache.
 
+(Over 300 lines on purpose: one class whose invariants — refcounts, chained cache entries, leaf
+eviction — hold only together, and tests/test_kv_blocks.py checks them together.)
+
 The engine never lets llama.cpp find out that its cache is full: every cell it is about to fill
 is first reserved here, in blocks of `block_size` tokens. This module is bookkeeping only; after
 each call the engine performs the matching llama.cpp memory operations itself (copying a cached

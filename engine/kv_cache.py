@@ -5,6 +5,9 @@ computed full blocks in the prefix cache: the cells are handed to a *holder* seq
 pool, which nothing decodes, so they stay until the ledger evicts them. A new prompt that starts
 with cached blocks gets those cells tagged with its own seq id by `seq_cp` — in the unified cache
 that costs no copy and no extra cell — and prefills only the rest.
+
+The cache is the one writer of `Sequence.n_computed`: it says how many of a sequence's tokens
+are in llama.cpp's memory, and only the cache knows (after a lookup, a decode, a release).
 """
 from __future__ import annotations
 
@@ -64,10 +67,12 @@ class KvCache:
         self._free_holders = list(reversed(holder_ids))
         self._holder_blocks: dict[int, int] = {}  # holder seq id -> cached blocks it still holds
         self._shared: dict[int, int] = {}  # running seq id -> leading positions shared from holders
+        self._owners: dict[int, Sequence] = {}  # seq id -> the sequence holding it
+        self._shared_blocks: dict[int, tuple[int, ...]] = {}  # seq id -> cached blocks it shares
 
     @property
-    def has_free_id(self) -> bool:
-        return bool(self._free_ids)
+    def n_free_ids(self) -> int:
+        return len(self._free_ids)
 
     def try_admit(self, seq: Sequence) -> bool:
         """Give `seq` a seq id and blocks for all its tokens, reusing cached leading blocks.
@@ -91,6 +96,8 @@ class KvCache:
         seq.seq_id = seq_id
         seq.n_computed = match.n_tokens if match is not None else 0
         self._shared[seq_id] = seq.n_computed
+        self._owners[seq_id] = seq
+        self._shared_blocks[seq_id] = match.blocks if match is not None else ()
         if seq.cached_tokens is None:
             seq.cached_tokens = seq.n_computed
         return True
@@ -105,6 +112,11 @@ class KvCache:
         self.ledger.grow(seq.seq_id, n_tokens_total)
         self._drop_evicted(self.ledger.pop_evicted())
         return True
+
+    def computed(self, seq: Sequence, n_tokens: int) -> None:
+        """llama_decode has put the next n_tokens of seq into its cells."""
+        assert seq.seq_id is not None and seq.n_computed + n_tokens <= len(seq.tokens)
+        seq.n_computed += n_tokens
 
     def release(self, seq: Sequence, keep_prefix: bool = True) -> None:
         """Free seq's id and blocks; its computed full blocks may stay behind as cached prefix.
@@ -126,7 +138,10 @@ class KvCache:
         self._memory.seq_rm(seq_id, -1, -1)
         self._free_ids.append(seq_id)
         del self._shared[seq_id]
+        del self._owners[seq_id]
+        del self._shared_blocks[seq_id]
         seq.seq_id = None
+        seq.n_computed = 0
         if self.max_cached_blocks is not None:
             excess = self.ledger.stats.cached - self.max_cached_blocks
             if excess > 0:
@@ -146,6 +161,13 @@ class KvCache:
             hi = memory.seq_pos_max(seq_id)
             cells += max(0, hi + 1 - shared)
         return cells
+
+    def cells_held(self) -> int:
+        """Distinct cells holding the tokens of sequences that have a seq id (running or
+        suspended): a cached prefix shared by several counts once, idle cached blocks not at all."""
+        shared: set[int] = set().union(*self._shared_blocks.values())
+        own = sum(max(0, seq.n_computed - self._shared[i]) for i, seq in self._owners.items())
+        return len(shared) * self.block_size + own
 
     def stats(self) -> KvCacheStats:
         s: LedgerStats = self.ledger.stats

@@ -118,7 +118,8 @@ class RequestMetrics:
     # Engine steps (llama_decode calls, interrupted ones included) from the first step after
     # submission to the one that produced the first token: 1 means the very next step.
     ttft_steps: int | None = None
-    preemptions: int = 0
+    preemptions: int = 0  # times it gave up its KV cells and recomputed them
+    suspensions: int = 0  # times it gave up its slot to an interactive request, keeping its KV
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import numpy as np
 from bindings import Batch, Context, ContextSettings, DecodeInterrupter, DecodeOutcome, Model
 from engine.config import EngineConfig
 from engine.scheduler import StepPlan
+from engine.sequence import Sequence
 
 
 class ModelRunner:
@@ -41,7 +42,8 @@ class ModelRunner:
     def n_cells(self) -> int:
         return self.context.n_ctx
 
-    def build_batch(self, plan: StepPlan) -> None:
+    def build_batch(self, plan: StepPlan) -> list[Sequence]:
+        """Fill the batch; returns the sequence owning each output row, in row order."""
         batch = self.batch
         batch.clear()
         single = [c for c in plan.chunks if c.length == 1]
@@ -58,9 +60,9 @@ class ModelRunner:
             if c.length > 1:
                 tokens = np.asarray(c.seq.tokens[c.start : c.start + c.length], dtype=np.int32)
                 batch.add_run(tokens, c.start, c.seq.seq_id, c.wants_logits)
-        # The sampler reads output rows in batch order; keep the plan in that order too.
-        plan.chunks = single + [c for c in plan.chunks if c.length > 1]
         self._n_outputs = batch.n_outputs
+        ordered = single + [c for c in plan.chunks if c.length > 1]
+        return [c.seq for c in ordered if c.wants_logits]
 
     def decode(self) -> DecodeOutcome:
         return self.context.decode(self.batch)

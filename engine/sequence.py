@@ -21,7 +21,8 @@ class SequenceState(enum.Enum):
 
 
 class Sequence:
-    """Invariant: tokens[:n_computed] are in the KV cache under seq_id, at positions 0..n_computed-1.
+    """Invariant: tokens[:n_computed] are in the KV cache under seq_id, at positions 0..n_computed-1
+    (engine/kv_cache.py is the only writer of n_computed).
 
     Prefill and decode are one motion: each step feeds the next chunk of tokens not yet computed;
     when a chunk reaches the end of `tokens`, its last row yields logits and a new token is appended.
@@ -52,7 +53,8 @@ class Sequence:
         self.submitted_at = time.perf_counter()
         self.admitted_at: float | None = None
         self.first_token_at: float | None = None
-        self.preemptions = 0
+        self.preemptions = 0  # times it gave up its KV cells (and recomputed them)
+        self.suspensions = 0  # times it gave up its slot for an interactive request, keeping its KV
         self.arrival = 0  # the scheduler's arrival order, for FIFO
         self.deadline = None if request.timeout is None else self.submitted_at + request.timeout
         self.arrival_step: int | None = None  # engine step count when the scheduler got it
@@ -74,7 +76,7 @@ class Sequence:
 
     @property
     def remaining_tokens(self) -> int:
-        """How many more tokens this sequence may generate (max_tokens and the context)."""
+        """How many more tokens max_tokens allows (the context may allow fewer)."""
         return self.request.max_tokens - self.n_generated
 
     def structured_data(self) -> Any:
@@ -99,6 +101,7 @@ class Sequence:
             ttft_steps=None if self.first_token_step is None or self.arrival_step is None
             else self.first_token_step - self.arrival_step,
             preemptions=self.preemptions,
+            suspensions=self.suspensions,
         )
         assert self.finish_reason is not None
         return GenerationResult(

@@ -1,5 +1,8 @@
 """Picks the next token for every output row of a step, exactly and without full sorts.
 
+(Over 300 lines on purpose: the exact top-k, nucleus and two-level draws share one set of work
+buffers and grid constants; split apart they would pass those around on every call.)
+
 Per row: logit_bias and penalties (sparse, in place) -> grammar mask -> temperature -> top-k ->
 top-p -> min-p -> draw from the row's own generator.
 
@@ -110,15 +113,6 @@ class BatchSampler:
         self._mask_cache_size = mask_cache_size
 
     # ------------------------------------------------------------------ public API
-    def sample(
-        self,
-        logits: np.ndarray,
-        params: list[SamplingParams],
-        rngs: list[np.random.Generator],
-    ) -> np.ndarray:
-        """The old interface: no penalties history and no grammar (see sample_rows)."""
-        return self.sample_rows(logits, [RowContext(p, r) for p, r in zip(params, rngs)])
-
     def sample_rows(self, logits: np.ndarray, rows: list[RowContext]) -> np.ndarray:
         """One int64 token per row.
 
@@ -415,26 +409,15 @@ def _draw_unsorted(values: np.ndarray, ids: np.ndarray, top: float, T: float, rn
     return int(ids[_first_above(cum, rng.random() * cum[-1])])
 
 
-def _draw_sorted(
-    values: np.ndarray,
-    ids: np.ndarray,
-    p: SamplingParams,
-    rng: np.random.Generator,
-    total: float | None = None,
-) -> int:
-    """Temperature, top-p and min-p over candidates sorted by descending logit, then draw.
-
-    total is the whole distribution's weight (on the scale where the top candidate weighs 1)
-    when the candidates are only its head; top-p is then measured against it.
-    """
+def _draw_sorted(values: np.ndarray, ids: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
+    """Temperature, top-p and min-p over candidates sorted by descending logit, then draw."""
     T = p.temperature
     v = values.astype(np.float64)
     top = v[0]
     cum = np.cumsum(np.exp((v - top) / T))
     keep = cum.size
     if p.top_p < 1.0:  # smallest prefix whose probability reaches top_p (at least one token)
-        mass = cum[-1] if total is None else total
-        keep = min(keep, int(np.searchsorted(cum, p.top_p * mass, side="left")) + 1)
+        keep = min(keep, int(np.searchsorted(cum, p.top_p * cum[-1], side="left")) + 1)
     if p.min_p > 0.0:  # p >= min_p * p_max  <=>  logit >= max + T ln(min_p); v is descending
         keep = min(keep, int(np.searchsorted(-v, -(top + T * math.log(p.min_p)), side="right")))
     cum = cum[:keep]

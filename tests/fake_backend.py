@@ -143,10 +143,10 @@ class FakeRunner:
         self.history: list[tuple[bool, list[Row]]] = []  # (completed?, rows) for every decode call
         self._sampled: list = []
 
-    def build_batch(self, plan) -> None:
-        plan.chunks = [c for c in plan.chunks if c.length == 1] + [c for c in plan.chunks if c.length > 1]
-        self._plan = plan
-        self.current = [Row(c.seq.request_id, c.start, c.length) for c in plan.chunks]
+    def build_batch(self, plan) -> list:
+        self._chunks = [c for c in plan.chunks if c.length == 1] + [c for c in plan.chunks if c.length > 1]
+        self.current = [Row(c.seq.request_id, c.start, c.length) for c in self._chunks]
+        return [c.seq for c in self._chunks if c.wants_logits]
 
     def decode(self) -> DecodeOutcome:
         if self.gate is not None:
@@ -155,13 +155,13 @@ class FakeRunner:
             self.aborted.append(self.current)
             self.history.append((False, self.current))
             return DecodeOutcome.ABORTED
-        for c in self._plan.chunks:
+        for c in self._chunks:
             cells = self.context.cells.setdefault(c.seq.seq_id, set())
             assert not cells.intersection(range(c.start, c.start + c.length)), "position decoded twice"
             cells.update(range(c.start, c.start + c.length))
         self.decoded.append(self.current)
         self.history.append((True, self.current))
-        self._sampled = [c.seq for c in self._plan.chunks if c.wants_logits]
+        self._sampled = [c.seq for c in self._chunks if c.wants_logits]
         return DecodeOutcome.OK
 
     def output_logits(self) -> np.ndarray:
@@ -180,8 +180,18 @@ def fake_engine(gate: StepGate | None = None, **overrides) -> tuple[Engine, Fake
     settings.update(overrides)
     config = EngineConfig(**settings)
     runner = FakeRunner(config.n_ctx, gate)
-    engine = Engine.from_backend(FakeModel(), runner, config)
-    engine._clock = lambda: 0.0  # fake steps take no time: an arrival is always early in one
+    # Fake steps take no time unless a test moves this clock: an arrival is always early in one.
+    runner.now = [0.0]
+    engine = Engine.from_backend(FakeModel(), runner, config, clock=lambda: runner.now[0])
     if gate is not None:
-        gate.engine_idle = lambda: not engine._scheduler.has_work() and not engine._inbox
+        gate.engine_idle = engine.is_idle
     return engine, runner
+
+
+def find(engine: Engine, request_id: str):
+    """The engine's sequence for a request (the test reads it while the engine waits at the gate)."""
+    scheduler = engine.core.scheduler
+    for seq in [*scheduler.running, *(s for q in scheduler.waiting.values() for s in q)]:
+        if seq.request_id == request_id:
+            return seq
+    return None

@@ -1,5 +1,7 @@
 """Tests for engine.kv_blocks: a model-checked state machine plus focused unit tests.
 
+(Over 300 lines on purpose: the unit tests reuse the state machine's model of block contents.)
+
 The state machine keeps its own model of what each block *physically* holds: the full token
 prefix whose KV was computed into it (KV depends on every earlier token, not only the block's
 own). A prefix hit is correct only if the shared block's physical prefix equals the new prompt's

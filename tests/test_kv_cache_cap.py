@@ -16,7 +16,7 @@ def computed_sequence(cache: KvCache, memory: FakeMemory, tokens: list[int]) -> 
                    FakeModel.token_bytes, np.random.default_rng(0))
     assert cache.try_admit(seq)
     memory.cells.setdefault(seq.seq_id, set()).update(range(seq.n_computed, len(tokens)))
-    seq.n_computed = len(tokens)
+    cache.computed(seq, len(tokens) - seq.n_computed)
     return seq
 
 

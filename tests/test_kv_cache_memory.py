@@ -56,7 +56,7 @@ class KvCacheAgainstLlamaMemory(RuleBasedStateMachine):
         self.batch.clear()
         self.batch.add_run(np.asarray(todo, dtype=np.int32), seq.n_computed, seq.seq_id, True)
         assert self.ctx.decode(self.batch) is DecodeOutcome.OK
-        seq.n_computed = len(seq.tokens)
+        self.kv.computed(seq, len(todo))
 
     @rule(which=st.integers(0, 3), extra=st.integers(0, 20))
     def admit(self, which, extra):

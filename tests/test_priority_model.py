@@ -39,11 +39,12 @@ def test_interactive_first_token_within_two_steps_under_a_batch_flood(model_path
             assert result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
             assert 1 <= result.metrics.ttft_steps <= 2, result.metrics
         stats = engine.stats()
-        assert stats.tiers["batch"].preemptions >= 1  # slots were full: batch made room
+        assert stats.tiers["batch"].suspensions >= 1  # slots were full: batch made room
         assert stats.tiers["interactive"].finished == 3
         results = [h.result(300) for h in batch]
         for handle, result in zip(batch, results):
             assert result.finish_reason is FinishReason.LENGTH and len(result.token_ids) == BATCH_TOKENS
             assert result.error is None and handle.streamed_text() == result.text
+        assert sum(r.metrics.suspensions for r in results) == stats.tiers["batch"].suspensions
         assert sum(r.metrics.preemptions for r in results) == stats.tiers["batch"].preemptions
         assert engine.stats().running == 0 and engine.stats().kv.blocks_used == 0

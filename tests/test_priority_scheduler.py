@@ -1,6 +1,9 @@
 """Two-tier priority on the real engine loop over a fake decode backend, one step at a time:
 ordering, the choice of preemption victim, exclusive interactive prefill, interrupted steps,
-the starvation bound, cancellation in every state, deadlines and per-tier queue bounds."""
+the starvation bound, cancellation in every state, deadlines and per-tier queue bounds.
+
+(Over 300 lines on purpose: every test here shares the step-gated engine fixture; the core and
+policy alone, without the thread, are tested in tests/test_engine_core.py.)"""
 from __future__ import annotations
 
 import time
@@ -12,7 +15,7 @@ from engine import FinishReason, Priority, QueueFullError
 from engine.request import Request
 from engine.scheduler import Scheduler
 from sampling.params import SamplingParams
-from tests.fake_backend import StepGate, expected_tokens, fake_engine
+from tests.fake_backend import StepGate, expected_tokens, fake_engine, find
 
 GREEDY = dict(temperature=0.0)
 
@@ -54,7 +57,8 @@ def assert_clean(engine, runner):
     assert stats.running == 0 and sum(stats.waiting.values()) == 0
     assert stats.kv.blocks_used == 0
     assert runner.context.n_cells_held() == 0
-    assert len(engine.kv_cache._free_ids) == engine.config.sequence_ids
+    assert engine.core.kv_cache.n_free_ids == engine.config.sequence_ids
+    assert engine.stats().kv_cells_used == 0
 
 
 def test_interactive_preempts_the_most_recent_batch_sequence_and_jumps_the_queue(stepped):
@@ -66,8 +70,9 @@ def test_interactive_preempts_the_most_recent_batch_sequence_and_jumps_the_queue
     # b3, admitted last, made room; the interactive request went ahead of b4 and b5.
     assert ids_in(runner.current) == {"i0"}  # its prefill step carries interactive work only
     stats = engine.stats()
-    assert stats.tiers["batch"].preemptions == 1 and stats.tiers["batch"].waiting == 3
-    assert [s.request_id for s in engine._scheduler.waiting[Priority.BATCH]] == ["b3", "b4", "b5"]
+    assert stats.tiers["batch"].suspensions == 1 and stats.tiers["batch"].waiting == 3
+    assert stats.preemptions == 0  # a slot was all it needed: nobody gave up KV
+    assert [s.request_id for s in engine.core.scheduler.waiting[Priority.BATCH]] == ["b3", "b4", "b5"]
     gate.release()
     result = handle.result(10)
     assert list(result.token_ids) == expected_tokens(prompt(9), 5)
@@ -76,7 +81,7 @@ def test_interactive_preempts_the_most_recent_batch_sequence_and_jumps_the_queue
         r = h.result(10)
         assert r.finish_reason is FinishReason.LENGTH
         assert list(r.token_ids) == expected_tokens(prompt(i), 40)
-    assert batch[3].result().metrics.preemptions == 1
+    assert batch[3].result().metrics.suspensions == 1 and batch[3].result().metrics.preemptions == 0
     # b3 was suspended, not released: it resumed without recomputing a single token.
     assert engine.stats().tokens_prefilled == sum(len(prompt(i)) for i in range(6)) + len(prompt(9))
     assert_clean(engine, runner)
@@ -85,7 +90,7 @@ def test_interactive_preempts_the_most_recent_batch_sequence_and_jumps_the_queue
 def test_suspension_rotates_over_the_batch_tier_instead_of_hitting_one_sequence_again(stepped):
     engine, runner, gate = stepped
     batch = fill_with_batch(engine, gate, n=4)  # b0..b3 fill the 4 slots, equally far along
-    scheduler = engine._scheduler
+    scheduler = engine.core.scheduler
     first = engine.submit(prompt(9), max_tokens=2, priority="interactive", **GREEDY)
     gate.step()
     # b3 was suspended (a tie on progress goes to the most recently admitted) ...
@@ -111,12 +116,13 @@ def test_displaced_sequences_resume_first_come_first_served():
 
     def seq(arrival, displaced):
         return SimpleNamespace(request=SimpleNamespace(priority=Priority.BATCH), arrival=arrival,
-                               admitted_at=1.0 if displaced else None)
+                               admitted_at=1.0 if displaced else None, suspensions=0, state=None)
 
     early, fresh, earliest, middle = seq(5, True), seq(7, False), seq(2, True), seq(6, True)
     scheduler.waiting[Priority.BATCH].extend([early, fresh])
-    scheduler._requeue(earliest)
-    scheduler._requeue(middle)
+    scheduler.running.extend([earliest, middle])
+    scheduler.suspend(earliest)
+    scheduler.suspend(middle)
     # Ahead of work never started, and among themselves in arrival order: a sequence displaced
     # early is not passed over by every one displaced after it.
     assert list(scheduler.waiting[Priority.BATCH]) == [earliest, early, middle, fresh]
@@ -140,12 +146,10 @@ def test_an_arriving_interactive_request_interrupts_a_batch_only_step(stepped):
 
 def test_a_step_past_its_interrupt_window_runs_to_the_end(stepped):
     engine, runner, gate = stepped
-    now = [0.0]
-    engine._clock = lambda: now[0]
     fill_with_batch(engine, gate, n=2)  # decode steps of "0 s" so far: the estimate is 0
-    engine._decode_step_estimate = 0.2  # as if decode steps took 200 ms
+    engine.interrupt_window.typical_step = 0.2  # as if decode steps took 200 ms
     gate.step()  # this step starts at t = 0
-    now[0] = 0.15  # 150 ms in: past half of a typical step
+    runner.now[0] = 0.15  # 150 ms in: past half of a typical step
     handle = engine.submit(prompt(9), max_tokens=3, priority="interactive", **GREEDY)
     gate.step()
     assert runner.aborted == [] and ids_in(runner.current) == {handle.request_id}
@@ -206,7 +210,7 @@ def test_fifo_mode_keeps_arrival_order_and_never_preempts():
         gate.step()
         assert "b4" not in ids_in(runner.current) and handle.request_id not in ids_in(runner.current)
         assert engine.stats().preemptions == 0 and engine.stats().steps_interrupted == 0
-        assert [s.request_id for s in engine._scheduler.waiting[Priority.BATCH]] == ["b4", "b5"]
+        assert [s.request_id for s in engine.core.scheduler.waiting[Priority.BATCH]] == ["b4", "b5"]
         gate.release()
         assert handle.result(10).finish_reason is FinishReason.LENGTH
         assert engine.stats().tiers["batch"].finished >= 1  # a batch request was served first
@@ -239,7 +243,7 @@ def test_batch_keeps_its_share_under_a_steady_interactive_stream():
                 run += 1
         gaps.append(run)
         assert len(gaps) > 10 and max(gaps) <= 3  # round(1 / 0.25) - 1 steps without batch work, at most
-        assert engine._scheduler.n_running(Priority.BATCH) >= 1 or all(h.done() for h in batch)
+        assert engine.core.scheduler.n_running(Priority.BATCH) >= 1 or all(h.done() for h in batch)
         gate.release()
         for i, h in enumerate(batch):
             assert list(h.result(10).token_ids) == expected_tokens(prompt(i), 100)
@@ -266,19 +270,19 @@ def test_cancel_in_every_state_frees_everything(state):
             gate.step(2)
             target = engine.submit(prompt(5), max_tokens=30, **GREEDY)
             gate.step()
-            assert engine._live[target.request_id].state.value == "waiting"
+            assert find(engine, target.request_id).state.value == "waiting"
             target.cancel()
         elif state == "prefilling":
             others[1].cancel()
             target = engine.submit(long_prompt, max_tokens=30, **GREEDY)
             gate.step(3)
-            seq = engine._live[target.request_id]
+            seq = find(engine, target.request_id)
             assert seq.state.value == "running" and 0 < seq.n_computed < len(long_prompt)
             target.cancel()
         elif state == "decoding":
             target = others[0]
             gate.step(4)
-            assert engine._live[target.request_id].n_generated > 0
+            assert find(engine, target.request_id).n_generated > 0
             target.cancel()
         else:  # displaced by an interactive request: suspended (keeps KV) or preempted (released)
             gate.step(4)
@@ -286,21 +290,22 @@ def test_cancel_in_every_state_frees_everything(state):
                           **GREEDY)
             gate.step()
             target = others[1]
-            seq = engine._live["b1"]
-            assert seq.preemptions == 1
+            seq = find(engine, "b1")
             if state == "suspended":
+                assert (seq.suspensions, seq.preemptions) == (1, 0)
                 assert seq.state.value == "suspended" and seq.seq_id is not None and seq.n_computed > 0
-            else:
+            else:  # suspended first, then released for the interactive prompt's KV blocks
+                assert (seq.suspensions, seq.preemptions) == (1, 1)
                 assert seq.state.value == "waiting" and seq.seq_id is None and seq.n_computed == 0
             target.cancel()
         gate.step()
         assert target.result(5).finish_reason is FinishReason.CANCELLED
-        assert target.request_id not in engine._live
+        assert find(engine, target.request_id) is None
         gate.release()
         for h in others:
             h.result(10)
         deadline = time.monotonic() + 10
-        while engine._live and time.monotonic() < deadline:
+        while not engine.is_idle() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert_clean(engine, runner)
     finally:
@@ -315,7 +320,7 @@ def test_deadlines_end_waiting_and_running_requests_with_timeout():
         running = engine.submit(prompt(1), max_tokens=500, timeout=0.2, **GREEDY)
         waiting = engine.submit(prompt(2), max_tokens=5, timeout=0.2, **GREEDY)
         gate.step(3)
-        assert engine._live[waiting.request_id].state.value == "waiting"
+        assert find(engine, waiting.request_id).state.value == "waiting"
         time.sleep(0.25)
         gate.step()
         for handle in (running, waiting):
@@ -346,7 +351,7 @@ def test_each_tier_has_its_own_bounded_queue():
             engine.submit_many([prompt(6), prompt(7)], max_tokens=5, priority="interactive", **GREEDY)
         gate.step()
         tiers = engine.stats().tiers  # the interactive request took the only slot
-        assert (tiers["batch"].waiting, tiers["interactive"].running, tiers["batch"].preemptions) == (3, 1, 1)
+        assert (tiers["batch"].waiting, tiers["interactive"].running, tiers["batch"].suspensions) == (3, 1, 1)
         gate.release()
         assert interactive.result(10).finish_reason is FinishReason.LENGTH
     finally:
@@ -362,6 +367,6 @@ def test_invalid_timeout_and_priority_are_refused():
                 engine.submit(prompt(0), timeout=bad)
         with pytest.raises(ValueError, match="priority"):
             engine.submit(prompt(0), priority="urgent")
-        assert engine.stats().running == 0 and not engine._live
+        assert engine.stats().running == 0 and engine.is_idle()
     finally:
         engine.close()

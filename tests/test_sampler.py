@@ -64,7 +64,7 @@ def test_chi_square_has_power():
 
 def test_greedy_is_argmax_for_every_row():
     logits = rows(6)
-    out = BatchSampler(V).sample(logits, [SamplingParams()] * 6, [np.random.default_rng(0)] * 6)
+    out = BatchSampler(V).sample_rows(logits, [RowContext(SamplingParams(), np.random.default_rng(0))] * 6)
     assert out.tolist() == np.argmax(logits, axis=1).tolist()
 
 
@@ -99,7 +99,7 @@ def empirical(sampler, logits_row, params, n=4000):
     rng = np.random.default_rng(123)
     counts = np.zeros(logits_row.size)
     for _ in range(n):
-        counts[sampler.sample(logits_row[None, :], [params], [rng])[0]] += 1
+        counts[sampler.sample_rows(logits_row[None, :], [RowContext(params, rng)])[0]] += 1
     return counts / n
 
 
@@ -140,9 +140,12 @@ def test_same_seed_same_tokens_and_rows_do_not_share_randomness():
     logits = np.repeat(rows(1, seed=3), 3, axis=0)
     params = [SamplingParams(temperature=1.0, top_k=50, seed=9)] * 3
     sampler = BatchSampler(V)
-    draw = lambda seeds: sampler.sample(logits, params, [np.random.default_rng(s) for s in seeds]).tolist()  # noqa: E731
+
+    def draw(seeds):
+        return sampler.sample_rows(logits, [RowContext(p, np.random.default_rng(s)) for p, s in zip(params, seeds)]).tolist()
+
     assert draw([1, 2, 3]) == draw([1, 2, 3])
-    seq = [sampler.sample(logits[:1], params[:1], [np.random.default_rng(5)])[0] for _ in range(5)]
+    seq = [sampler.sample_rows(logits[:1], [RowContext(params[0], np.random.default_rng(5))])[0] for _ in range(5)]
     assert len(set(seq)) == 1  # a fresh generator with one seed always starts the same
     many = [tuple(draw([s, s + 100, s + 200])) for s in range(20)]
     assert any(len(set(t)) > 1 for t in many)  # different generators give different tokens

@@ -1,0 +1,183 @@
+"""The engine core: KV cache, scheduler, runner and sampler, advanced one step at a time.
+
+No threads here: engine/loop.py drives it. One step reads top to bottom: schedule, build the
+batch (the runner returns which sequence owns each output row), decode, sample, apply outputs.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Protocol
+
+from bindings import DecodeOutcome
+from engine.config import EngineConfig
+from engine.kv_cache import KvCache
+from engine.outputs import append_token, flush_text
+from engine.profile import StepProfile
+from engine.request import FinishReason, Priority
+from engine.sample_rows import SampledRows, sample_rows
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.stats import EngineStats, TierStats
+from sampling.sampler import BatchSampler
+
+
+class DecodeWatch(Protocol):
+    """Told when each llama_decode starts and ends (the loop's interrupt window)."""
+
+    def begin(self, interruptible: bool) -> None: ...
+
+    def end(self, completed: bool) -> None: ...
+
+
+class _Unwatched:
+    def begin(self, interruptible: bool) -> None:
+        pass
+
+    def end(self, completed: bool) -> None:
+        pass
+
+
+class EngineCore:
+    def __init__(
+        self,
+        model: Any,
+        runner: Any,
+        config: EngineConfig,
+        watch: DecodeWatch | None = None,
+        on_finished: Callable[[Sequence], None] = lambda seq: None,
+    ) -> None:
+        self.config = cfg = config
+        self.model = model
+        self.runner = runner
+        self.n_ctx: int = runner.n_cells
+        holders = cfg.cache_holders if cfg.prefix_cache else 0
+        self.kv_cache = KvCache(
+            runner.context, self.n_ctx, cfg.block_size, running_ids=range(cfg.sequence_ids),
+            holder_ids=range(cfg.sequence_ids, cfg.sequence_ids + holders), prefix_cache=cfg.prefix_cache,
+            max_cached_blocks=int(cfg.cache_max_fraction * (self.n_ctx // cfg.block_size)),
+        )
+        self.scheduler = Scheduler(self.kv_cache, cfg.max_batch, cfg.step_token_budget, cfg.scheduling_policy())
+        self.sampler = BatchSampler(model.n_vocab)
+        self.profiles = {"decode": StepProfile(), "mixed": StepProfile()}
+        self.steps_run = 0  # llama_decode calls, interrupted ones included
+        self.steps_interrupted = 0
+        self._finished = {p: 0 for p in Priority}
+        self._watch = watch or _Unwatched()
+        self._on_finished = on_finished
+        self.stats = self._snapshot()  # replaced whole, never edited: readable from any thread
+
+    def add(self, seq: Sequence) -> None:
+        seq.arrival_step = self.steps_run
+        self.scheduler.add(seq)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> bool:
+        """One engine step; False when there was nothing to decode."""
+        clock = time.perf_counter
+        t0 = clock()
+        plan = self.scheduler.schedule()
+        t1 = clock()
+        if not plan.chunks:
+            return False
+        rows = self.runner.build_batch(plan)
+        self.publish_stats()  # readers see this step's admissions while it decodes
+        t2 = clock()
+        outcome = self._decode(plan.interruptible)
+        t3 = clock()
+        if outcome is not DecodeOutcome.OK:
+            self._recover(outcome)
+            return True
+        for chunk in plan.chunks:
+            self.kv_cache.computed(chunk.seq, chunk.length)
+        sampled = sample_rows(self.sampler, self.runner.output_logits(), rows, self.n_ctx) if rows else None
+        t4 = clock()
+        if sampled is not None:
+            self._apply(rows, sampled)
+        t5 = clock()
+        kind = "decode" if plan.n_tokens == len(rows) else "mixed"
+        self.profiles[kind].record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, len(rows))
+        return True
+
+    def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
+        flush_text(seq)
+        seq.finish_reason = reason
+        self.scheduler.finish(seq)
+        self._finished[seq.request.priority] += 1
+        self._on_finished(seq)
+        seq.handle.publish_result(seq.result(error))
+
+    def fail_running(self, exc: Exception) -> None:
+        message = f"engine step failed: {type(exc).__name__}: {exc}"
+        for seq in list(self.scheduler.running):
+            self.finish(seq, FinishReason.ERROR, error=message)
+
+    def publish_stats(self) -> None:
+        self.stats = self._snapshot()
+
+    # ---- the step's parts -------------------------------------------------------------------
+    def _decode(self, interruptible: bool) -> DecodeOutcome:
+        self._watch.begin(interruptible)
+        outcome = DecodeOutcome.ABORTED
+        try:
+            outcome = self.runner.decode()
+        finally:
+            self._watch.end(outcome is DecodeOutcome.OK)
+            self.steps_run += 1
+        return outcome
+
+    def _apply(self, rows: list[Sequence], sampled: SampledRows) -> None:
+        now = time.perf_counter()
+        for i, (seq, token) in enumerate(zip(rows, sampled.tokens)):
+            if i in sampled.dead_ends:
+                self.finish(seq, FinishReason.ERROR, error=sampled.dead_ends[i])
+                continue
+            if seq.first_token_at is None:
+                seq.first_token_at, seq.first_token_step = now, self.steps_run
+            try:
+                reason = append_token(seq, token, self.model.eog_tokens, self.n_ctx)
+            except Exception as exc:
+                self.finish(seq, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
+                continue
+            if reason is not None:
+                self.finish(seq, reason)
+
+    def _recover(self, outcome: DecodeOutcome) -> None:
+        # llama.cpp rolls back a failed batch, so only the choice of who runs next changes.
+        if outcome is DecodeOutcome.ABORTED:
+            self.steps_interrupted += 1
+            self.scheduler.step_aborted()
+        elif outcome is DecodeOutcome.KV_FULL:
+            running = self.scheduler.running
+            if len(running) > 1:
+                self.scheduler.preempt(running[-1])
+            elif running:
+                self.finish(running[0], FinishReason.ERROR, error="the KV cache has no room for it")
+
+    def _snapshot(self) -> EngineStats:
+        scheduler = self.scheduler
+        tiers = {
+            p.value: TierStats(
+                waiting=scheduler.waiting_in(p),
+                running=scheduler.n_running(p),
+                admitted=scheduler.tiers[p].admitted,
+                suspensions=scheduler.tiers[p].suspensions,
+                preemptions=scheduler.tiers[p].preemptions,
+                finished=self._finished[p],
+            )
+            for p in Priority
+        }
+        return EngineStats(
+            running=len(scheduler.running),
+            waiting={name: t.waiting for name, t in tiers.items()},
+            kv_cells_used=self.kv_cache.cells_held(),
+            kv_cells_total=self.n_ctx,
+            kv=self.kv_cache.stats(),
+            tokens_prefilled=scheduler.tokens_prefilled,
+            suspensions=sum(t.suspensions for t in tiers.values()),
+            preemptions=sum(t.preemptions for t in tiers.values()),
+            steps=self.steps_run,
+            steps_interrupted=self.steps_interrupted,
+            tiers=tiers,
+        )

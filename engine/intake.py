@@ -1,0 +1,90 @@
+"""Request → Sequence on the caller's thread: options, tokens, limits and the grammar.
+
+Everything that can refuse a request happens here, before anything is queued, so a refusal
+changes nothing in the engine. Nothing here touches the llama.cpp context.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence as Seq
+
+import numpy as np
+
+from engine.handle import RequestHandle
+from engine.request import PromptTooLongError, Request
+from engine.sequence import Sequence
+from sampling.grammar import SchemaError, compile_grammar
+from sampling.params import InvalidParameterError, SamplingParams
+from sampling.vocabulary import TokenVocabulary
+
+_SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
+_REQUEST_FIELDS = frozenset(Request.__dataclass_fields__)
+
+
+class Intake:
+    def __init__(self, model: Any, n_ctx: int, canceller: Callable[[str], None]) -> None:
+        self.model = model
+        self.n_ctx = n_ctx
+        self._canceller = canceller
+        self.vocabulary = TokenVocabulary(model.token_bytes, model.eog_tokens, model.special_tokens)
+
+    def sequence(self, request: Request | str | Seq[int], options: dict[str, Any]) -> Sequence:
+        """Raises InvalidParameterError or PromptTooLongError for a request that cannot run."""
+        request = as_request(request, options)
+        prompt_ids = self._prompt_ids(request)
+        bad_bias = [t for t, _ in request.sampling.logit_bias if t >= self.model.n_vocab]
+        if bad_bias:
+            raise InvalidParameterError(
+                f"logit_bias token id {bad_bias[0]} is outside the vocabulary (size {self.model.n_vocab})",
+                field="logit_bias",
+            )
+        matcher = self._grammar_matcher(request) if request.format == "json" else None
+        handle = RequestHandle(request.request_id, len(prompt_ids), self._canceller)
+        rng = np.random.default_rng(request.sampling.seed)
+        return Sequence(request, prompt_ids, handle, self.model.token_bytes, rng, matcher)
+
+    def _prompt_ids(self, request: Request) -> list[int]:
+        if isinstance(request.prompt, str):
+            ids = self.model.tokenize(request.prompt, add_bos=request.add_bos)
+        else:
+            ids = list(request.prompt)
+            bad = [t for t in ids if t >= self.model.n_vocab]
+            if bad:
+                raise InvalidParameterError(
+                    f"token id {bad[0]} is outside the vocabulary (size {self.model.n_vocab})", field="prompt"
+                )
+        if not ids:
+            raise InvalidParameterError("the prompt tokenizes to nothing", field="prompt")
+        if len(ids) >= self.n_ctx:
+            raise PromptTooLongError(
+                f"prompt has {len(ids)} tokens but the context holds {self.n_ctx}; "
+                f"shorten it to at most {self.n_ctx - 1} tokens"
+            )
+        return ids
+
+    def _grammar_matcher(self, request: Request) -> Any:
+        schema = None if request.json_schema is None else dict(request.json_schema)
+        try:
+            matcher = compile_grammar(schema, self.vocabulary).matcher()
+        except SchemaError as exc:
+            raise InvalidParameterError(f"json_schema: {exc}", field="json_schema") from exc
+        needed = matcher.min_tokens_to_complete()
+        if request.max_tokens < needed:
+            raise InvalidParameterError(
+                f"max_tokens={request.max_tokens} is too small for this schema: its shortest "
+                f"document needs {needed} tokens",
+                field="max_tokens",
+            )
+        return matcher
+
+
+def as_request(request: Request | str | Seq[int], options: dict[str, Any]) -> Request:
+    if isinstance(request, Request):
+        if options:
+            raise InvalidParameterError("pass options inside the Request, not beside it")
+        return request
+    options = dict(options)
+    unknown = set(options) - _SAMPLING_FIELDS - _REQUEST_FIELDS
+    if unknown:
+        raise InvalidParameterError(f"unknown option(s): {', '.join(sorted(unknown))}", field=sorted(unknown)[0])
+    sampling = SamplingParams(**{k: options.pop(k) for k in list(options) if k in _SAMPLING_FIELDS})
+    return Request(prompt=request, sampling=sampling, **options)

@@ -1,0 +1,58 @@
+"""Whether an arriving interactive request should abort the llama_decode in flight.
+
+Aborting costs the batch rows the part of the step already computed, so it is worth it only
+early in a step, and only in steps the policy marked interruptible (engine/policy.py says
+which). "Early" is a fraction of a typical interruptible step, a moving average of their times.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Protocol
+
+
+class Interrupter(Protocol):
+    def interrupt(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class InterruptWindow:
+    """Thread-safe: the engine thread opens and closes it, submitting threads call `arrival`."""
+
+    def __init__(self, interrupter: Interrupter, fraction: float,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self._interrupter = interrupter
+        self._fraction = fraction
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._open = False  # the step in flight may still be aborted
+        self._interruptible = False  # the step in flight was planned interruptible
+        self._started = 0.0
+        self.typical_step: float | None = None  # seconds, moving average of interruptible steps
+
+    def begin(self, interruptible: bool) -> None:
+        with self._lock:
+            self._interrupter.reset()
+            self._open = self._interruptible = interruptible
+            self._started = self._clock()
+
+    def end(self, completed: bool) -> None:
+        with self._lock:
+            self._open = False
+            self._interrupter.reset()
+            if self._interruptible and completed:
+                took = self._clock() - self._started
+                typical = self.typical_step
+                self.typical_step = took if typical is None else 0.8 * typical + 0.2 * took
+
+    def arrival(self) -> bool:
+        """An interactive request was queued; True if the step in flight was told to abort."""
+        with self._lock:
+            typical = self.typical_step
+            young = typical is None or self._clock() - self._started <= self._fraction * typical
+            if self._open and young:
+                self._interrupter.interrupt()
+                self._open = False
+                return True
+            return False

@@ -1,0 +1,97 @@
+"""The engine thread: the only thread that touches the core (llama.cpp is not thread-safe).
+
+Each turn: take what clients sent (requests, cancellations, calls), expire deadlines, run one
+core step, publish the stats. It sleeps only when there is nothing it can do.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from engine.core import EngineCore
+from engine.inbox import Inbox
+from engine.request import FinishReason
+from engine.sequence import Sequence
+
+_IDLE_WAIT_S = 0.05
+
+
+class EngineLoop:
+    def __init__(self, core: EngineCore, inbox: Inbox) -> None:
+        self.core = core
+        self.inbox = inbox
+        self._with_deadline: set[Sequence] = set()
+        self._wakeup = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="cobatch-engine", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def drain(self, timeout: float) -> None:
+        """Refuse new requests; give live ones up to `timeout` seconds, then cancel the rest and
+        wait until each has answered."""
+        self.inbox.close()
+        left = self.inbox.wait_until_empty(timeout)
+        for request_id in left:
+            self.inbox.cancel(request_id)
+        self.wake()
+        if left and self._thread.is_alive():
+            self.inbox.wait_until_empty(30.0)  # a cancellation is answered within a step
+
+    def stop(self) -> None:
+        """End the thread; requests still live are cancelled."""
+        self.inbox.close()
+        self._stopping = True
+        self.wake()
+        self._thread.join()
+
+    def is_idle(self) -> bool:
+        return not self.inbox and not self.core.has_work()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wakeup.clear()
+            self._take_inbox()
+            self._expire_deadlines()
+            worked = False
+            if self.core.has_work():
+                try:
+                    worked = self.core.step()  # False: waiting requests none of which can start yet
+                except Exception as exc:  # a bug must fail requests, not kill the engine thread
+                    self.core.fail_running(exc)
+                    worked = True
+            self.core.publish_stats()
+            if not worked:
+                self._wakeup.wait(_IDLE_WAIT_S)
+        self._take_inbox()
+        for seq in self.inbox.live_sequences():
+            self.core.finish(seq, FinishReason.CANCELLED, error="the engine shut down")
+        self.core.publish_stats()
+
+    def _admit(self, seq: Sequence) -> None:
+        self.core.add(seq)
+        if seq.deadline is not None:
+            self._with_deadline.add(seq)
+
+    def _take_inbox(self) -> None:
+        for kind, payload in self.inbox.take(self._admit):
+            if kind == "cancel":
+                if payload.finish_reason is None:
+                    self.core.finish(payload, FinishReason.CANCELLED)
+            elif kind == "call":
+                fn, future = payload
+                try:
+                    future.set_result(fn())
+                except Exception as exc:
+                    future.set_exception(exc)
+
+    def _expire_deadlines(self) -> None:
+        if not self._with_deadline:
+            return
+        now = time.perf_counter()
+        for seq in [s for s in self._with_deadline if s.finish_reason is not None or s.deadline <= now]:
+            self._with_deadline.discard(seq)
+            if seq.finish_reason is None:
+                self.core.finish(seq, FinishReason.TIMEOUT, error=f"its timeout of {seq.request.timeout:g} s passed")

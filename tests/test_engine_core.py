@@ -1,0 +1,141 @@
+"""The engine core and its scheduling policies driven directly, one step at a time: no engine
+thread, no private attributes. The fake backend's "model" makes each sequence's tokens a
+function of its own tokens, so any displacement that lost or repeated work would show."""
+from __future__ import annotations
+
+import pytest
+
+from engine import EngineConfig, FifoPolicy, FinishReason, Priority, TwoTierPolicy
+from engine.core import EngineCore
+from engine.intake import Intake
+from engine.interrupt_window import InterruptWindow
+from tests.fake_backend import FakeInterrupter, FakeModel, FakeRunner, expected_tokens
+
+
+def prompt(i: int, n: int = 8) -> list[int]:
+    return [0] + [2 + (i * 7 + k) % 50 for k in range(n - 1)]
+
+
+class Core:
+    def __init__(self, **overrides) -> None:
+        settings = dict(n_ctx=1024, max_batch=4, step_token_budget=64, n_threads=1, prefix_cache=False)
+        settings.update(overrides)
+        config = EngineConfig(**settings)
+        self.runner = FakeRunner(config.n_ctx)
+        self.finished: list[str] = []
+        self.core = EngineCore(FakeModel(), self.runner, config, on_finished=lambda s: self.finished.append(s.request_id))
+        self.intake = Intake(FakeModel(), config.n_ctx, canceller=lambda request_id: None)
+
+    def add(self, request_id: str, tokens: list[int], max_tokens: int, priority: str = "batch"):
+        seq = self.intake.sequence(tokens, dict(max_tokens=max_tokens, request_id=request_id, priority=priority,
+                                               temperature=0.0))
+        self.core.add(seq)
+        return seq
+
+    def rows(self) -> set[str]:
+        return {r.request_id for r in self.runner.current}
+
+    def run_to_end(self, limit: int = 10_000) -> None:
+        for _ in range(limit):
+            if not self.core.has_work():
+                return
+            self.core.step()
+        raise AssertionError("the core did not finish its work")
+
+
+def test_step_decodes_every_running_sequence_and_finishes_them_exactly():
+    c = Core()
+    seqs = [c.add(f"b{i}", prompt(i), max_tokens=12) for i in range(6)]
+    c.core.step()
+    assert c.rows() == {"b0", "b1", "b2", "b3"}  # four slots
+    c.run_to_end()
+    for i, seq in enumerate(seqs):
+        result = seq.handle.result(0)
+        assert result.finish_reason is FinishReason.LENGTH
+        assert list(result.token_ids) == expected_tokens(prompt(i), 12)
+    assert sorted(c.finished) == [f"b{i}" for i in range(6)]
+    c.core.publish_stats()
+    stats = c.core.stats
+    assert stats.kv_cells_used == 0 and stats.kv.blocks_used == 0 and stats.running == 0
+    assert c.core.kv_cache.n_free_ids == c.core.config.sequence_ids
+
+
+def test_an_interactive_arrival_suspends_the_batch_sequence_furthest_ahead_and_runs_alone():
+    c = Core()
+    batch = [c.add(f"b{i}", prompt(i), max_tokens=30) for i in range(4)]
+    for _ in range(3):
+        c.core.step()
+    interactive = c.add("i0", prompt(9), max_tokens=4, priority="interactive")
+    c.core.step()
+    assert c.rows() == {"i0"}  # its prompt alone: a short step
+    waiting = list(c.core.scheduler.waiting[Priority.BATCH])
+    assert [s.request_id for s in waiting] == ["b3"] and waiting[0].seq_id is not None  # kept its KV
+    c.core.publish_stats()
+    assert c.core.stats.suspensions == 1 and c.core.stats.preemptions == 0
+    c.run_to_end()
+    assert list(interactive.handle.result(0).token_ids) == expected_tokens(prompt(9), 4)
+    for i, seq in enumerate(batch):
+        assert list(seq.handle.result(0).token_ids) == expected_tokens(prompt(i), 30)
+    assert batch[3].handle.result(0).metrics.suspensions == 1
+
+
+def test_fifo_policy_keeps_arrival_order_and_displaces_nobody():
+    c = Core(priority_scheduling=False)
+    assert isinstance(c.core.scheduler.policy, FifoPolicy)
+    batch = [c.add(f"b{i}", prompt(i), max_tokens=20) for i in range(5)]
+    c.core.step()
+    interactive = c.add("i0", prompt(9), max_tokens=20, priority="interactive")
+    c.core.step()
+    assert "i0" not in c.rows() and "b4" not in c.rows()
+    c.run_to_end()
+    assert batch[4].admitted_at < interactive.admitted_at  # it arrived first
+    c.core.publish_stats()
+    assert c.core.stats.suspensions == c.core.stats.preemptions == 0
+
+
+def test_shared_prefix_cells_are_counted_once():
+    c = Core(prefix_cache=True, block_size=16)
+    system = prompt(1, n=48)
+    first = c.add("a", system + [5], max_tokens=2)
+    c.run_to_end()
+    assert first.handle.done()
+    sharers = [c.add(f"s{i}", system + [6 + i], max_tokens=40) for i in range(3)]
+    for _ in range(3):
+        c.core.step()
+    c.core.publish_stats()
+    stats = c.core.stats
+    assert all(s.cached_tokens == 48 for s in sharers)
+    own = sum(s.n_computed - 48 for s in sharers)
+    assert stats.kv_cells_used == 48 + own  # the 48 shared cells once, not three times
+    assert stats.kv_cells_used <= stats.kv_cells_total
+    c.run_to_end()
+
+
+def test_two_tier_policy_keeps_batch_its_share_of_slots():
+    policy = TwoTierPolicy(max_running=8, step_token_budget=64, batch_min_share=0.25)
+    assert (policy.batch_slots, policy.batch_tokens, policy.max_batchless_steps) == (2, 16, 3)
+    with pytest.raises(ValueError, match="batch_min_share"):
+        TwoTierPolicy(max_running=8, step_token_budget=64, batch_min_share=1.0)
+
+
+def test_interrupt_window_aborts_only_early_in_an_interruptible_step():
+    interrupter, now = FakeInterrupter(), [0.0]
+    window = InterruptWindow(interrupter, fraction=0.5, clock=lambda: now[0])
+    window.begin(interruptible=False)
+    assert not window.arrival() and not interrupter.interrupted  # not a step it may abort
+    window.end(completed=True)
+    assert window.typical_step is None  # only interruptible steps train the estimate
+    window.begin(interruptible=True)
+    now[0] = 0.2
+    window.end(completed=True)
+    assert window.typical_step == pytest.approx(0.2)
+    window.begin(interruptible=True)
+    now[0] += 0.15  # past half of a typical step: finishing it is cheaper
+    assert not window.arrival()
+    window.end(completed=True)
+    window.begin(interruptible=True)
+    now[0] += 0.05
+    assert window.arrival() and interrupter.interrupted
+    assert not window.arrival()  # once per step
+    window.end(completed=False)
+    assert not interrupter.interrupted  # reset for the next step
