@@ -37,6 +37,10 @@ class EngineConfig:
     # than it saves the interactive request: the step's last part is the output projection,
     # which llama.cpp cannot abort, so a late abort only discards a finished step.
     interrupt_window: float = 0.5
+    # While interactive sequences decode, each step carries at most this many batch tokens
+    # (rows rotate, so every batch sequence progresses): an interactive token waits for one
+    # step, whose time grows with its rows. None: no bound.
+    interactive_batch_rows: int | None = 4
 
     def __post_init__(self) -> None:
         if self.n_ctx < 64:
@@ -74,4 +78,5 @@ class EngineConfig:
         """A new policy object (it keeps per-engine state)."""
         if not self.priority_scheduling:
             return FifoPolicy()
-        return TwoTierPolicy(self.max_batch, self.step_token_budget, self.batch_min_share, self.interrupt_window > 0)
+        return TwoTierPolicy(self.max_batch, self.step_token_budget, self.batch_min_share, self.interrupt_window > 0,
+                             self.interactive_batch_rows)

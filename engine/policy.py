@@ -17,6 +17,10 @@ batch decode rows takes about 230 ms. So, while an interactive request reads its
   aborted (bench/abort_floor.py);
 - the next step carries the interactive prompts alone, so the prefill runs as on an idle engine.
 
+Once interactive sequences decode, each of their tokens waits for one whole step, and a step's
+time grows with its rows (8 rows 123 ms, 16 rows 227 ms, 32 rows 414 ms measured), so steps
+then carry at most `interactive_batch_rows` batch tokens, the least advanced batch rows first.
+
 For a slot, a batch sequence is suspended (it keeps its KV and resumes without recomputing);
 only when KV blocks run short is one released and later recomputed. `batch_min_share` bounds
 what batch work pays: it keeps that fraction of running slots and of each step's prompt tokens,
@@ -50,15 +54,20 @@ class QueueView(Protocol):
     def n_running(self, tier: Priority) -> int: ...
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepLayout:
     order: list[Sequence]  # the running sequences that feed tokens this step, by rank
     batch_prefill_reserve: int = 0  # prompt tokens interactive prefill leaves to batch prefill
+    batch_tokens_left: int | None = None  # batch prompt tokens this step may still carry
 
     def prefill_room(self, seq: Sequence, budget: int) -> int:
-        if seq.request.priority is INTERACTIVE and self.batch_prefill_reserve:
-            return max(1, budget - self.batch_prefill_reserve)
-        return budget
+        if seq.request.priority is INTERACTIVE:
+            return max(1, budget - self.batch_prefill_reserve) if self.batch_prefill_reserve else budget
+        return budget if self.batch_tokens_left is None else min(budget, self.batch_tokens_left)
+
+    def took(self, seq: Sequence, n: int) -> None:
+        if seq.request.priority is BATCH and self.batch_tokens_left is not None:
+            self.batch_tokens_left -= n
 
 
 class SchedulingPolicy:
@@ -108,11 +117,16 @@ class FifoPolicy(SchedulingPolicy):
 
 class TwoTierPolicy(SchedulingPolicy):
     def __init__(self, max_running: int, step_token_budget: int, batch_min_share: float = 0.25,
-                 interrupt_steps: bool = True) -> None:
+                 interrupt_steps: bool = True, interactive_batch_rows: int | None = None) -> None:
         if not 0.0 <= batch_min_share < 1.0:
             raise ValueError(f"batch_min_share must be at least 0 and below 1, got {batch_min_share}")
+        if interactive_batch_rows is not None and interactive_batch_rows < 1:
+            raise ValueError(f"interactive_batch_rows must be >= 1 (or None: no bound), got {interactive_batch_rows}")
         share = batch_min_share
         self.interrupt_steps = interrupt_steps
+        # While interactive sequences decode, a step carries at most this many batch tokens:
+        # its time, and so each interactive token's, grows with its rows.
+        self.interactive_batch_rows = interactive_batch_rows
         # Slots and prompt tokens batch work keeps whenever it has work; interactive work always
         # keeps at least one slot of its own.
         self.batch_slots = min(max_running - 1, max(1, round(share * max_running))) if share > 0 else 0
@@ -168,7 +182,16 @@ class TwoTierPolicy(SchedulingPolicy):
             # The prompts alone: a short step, as on an idle engine.
             order = [s for s in order if s.request.priority is INTERACTIVE and s.n_pending > 1]
         wants = any(s.request.priority is BATCH and s.n_pending > 1 for s in order)
-        return StepLayout(order, self.batch_tokens if wants else 0)
+        layout = StepLayout(order, self.batch_tokens if wants else 0)
+        cap = self.interactive_batch_rows
+        if cap is not None and any(s.request.priority is INTERACTIVE and s.n_pending == 1 for s in order):
+            # Batch rows rotate: the least advanced go first, so all progress at the same pace.
+            decoding = [s for s in order if s.request.priority is BATCH and s.n_pending == 1]
+            chosen = set(sorted(decoding, key=lambda s: (s.n_generated, s.arrival))[:cap])
+            layout.order = [s for s in order if s.request.priority is INTERACTIVE or s in chosen or s.n_pending > 1]
+            layout.batch_prefill_reserve = 0
+            layout.batch_tokens_left = cap - len(chosen)
+        return layout
 
     def step_planned(self, view: QueueView, plan: "StepPlan") -> bool:
         waited = self._steps_without_batch

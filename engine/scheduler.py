@@ -226,7 +226,10 @@ class Scheduler:
         for seq in layout.order:
             if seq.n_pending > 1 and budget > 0:
                 n = min(seq.n_pending, layout.prefill_room(seq, budget))
+                if n <= 0:
+                    continue
                 plan.chunks.append(Chunk(seq, seq.n_computed, n))
+                layout.took(seq, n)
                 self.tokens_prefilled += n
                 budget -= n
         return plan

@@ -139,3 +139,30 @@ def test_interrupt_window_aborts_only_early_in_an_interruptible_step():
     assert not window.arrival()  # once per step
     window.end(completed=False)
     assert not interrupter.interrupted  # reset for the next step
+
+
+def test_while_interactive_sequences_decode_batch_rows_are_capped_and_rotate():
+    c = Core(max_batch=9, interactive_batch_rows=2, batch_min_share=0.1)
+    batch = [c.add(f"b{i}", prompt(i), max_tokens=40) for i in range(8)]
+    for _ in range(2):
+        c.core.step()
+    interactive = c.add("i0", prompt(9), max_tokens=12, priority="interactive")
+    c.core.step()
+    assert c.rows() == {"i0"}  # its prompt alone
+    served: list[set[str]] = []
+    while not interactive.handle.done():
+        c.core.step()
+        rows = c.rows()
+        if not interactive.handle.done():
+            assert "i0" in rows and len(rows - {"i0"}) <= 2
+        served.append(rows - {"i0"})
+    assert set().union(*served[:4]) == {f"b{i}" for i in range(8)}  # every batch sequence moved
+    c.run_to_end()
+    assert list(interactive.handle.result(0).token_ids) == expected_tokens(prompt(9), 12)
+    for i, seq in enumerate(batch):
+        assert list(seq.handle.result(0).token_ids) == expected_tokens(prompt(i), 40)
+
+
+def test_interactive_batch_rows_must_be_positive():
+    with pytest.raises(ValueError, match="interactive_batch_rows"):
+        EngineConfig(interactive_batch_rows=0)
