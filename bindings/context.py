@@ -84,6 +84,10 @@ class Context:
             return DecodeOutcome(status)
         raise DecodeError(f"llama_decode failed with status {status}")
 
+    def set_threads(self, n_threads: int) -> None:
+        """Threads for the following decodes (takes effect at the next llama_decode)."""
+        llama_cpp.llama_set_n_threads(self._handle, n_threads, n_threads)
+
     def logits(self, n_outputs: int) -> np.ndarray:
         """The output rows of the last decode, in batch order, as a view valid until the next decode."""
         if n_outputs == 0:

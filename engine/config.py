@@ -17,6 +17,9 @@ class EngineConfig:
     max_batch: int = 32  # sequences running at once
     step_token_budget: int = 256  # tokens per llama_decode: decode rows first, then prompt chunks
     n_threads: int = max(1, os.cpu_count() or 1)
+    # Measure step times and run fewer threads while that is faster (another process on the
+    # cores makes ggml's threads wait for each other at every graph node): engine/thread_governor.py.
+    adaptive_threads: bool = True
     max_waiting: int = 1024  # queued batch requests before submit() refuses another
     max_waiting_interactive: int = 256  # the same bound for the interactive tier
     block_size: int = 16  # KV cells per ledger block

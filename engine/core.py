@@ -18,6 +18,7 @@ from engine.sample_rows import SampledRows, sample_rows
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineStats, TierStats
+from engine.thread_governor import ThreadGovernor
 from sampling.sampler import BatchSampler
 
 
@@ -58,12 +59,14 @@ class EngineCore:
         )
         self.scheduler = Scheduler(self.kv_cache, cfg.max_batch, cfg.step_token_budget, cfg.scheduling_policy())
         self.sampler = BatchSampler(model.n_vocab)
+        self.threads = ThreadGovernor(cfg.n_threads, runner.interrupter, adaptive=cfg.adaptive_threads)
         self.profiles = {"decode": StepProfile(), "mixed": StepProfile()}
         self.steps_run = 0  # llama_decode calls, interrupted ones included
         self.steps_interrupted = 0
         self._finished = {p: 0 for p in Priority}
         self._watch = watch or _Unwatched()
         self._on_finished = on_finished
+        self._probe_lost = False
         self.stats = self._snapshot()  # replaced whole, never edited: readable from any thread
 
     def add(self, seq: Sequence) -> None:
@@ -82,6 +85,7 @@ class EngineCore:
         if not plan.chunks:
             return False
         rows = self.runner.build_batch(plan)
+        self.runner.set_threads(self.threads.choose(plan.n_tokens + len(rows)))
         self.publish_stats()  # readers see this step's admissions while it decodes
         t2 = clock()
         outcome = self._decode(plan.interruptible)
@@ -119,10 +123,12 @@ class EngineCore:
     # ---- the step's parts -------------------------------------------------------------------
     def _decode(self, interruptible: bool) -> DecodeOutcome:
         self._watch.begin(interruptible)
+        self.threads.begin()
         outcome = DecodeOutcome.ABORTED
         try:
             outcome = self.runner.decode()
         finally:
+            self._probe_lost = self.threads.end(outcome is DecodeOutcome.OK)
             self._watch.end(outcome is DecodeOutcome.OK)
             self.steps_run += 1
         return outcome
@@ -146,7 +152,8 @@ class EngineCore:
     def _recover(self, outcome: DecodeOutcome) -> None:
         # llama.cpp rolls back a failed batch, so only the choice of who runs next changes.
         if outcome is DecodeOutcome.ABORTED:
-            self.steps_interrupted += 1
+            if not self._probe_lost:  # a lost thread-count probe is simply redone
+                self.steps_interrupted += 1
             self.scheduler.step_aborted()
         elif outcome is DecodeOutcome.KV_FULL:
             running = self.scheduler.running
@@ -180,4 +187,6 @@ class EngineCore:
             steps=self.steps_run,
             steps_interrupted=self.steps_interrupted,
             tiers=tiers,
+            decode_threads=self.threads.current,
+            thread_switches=self.threads.switches,
         )

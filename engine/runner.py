@@ -33,6 +33,7 @@ class ModelRunner:
         )
         self.batch = Batch(config.step_token_budget)
         self._n_outputs = 0
+        self._threads = config.n_threads
 
     @property
     def interrupter(self) -> DecodeInterrupter:
@@ -63,6 +64,11 @@ class ModelRunner:
         self._n_outputs = batch.n_outputs
         ordered = single + [c for c in plan.chunks if c.length > 1]
         return [c.seq for c in ordered if c.wants_logits]
+
+    def set_threads(self, n_threads: int) -> None:
+        if n_threads != self._threads:
+            self.context.set_threads(n_threads)
+            self._threads = n_threads
 
     def decode(self) -> DecodeOutcome:
         return self.context.decode(self.batch)

@@ -29,3 +29,5 @@ class EngineStats:
     steps: int  # llama_decode calls, interrupted ones included
     steps_interrupted: int  # batch-only steps aborted for an arriving interactive request
     tiers: dict[str, TierStats]
+    decode_threads: int = 0  # threads the next llama_decode will use
+    thread_switches: int = 0  # times the thread governor changed that count

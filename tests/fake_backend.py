@@ -148,6 +148,9 @@ class FakeRunner:
         self.current = [Row(c.seq.request_id, c.start, c.length) for c in self._chunks]
         return [c.seq for c in self._chunks if c.wants_logits]
 
+    def set_threads(self, n_threads: int) -> None:
+        self.threads = n_threads
+
     def decode(self) -> DecodeOutcome:
         if self.gate is not None:
             self.gate.pass_through()
