@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence as Seq
 from bindings import Model
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.handle import RequestHandle
+from engine.handle import LoopWaker, RequestHandle
 from engine.inbox import Inbox
 from engine.intake import Intake
 from engine.interrupt_window import InterruptWindow
@@ -63,9 +63,10 @@ class Engine:
                                on_finished=lambda seq: self._inbox.finished(seq))
         bounds = {Priority.BATCH: config.max_waiting, Priority.INTERACTIVE: config.max_waiting_interactive}
         self._inbox = Inbox(bounds, self.core.scheduler.waiting_in)
-        self._intake = Intake(model, self.n_ctx, self._cancel)
+        waker = LoopWaker()
+        self._intake = Intake(model, self.n_ctx, self._cancel, waker)
         self.vocabulary = self._intake.vocabulary
-        self._loop = EngineLoop(self.core, self._inbox)
+        self._loop = EngineLoop(self.core, self._inbox, waker)
 
     # ---- client API -------------------------------------------------------------------------
     def submit(self, request: Request | str | Seq[int], **options: Any) -> RequestHandle:

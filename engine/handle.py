@@ -8,13 +8,43 @@ from typing import AsyncIterator, Callable, Iterator
 from engine.request import GenerationResult
 
 
+class LoopWaker:
+    """Wakes each asyncio loop once per engine step, however many of its streams got text.
+
+    A server streaming to 16 clients would otherwise get 16 cross-thread wake-ups per step,
+    each a write to the loop's self-pipe and a callback competing with the engine for the GIL.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[asyncio.AbstractEventLoop, set[asyncio.Event]] = {}
+
+    def add(self, loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+        with self._lock:
+            self._pending.setdefault(loop, set()).add(event)
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for loop, events in pending.items():
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_set_all, events)
+
+
+def _set_all(events: set[asyncio.Event]) -> None:
+    for event in events:
+        event.set()
+
+
 class RequestHandle:
     """Thread-safe: the engine thread publishes, any thread or event loop consumes."""
 
-    def __init__(self, request_id: str, prompt_tokens: int, canceller: Callable[[str], None]) -> None:
+    def __init__(self, request_id: str, prompt_tokens: int, canceller: Callable[[str], None],
+                 waker: LoopWaker | None = None) -> None:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self._canceller = canceller
+        self._waker = waker  # None: wake event loops at once
         self._cond = threading.Condition()
         self._deltas: list[str] = []
         self._result: GenerationResult | None = None
@@ -106,5 +136,7 @@ class RequestHandle:
     def _wake(self) -> None:
         self._cond.notify_all()
         for loop, event in self._loop_events:
-            if not loop.is_closed():
+            if self._waker is not None:
+                self._waker.add(loop, event)
+            elif not loop.is_closed():
                 loop.call_soon_threadsafe(event.set)

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence as Seq
 
 import numpy as np
 
-from engine.handle import RequestHandle
+from engine.handle import LoopWaker, RequestHandle
 from engine.request import PromptTooLongError, Request
 from engine.sequence import Sequence
 from sampling.grammar import SchemaError, compile_grammar
@@ -21,10 +21,12 @@ _REQUEST_FIELDS = frozenset(Request.__dataclass_fields__)
 
 
 class Intake:
-    def __init__(self, model: Any, n_ctx: int, canceller: Callable[[str], None]) -> None:
+    def __init__(self, model: Any, n_ctx: int, canceller: Callable[[str], None],
+                 waker: LoopWaker | None = None) -> None:
         self.model = model
         self.n_ctx = n_ctx
         self._canceller = canceller
+        self._waker = waker
         self.vocabulary = TokenVocabulary(model.token_bytes, model.eog_tokens, model.special_tokens)
 
     def sequence(self, request: Request | str | Seq[int], options: dict[str, Any]) -> Sequence:
@@ -38,7 +40,7 @@ class Intake:
                 field="logit_bias",
             )
         matcher = self._grammar_matcher(request) if request.format == "json" else None
-        handle = RequestHandle(request.request_id, len(prompt_ids), self._canceller)
+        handle = RequestHandle(request.request_id, len(prompt_ids), self._canceller, self._waker)
         rng = np.random.default_rng(request.sampling.seed)
         return Sequence(request, prompt_ids, handle, self.model.token_bytes, rng, matcher)
 

@@ -1,7 +1,8 @@
 """The engine thread: the only thread that touches the core (llama.cpp is not thread-safe).
 
 Each turn: take what clients sent (requests, cancellations, calls), expire deadlines, run one
-core step, publish the stats. It sleeps only when there is nothing it can do.
+core step, publish the stats and wake the clients' event loops. It sleeps only when there is
+nothing it can do.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 import time
 
 from engine.core import EngineCore
+from engine.handle import LoopWaker
 from engine.inbox import Inbox
 from engine.request import FinishReason
 from engine.sequence import Sequence
@@ -17,9 +19,10 @@ _IDLE_WAIT_S = 0.05
 
 
 class EngineLoop:
-    def __init__(self, core: EngineCore, inbox: Inbox) -> None:
+    def __init__(self, core: EngineCore, inbox: Inbox, waker: LoopWaker) -> None:
         self.core = core
         self.inbox = inbox
+        self._waker = waker
         self._with_deadline: set[Sequence] = set()
         self._wakeup = threading.Event()
         self._stopping = False
@@ -63,12 +66,14 @@ class EngineLoop:
                     self.core.fail_running(exc)
                     worked = True
             self.core.publish_stats()
+            self._waker.flush()  # one wake-up per event loop for everything this turn published
             if not worked:
                 self._wakeup.wait(_IDLE_WAIT_S)
         self._take_inbox()
         for seq in self.inbox.live_sequences():
             self.core.finish(seq, FinishReason.CANCELLED, error="the engine shut down")
         self.core.publish_stats()
+        self._waker.flush()
 
     def _admit(self, seq: Sequence) -> None:
         self.core.add(seq)
