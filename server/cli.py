@@ -26,6 +26,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = _model_spec_problem(options.model)
     if problem:
         parser.error(problem)
+    if options.interactive_batch_rows < 0:
+        parser.error(f"--interactive-batch-rows must be >= 0, got {options.interactive_batch_rows}")
     if not 0.0 <= options.cache_max_fraction <= 1.0:
         parser.error(f"--cache-max-fraction must be between 0 and 1, got {options.cache_max_fraction}")
     return serve(options)
@@ -52,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
                            help="share of slots, prompt tokens and steps batch work always keeps")
     serve_cmd.add_argument("--no-priority", action="store_true",
                            help="one FIFO queue: ignore request priority")
+    serve_cmd.add_argument("--interactive-batch-rows", type=int, default=4,
+                           help="while interactive requests decode, batch tokens per step at most, so each "
+                                "interactive token waits for a short step (default 4; 0: no bound)")
+    serve_cmd.add_argument("--no-adaptive-threads", action="store_true",
+                           help="always use --threads; by default each step uses the thread count measured "
+                                "fastest, which drops to fewer threads while other processes load the cores")
     serve_cmd.add_argument("--no-prefix-cache", action="store_true",
                            help="do not keep finished requests' prompt blocks for reuse")
     # On by default, as in llama-server: llama.cpp's CPU kernel skips the cells a row's mask hides,
@@ -94,6 +102,8 @@ def engine_options_from(options: argparse.Namespace) -> dict[str, Any]:
         max_waiting_interactive=options.max_waiting_interactive,
         batch_min_share=options.batch_min_share,
         priority_scheduling=not options.no_priority,
+        interactive_batch_rows=options.interactive_batch_rows or None,
+        adaptive_threads=not options.no_adaptive_threads,
         prefix_cache=not options.no_prefix_cache,
         cache_max_fraction=options.cache_max_fraction,
         flash_attn=options.flash_attn == "on",

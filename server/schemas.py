@@ -22,6 +22,9 @@ Fields (all but `prompt` optional):
   stop                string or list of strings        (default none; not with format "json")
   seed                integer >= 0 or null             (default null: random)
   stream              boolean                          (default false; not with logprobs)
+  ignore_eos          boolean                          (default false; true: generate past
+                                                        end-of-generation tokens until max_tokens,
+                                                        as llama-server and vLLM allow; benchmarks)
 """
 from __future__ import annotations
 
@@ -73,6 +76,7 @@ def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: dict[str, Any]) 
         "priority": fields.string("priority", "batch", choices=PRIORITIES, nullable=True),
         "timeout": fields.number("timeout", None, minimum=0.0, exclusive_minimum=True,
                                  maximum=MAX_TIMEOUT_S, nullable=True),
+        "ignore_eos": fields.boolean("ignore_eos", False, nullable=True),
     }
 
 
@@ -84,6 +88,12 @@ def check_combinations(sampling: dict[str, Any], *, stream: bool, wants_logprobs
             f"'stop' cannot be combined with JSON output ('{structured_output.source}'): a stop string "
             "would cut the document short",
             param="stop",
+        )
+    if structured_output is not None and sampling["ignore_eos"]:
+        raise BadRequest(
+            f"'ignore_eos' cannot be combined with JSON output ('{structured_output.source}'): the "
+            "output ends when the document is complete",
+            param="ignore_eos",
         )
     if stream and wants_logprobs:
         raise BadRequest(

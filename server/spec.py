@@ -38,6 +38,7 @@ class GenerationSpec:
     structured: StructuredOutput | None = None
     extra_stops: tuple[str, ...] = field(default=())  # added by the chat fallback format
     timeout: float | None = None  # seconds from submission, after which it ends with "timeout"
+    ignore_eos: bool = False  # generate past end-of-generation tokens (benchmarks; not with JSON)
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for Engine.submit (besides the prompt)."""
@@ -59,6 +60,8 @@ class GenerationSpec:
                 options[name] = value
         if self.timeout is not None:
             options["timeout"] = self.timeout
+        if self.ignore_eos:
+            options["ignore_eos"] = True
         if self.want_logprobs:
             # The engine records logprobs only when asked for at least one alternative.
             options["logprobs"] = max(1, self.logprobs)

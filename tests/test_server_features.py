@@ -188,3 +188,25 @@ def test_chat_logprobs_shape(openai_client):
 def test_logprobs_with_stream_is_400(openai_client):
     with pytest.raises(openai.BadRequestError, match="not supported with"):
         openai_client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, logprobs=1, stream=True)
+
+
+# ---- ignore_eos ---------------------------------------------------------------------------------
+
+def test_ignore_eos_generates_exactly_max_tokens(http, openai_client):
+    # A bias that makes end-of-turn (an EOG token) the greedy choice at every step.
+    body = {"prompt": "Hello", "max_tokens": 24, "temperature": 0, "logit_bias": {"106": 100}}
+    short = http.post("/generate", json=body).json()
+    assert short["finish_reason"] == "stop" and short["metrics"]["tokens_generated"] == 1
+    full = http.post("/generate", json={**body, "ignore_eos": True})
+    assert full.status_code == 200, full.text
+    assert full.json()["finish_reason"] == "length" and full.json()["metrics"]["tokens_generated"] == 24
+    completion = openai_client.completions.create(model=MODEL, prompt="Hello", max_tokens=24, temperature=0,
+                                                  logit_bias={"106": 100}, extra_body={"ignore_eos": True})
+    assert completion.usage.completion_tokens == 24 and completion.choices[0].finish_reason == "length"
+
+
+def test_ignore_eos_errors(http):
+    error = _error(http.post("/generate", json={"prompt": "x", "ignore_eos": "yes"}), 400)
+    assert error["param"] == "ignore_eos"
+    error = _error(http.post("/generate", json={"prompt": "x", "format": "json", "ignore_eos": True}), 400)
+    assert error["param"] == "ignore_eos" and "JSON output" in error["message"]
