@@ -47,12 +47,14 @@ def health_payload(state: Any) -> dict[str, Any]:
             "cells_total": stats.kv_cells_total,
             "usage": round(stats.kv_cells_used / stats.kv_cells_total, 6) if stats.kv_cells_total else 0.0,
         }
-        kv = getattr(stats, "kv", None)  # the block ledger, on engines that have one
-        if kv is not None:
-            payload["kv"]["blocks"] = {
-                "size": kv.block_size, "total": kv.blocks_total, "used": kv.blocks_used,
-                "cached": kv.blocks_cached, "free": kv.blocks_free,
-            }
+        kv = stats.kv
+        payload["kv"]["blocks"] = {
+            "size": kv.block_size, "total": kv.blocks_total, "used": kv.blocks_used,
+            "cached": kv.blocks_cached, "free": kv.blocks_free,
+        }
+        payload["suspensions"] = stats.suspensions
         payload["preemptions"] = stats.preemptions
         payload["steps"] = stats.steps
+        payload["decode_threads"] = stats.decode_threads
+        payload["thread_switches"] = stats.thread_switches
     return payload

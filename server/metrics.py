@@ -6,13 +6,14 @@ scrape time. Nothing is estimated.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from engine import EngineStats, GenerationResult
 from server.health import process_rss_bytes
 
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -20,7 +21,7 @@ _TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 
 
 class ServerMetrics:
-    def __init__(self, engine_stats: Callable[[], Any | None], in_flight: Callable[[], int]) -> None:
+    def __init__(self, engine_stats: Callable[[], EngineStats | None], in_flight: Callable[[], int]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -66,7 +67,7 @@ class ServerMetrics:
         self.http_in_flight.set_function(in_flight)
         r.register(_EngineCollector(engine_stats))
 
-    def observe_result(self, endpoint: str, priority: str, result: Any) -> None:
+    def observe_result(self, endpoint: str, priority: str, result: GenerationResult) -> None:
         m = result.metrics
         self.requests.labels(endpoint, priority, result.finish_reason.value).inc()
         self.prompt_tokens.labels(priority).inc(m.prompt_tokens)
@@ -91,7 +92,7 @@ class ServerMetrics:
 class _EngineCollector(Collector):
     """Reads engine.stats() and the process RSS when scraped."""
 
-    def __init__(self, engine_stats: Callable[[], Any | None]) -> None:
+    def __init__(self, engine_stats: Callable[[], EngineStats | None]) -> None:
         self._engine_stats = engine_stats
 
     def describe(self) -> Iterable:
@@ -111,7 +112,8 @@ class _EngineCollector(Collector):
         for priority, n in sorted(stats.waiting.items()):
             waiting.add_metric([priority], n)
         yield waiting
-        used = GaugeMetricFamily("cobatch_kv_cells_used", "KV cache cells holding tokens")
+        used = GaugeMetricFamily("cobatch_kv_cells_used", "Distinct KV cells holding live requests' tokens "
+                                 "(a shared prefix counts once)")
         used.add_metric([], stats.kv_cells_used)
         yield used
         total = GaugeMetricFamily("cobatch_kv_cells_total", "KV cache cells in the context")
@@ -120,48 +122,56 @@ class _EngineCollector(Collector):
         usage = GaugeMetricFamily("cobatch_kv_usage_ratio", "Fraction of KV cells in use")
         usage.add_metric([], stats.kv_cells_used / stats.kv_cells_total if stats.kv_cells_total else 0.0)
         yield usage
-        preemptions = CounterMetricFamily("cobatch_preemptions", "Sequences preempted to free KV cells")
+        preemptions = CounterMetricFamily("cobatch_preemptions", "Sequences that gave up their KV cells "
+                                          "(to free blocks) and recompute them later")
         preemptions.add_metric([], stats.preemptions)
         yield preemptions
+        suspensions = CounterMetricFamily("cobatch_suspensions", "Batch sequences suspended to give an "
+                                          "interactive request a slot; they keep their KV and resume without recompute")
+        suspensions.add_metric([], stats.suspensions)
+        yield suspensions
         steps = CounterMetricFamily("cobatch_engine_steps", "Engine decode steps run")
         steps.add_metric([], stats.steps)
         yield steps
+        threads = GaugeMetricFamily("cobatch_decode_threads", "CPU threads the next decode step uses "
+                                    "(the thread governor lowers it while other processes load the cores)")
+        threads.add_metric([], stats.decode_threads)
+        yield threads
+        switches = CounterMetricFamily("cobatch_decode_thread_switches", "Times the thread governor changed "
+                                       "the decode thread count")
+        switches.add_metric([], stats.thread_switches)
+        yield switches
         yield from _tier_metrics(stats)
         yield from _kv_block_metrics(stats)
 
 
-def _tier_metrics(stats: Any) -> Iterable:
-    """Per priority tier, for engines whose stats carry them (`stats.tiers`)."""
-    tiers = getattr(stats, "tiers", None)
-    if tiers is None:
-        return
+def _tier_metrics(stats: EngineStats) -> Iterable:
     running = GaugeMetricFamily("cobatch_priority_running_sequences", "Running sequences, by priority",
                                 labels=["priority"])
-    preempted = CounterMetricFamily("cobatch_priority_preemptions", "Sequences preempted, by priority",
-                                    labels=["priority"])
-    admitted = CounterMetricFamily("cobatch_priority_admissions", "Admissions (re-admissions after "
-                                   "preemption included), by priority", labels=["priority"])
-    for name, tier in sorted(tiers.items()):
+    preempted = CounterMetricFamily("cobatch_priority_preemptions", "Sequences that gave up their KV cells, "
+                                    "by priority", labels=["priority"])
+    suspended = CounterMetricFamily("cobatch_priority_suspensions", "Sequences suspended for an interactive "
+                                    "request (KV kept), by priority", labels=["priority"])
+    admitted = CounterMetricFamily("cobatch_priority_admissions", "Admissions (resumptions after suspension "
+                                   "or preemption included), by priority", labels=["priority"])
+    for name, tier in sorted(stats.tiers.items()):
         running.add_metric([name], tier.running)
         preempted.add_metric([name], tier.preemptions)
+        suspended.add_metric([name], tier.suspensions)
         admitted.add_metric([name], tier.admitted)
-    yield from (running, preempted, admitted)
+    yield from (running, preempted, suspended, admitted)
     interrupted = CounterMetricFamily("cobatch_engine_steps_interrupted",
                                       "Batch-only steps aborted for an arriving interactive request")
     interrupted.add_metric([], stats.steps_interrupted)
     yield interrupted
 
 
-def _kv_block_metrics(stats: Any) -> Iterable:
-    """The KV block ledger and prefix cache, for engines whose stats carry them (`stats.kv`)."""
-    prefilled = getattr(stats, "tokens_prefilled", None)
-    if prefilled is not None:
-        family = CounterMetricFamily("cobatch_tokens_prefilled", "Prompt tokens computed (not served from cache)")
-        family.add_metric([], prefilled)
-        yield family
-    kv = getattr(stats, "kv", None)
-    if kv is None:
-        return
+def _kv_block_metrics(stats: EngineStats) -> Iterable:
+    """The KV block ledger and prefix cache."""
+    family = CounterMetricFamily("cobatch_tokens_prefilled", "Prompt tokens computed (not served from cache)")
+    family.add_metric([], stats.tokens_prefilled)
+    yield family
+    kv = stats.kv
     blocks = GaugeMetricFamily("cobatch_kv_blocks", "KV cache blocks by state", labels=["state"])
     for state in ("used", "cached", "free"):
         blocks.add_metric([state], getattr(kv, f"blocks_{state}"))

@@ -109,6 +109,8 @@ def test_health_reports_model_queues_kv_and_memory(http):
     assert health["running"] == 0
     assert health["kv"]["cells_total"] >= 4096 and health["kv"]["cells_used"] == 0
     assert health["process"]["rss_bytes"] > 50 * 1024 * 1024  # the model is mapped in
+    assert health["decode_threads"] >= 1 and health["thread_switches"] >= 0
+    assert health["suspensions"] >= 0 and health["preemptions"] >= 0
 
 
 def test_metrics_move_when_requests_run(http):
@@ -126,6 +128,8 @@ def test_metrics_move_when_requests_run(http):
     assert delta("cobatch_queue_time_seconds_count", priority="interactive") == 1
     assert delta("cobatch_engine_steps_total") >= body["metrics"]["tokens_generated"]
     assert metric(after, "cobatch_kv_cells_total") >= 4096
+    assert metric(after, "cobatch_decode_threads") >= 1
+    assert delta("cobatch_suspensions_total") == 0 and delta("cobatch_preemptions_total") == 0
     assert metric(after, "cobatch_kv_cells_used") == 0 and metric(after, "cobatch_running_sequences") == 0
     assert metric(after, "cobatch_process_resident_memory_bytes") > 0
     assert ("cobatch_waiting_requests", (("priority", "batch"),)) in after
