@@ -60,42 +60,43 @@ class Request:
     def __post_init__(self) -> None:
         if isinstance(self.prompt, str):
             if not self.prompt:
-                raise InvalidParameterError("prompt must not be empty")
+                raise InvalidParameterError("prompt must not be empty", field="prompt")
         else:
             ids = tuple(self.prompt)
             if not ids:
-                raise InvalidParameterError("prompt must not be empty")
+                raise InvalidParameterError("prompt must not be empty", field="prompt")
             if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-                raise InvalidParameterError("prompt token ids must be non-negative integers")
+                raise InvalidParameterError("prompt token ids must be non-negative integers", field="prompt")
             object.__setattr__(self, "prompt", ids)
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise InvalidParameterError(f"max_tokens must be an integer, got {self.max_tokens!r}")
+            raise InvalidParameterError(f"max_tokens must be an integer, got {self.max_tokens!r}", field="max_tokens")
         if self.max_tokens < 1:
-            raise InvalidParameterError(f"max_tokens must be >= 1, got {self.max_tokens}")
+            raise InvalidParameterError(f"max_tokens must be >= 1, got {self.max_tokens}", field="max_tokens")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if any(not isinstance(s, str) or not s for s in stop):
-            raise InvalidParameterError("stop must be a list of non-empty strings")
+            raise InvalidParameterError("stop must be a list of non-empty strings", field="stop")
         object.__setattr__(self, "stop", stop)
         if isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20:
-            raise InvalidParameterError(f"logprobs must be an integer from 0 to 20, got {self.logprobs!r}")
+            raise InvalidParameterError(f"logprobs must be an integer from 0 to 20, got {self.logprobs!r}", field="logprobs")
         if self.format not in ("raw", "json"):
-            raise InvalidParameterError(f"format must be 'raw' or 'json', got {self.format!r}")
+            raise InvalidParameterError(f"format must be 'raw' or 'json', got {self.format!r}", field="format")
         if self.json_schema is not None:
             if not isinstance(self.json_schema, Mapping):
-                raise InvalidParameterError("json_schema must be a JSON object")
+                raise InvalidParameterError("json_schema must be a JSON object", field="json_schema")
             object.__setattr__(self, "format", "json")
         if self.format == "json" and stop:
-            raise InvalidParameterError("stop strings cannot be combined with JSON output: they would cut it")
+            raise InvalidParameterError("stop strings cannot be combined with JSON output: they would cut it", field="stop")
         if self.timeout is not None:
             if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not (
                 0 < self.timeout < float("inf")
             ):
-                raise InvalidParameterError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
+                raise InvalidParameterError(f"timeout must be a positive number of seconds, got {self.timeout!r}", field="timeout")
         try:
             object.__setattr__(self, "priority", Priority(self.priority))
         except ValueError:
             raise InvalidParameterError(
-                f"priority must be 'interactive' or 'batch', got {self.priority!r}"
+                f"priority must be 'interactive' or 'batch', got {self.priority!r}",
+                field="priority",
             ) from None
 
 

@@ -63,21 +63,22 @@ class SamplingParams:
     def __post_init__(self) -> None:
         _check_number("temperature", self.temperature, low=0.0, high=100.0)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral):
-            raise InvalidParameterError(f"top_k must be an integer, got {self.top_k!r}")
+            raise InvalidParameterError(f"top_k must be an integer, got {self.top_k!r}", field="top_k")
         if self.top_k < 0:
-            raise InvalidParameterError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+            raise InvalidParameterError(f"top_k must be >= 0 (0 disables it), got {self.top_k}", field="top_k")
         _check_number("top_p", self.top_p, low=0.0, high=1.0)
         if self.top_p == 0.0:
-            raise InvalidParameterError("top_p must be > 0 (1.0 disables it), got 0")
+            raise InvalidParameterError("top_p must be > 0 (1.0 disables it), got 0", field="top_p")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0
         ):
-            raise InvalidParameterError(f"seed must be a non-negative integer, got {self.seed!r}")
+            raise InvalidParameterError(f"seed must be a non-negative integer, got {self.seed!r}", field="seed")
         _check_number("min_p", self.min_p, low=0.0, high=1.0)
         _check_number("repetition_penalty", self.repetition_penalty, low=0.0, high=math.inf)
         if not (0.0 < self.repetition_penalty < math.inf):
             raise InvalidParameterError(
-                f"repetition_penalty must be a finite number > 0 (1 disables it), got {self.repetition_penalty!r}"
+                f"repetition_penalty must be a finite number > 0 (1 disables it), got {self.repetition_penalty!r}",
+                field="repetition_penalty",
             )
         _check_number("presence_penalty", self.presence_penalty, low=-PENALTY_LIMIT, high=PENALTY_LIMIT)
         _check_number("frequency_penalty", self.frequency_penalty, low=-PENALTY_LIMIT, high=PENALTY_LIMIT)
@@ -115,9 +116,9 @@ class SamplingParams:
 
 def _check_number(name: str, value: object, *, low: float, high: float) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidParameterError(f"{name} must be a number, got {value!r}")
+        raise InvalidParameterError(f"{name} must be a number, got {value!r}", field=name)
     if not (low <= value <= high):  # also rejects NaN
-        raise InvalidParameterError(f"{name} must be between {low} and {high}, got {value!r}")
+        raise InvalidParameterError(f"{name} must be between {low} and {high}, got {value!r}", field=name)
 
 
 def _normalize_logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
@@ -127,7 +128,8 @@ def _normalize_logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
         pairs: Iterable = bias.items()
     elif isinstance(bias, (str, bytes)) or not isinstance(bias, Iterable):
         raise InvalidParameterError(
-            f"logit_bias must be a mapping of token id to bias (or (id, bias) pairs), got {bias!r}"
+            f"logit_bias must be a mapping of token id to bias (or (id, bias) pairs), got {bias!r}",
+            field="logit_bias",
         )
     else:
         pairs = bias
@@ -136,20 +138,22 @@ def _normalize_logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
         try:
             token, value = pair
         except (TypeError, ValueError):
-            raise InvalidParameterError(f"logit_bias entries must be (token id, bias) pairs, got {pair!r}") from None
+            raise InvalidParameterError(f"logit_bias entries must be (token id, bias) pairs, got {pair!r}", field="logit_bias") from None
         if isinstance(token, bool) or not isinstance(token, numbers.Integral):
             raise InvalidParameterError(
-                f"logit_bias keys must be integer token ids, got {token!r} (convert JSON string keys to int)"
+                f"logit_bias keys must be integer token ids, got {token!r} (convert JSON string keys to int)",
+                field="logit_bias",
             )
         if token < 0:
-            raise InvalidParameterError(f"logit_bias token ids must be >= 0, got {token}")
+            raise InvalidParameterError(f"logit_bias token ids must be >= 0, got {token}", field="logit_bias")
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise InvalidParameterError(f"logit_bias[{int(token)}] must be a finite number, got {value!r}")
+            raise InvalidParameterError(f"logit_bias[{int(token)}] must be a finite number, got {value!r}", field="logit_bias")
         if not (-LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT):
             raise InvalidParameterError(
-                f"logit_bias[{int(token)}] must be between -100 and 100, got {value!r}"
+                f"logit_bias[{int(token)}] must be between -100 and 100, got {value!r}",
+                field="logit_bias",
             )
         if int(token) in out:
-            raise InvalidParameterError(f"logit_bias lists token {int(token)} twice")
+            raise InvalidParameterError(f"logit_bias lists token {int(token)} twice", field="logit_bias")
         out[int(token)] = float(value)
     return tuple(sorted(out.items()))

@@ -31,7 +31,6 @@ from server.errors import (
 from server.metrics import ServerMetrics
 from server.spec import GenerationSpec
 from server.state import ServingState
-from server import structured
 
 log = logging.getLogger("cobatch.server")
 
@@ -75,14 +74,13 @@ class GenerationService:
     ) -> tuple[RequestHandle, GenerationSpec]:
         with self.state.admit() as engine:
             spec = prepare()
-            structured.require_engine_support(engine, spec.structured)
             request_id = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
             try:
                 handle = engine.submit(spec.prompt, request_id=request_id, **spec.engine_options())
             except PromptTooLongError as exc:
                 raise BadRequest(str(exc), param="prompt", code="context_length_exceeded") from None
             except InvalidParameterError as exc:
-                raise BadRequest(str(exc), param=_param_of(str(exc), spec)) from None
+                raise BadRequest(str(exc), param=_param_of(exc, spec)) from None
             except QueueFullError as exc:
                 raise TooManyRequests(
                     f"the request queue is full ({exc}); retry later",
@@ -129,15 +127,11 @@ class GenerationService:
             self.metrics.observe_disconnect(endpoint, priority)
 
 
-def _param_of(message: str, spec: GenerationSpec) -> str | None:
-    """The request field an engine InvalidParameterError is about, from its message."""
-    if message.startswith("json_schema:") and spec.structured is not None:
-        return "response_format" if spec.structured.source == "response_format" else "json_schema"
-    for name in ("max_tokens", "logit_bias", "logprobs", "stop", "seed", "min_p", "repetition_penalty",
-                 "presence_penalty", "frequency_penalty", "temperature", "top_p", "top_k"):
-        if name in message:
-            return name
-    return None
+def _param_of(exc: InvalidParameterError, spec: GenerationSpec) -> str | None:
+    """The request field an engine InvalidParameterError is about, as the client named it."""
+    if exc.field == "json_schema" and spec.structured is not None and spec.structured.source == "response_format":
+        return "response_format"  # the OpenAI routes' name for the schema
+    return exc.field
 
 
 async def _result_of(handle: RequestHandle) -> GenerationResult:

@@ -1,4 +1,4 @@
-"""Structured output (JSON, optionally matching a JSON Schema): request parsing and the gate.
+"""Structured output (JSON, optionally matching a JSON Schema): request parsing.
 
 Requests that ask for JSON are validated here first (a schema that is not valid JSON Schema is
 a 400 quoting the problem), then sent to `Engine.submit(..., format="json",
@@ -7,10 +7,6 @@ Schemas the grammar compiler cannot express (an unsupported keyword, say) are re
 engine at submit with an InvalidParameterError starting "json_schema:", also a 400. The
 response's `structured_data` is `GenerationResult.structured_data` (the engine's parse of the
 finished document), else the result text parsed as JSON.
-
-The gate `require_engine_support` stays for engines that do not declare
-`supports_structured_output`: they get a 501, since an engine that merely accepted the fields
-but sampled unconstrained would pass free text off as JSON.
 """
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ from typing import Any
 
 import jsonschema
 
-from server.errors import BadRequest, InternalError, NotImplementedFeature
+from server.errors import BadRequest, InternalError
 
 # What /generate's "format": "json" and OpenAI's json_object mean: any JSON object. It is
 # validated like a user schema but sent to the engine as "no schema" (its default is an object).
@@ -101,21 +97,6 @@ def from_response_format(value: Any) -> StructuredOutput | None:
         f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {kind!r}",
         param="response_format",
     )
-
-
-def engine_supports_structured_output(engine: Any) -> bool:
-    return bool(getattr(engine, "supports_structured_output", False))
-
-
-def require_engine_support(engine: Any, structured: StructuredOutput | None) -> None:
-    if structured is not None and not engine_supports_structured_output(engine):
-        raise NotImplementedFeature(
-            f"structured output ('{structured.source}' asking for JSON) is not available with this "
-            "engine: it has no grammar-constrained sampling, and unconstrained text is not passed "
-            "off as JSON. Send the request without it.",
-            param=structured.source,
-            code="structured_output_unavailable",
-        )
 
 
 def structured_data(result: Any) -> Any:

@@ -98,11 +98,14 @@ def test_generation_stops_at_the_context_limit(model_path):
 @pytest.mark.parametrize(
     "options,needle",
     [({"max_tokens": 0}, "max_tokens"), ({"temperature": -0.5}, "temperature"),
-     ({"stop": [""]}, "stop"), ({"priority": "urgent"}, "priority"), ({"bogus": 1}, "bogus")],
+     ({"stop": [""]}, "stop"), ({"priority": "urgent"}, "priority"), ({"bogus": 1}, "bogus"),
+     ({"logit_bias": {999_999: 1.0}}, "logit_bias"), ({"json_schema": {"type": "object", "maxProperties": -1}},
+                                                      "json_schema")],
 )
 def test_bad_options_are_rejected_and_change_nothing(engine, options, needle):
-    with pytest.raises(InvalidParameterError, match=needle):
+    with pytest.raises(InvalidParameterError, match=needle) as info:
         engine.submit("hi", **options)
+    assert info.value.field == needle  # the field at fault, named for the caller
     assert engine.stats().running == 0 and sum(engine.stats().waiting.values()) == 0
 
 

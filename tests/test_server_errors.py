@@ -163,28 +163,6 @@ def test_requests_the_engine_refuses_at_submit_are_400(client, live, extra, frag
     unchanged.check()
 
 
-class _NoGrammarEngine:
-    """The real engine, claiming no structured-output support (as engines before it did)."""
-
-    supports_structured_output = False
-
-    def __init__(self, engine):
-        self._engine = engine
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-
-@pytest.mark.parametrize("extra", [{"format": "json"}, {"format": "json", "json_schema": {"type": "object"}}])
-def test_structured_output_is_501_on_an_engine_without_it(live, extra):
-    with running_server(lambda: _NoGrammarEngine(live.engine), live.engine) as server:
-        with httpx.Client(base_url=server.url, timeout=60) as client:
-            unchanged = Unchanged(live, client)
-            error = assert_error(client.post("/generate", json={**GOOD, **extra}), 501, "not available")
-            assert error["code"] == "structured_output_unavailable"
-            unchanged.check()
-
-
 def test_unknown_route_and_wrong_method_are_json_errors(client, live):
     assert_error(client.get("/nope"), 404, "no route for /nope")
     response = client.get("/generate")
