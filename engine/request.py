@@ -10,6 +10,8 @@ from sampling.params import InvalidParameterError, SamplingParams
 
 _request_ids = itertools.count(1)
 
+MAX_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's chat limit too)
+
 
 class Priority(str, enum.Enum):
     INTERACTIVE = "interactive"
@@ -76,8 +78,10 @@ class Request:
         if any(not isinstance(s, str) or not s for s in stop):
             raise InvalidParameterError("stop must be a list of non-empty strings", field="stop")
         object.__setattr__(self, "stop", stop)
-        if isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20:
-            raise InvalidParameterError(f"logprobs must be an integer from 0 to 20, got {self.logprobs!r}", field="logprobs")
+        if isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise InvalidParameterError(
+                f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {self.logprobs!r}", field="logprobs"
+            )
         if self.format not in ("raw", "json"):
             raise InvalidParameterError(f"format must be 'raw' or 'json', got {self.format!r}", field="format")
         if self.json_schema is not None:

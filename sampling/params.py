@@ -82,7 +82,7 @@ class SamplingParams:
             )
         _check_number("presence_penalty", self.presence_penalty, low=-PENALTY_LIMIT, high=PENALTY_LIMIT)
         _check_number("frequency_penalty", self.frequency_penalty, low=-PENALTY_LIMIT, high=PENALTY_LIMIT)
-        object.__setattr__(self, "logit_bias", _normalize_logit_bias(self.logit_bias))
+        object.__setattr__(self, "logit_bias", normalize_logit_bias(self.logit_bias))
 
     @property
     def is_greedy(self) -> bool:
@@ -121,7 +121,8 @@ def _check_number(name: str, value: object, *, low: float, high: float) -> None:
         raise InvalidParameterError(f"{name} must be between {low} and {high}, got {value!r}", field=name)
 
 
-def _normalize_logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
+def normalize_logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
+    """logit_bias as (token id, bias) pairs sorted by id, or InvalidParameterError."""
     if bias is None:
         return ()
     if isinstance(bias, Mapping):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,6 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from engine.config import EngineConfig  # defaults live with the settings they belong to
+
+    defaults = EngineConfig()
     parser = argparse.ArgumentParser(prog="cobatch", description="Continuous-batching LLM inference server.")
     commands = parser.add_subparsers(dest="command")
     serve_cmd = commands.add_parser("serve", help="serve the model over HTTP (native and OpenAI-compatible APIs)")
@@ -43,18 +45,18 @@ def _parser() -> argparse.ArgumentParser:
         "--model", default=None,
         help="GGUF file path, or owner/repo/file.gguf on Hugging Face (default: the bundled Gemma 3 270M)",
     )
-    serve_cmd.add_argument("--n-ctx", type=int, default=8192, help="KV cache cells shared by all requests")
-    serve_cmd.add_argument("--max-batch", type=int, default=32, help="sequences generating at once")
-    serve_cmd.add_argument("--step-token-budget", type=int, default=256, help="tokens per decode step")
-    serve_cmd.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1), help="CPU threads")
-    serve_cmd.add_argument("--max-waiting", type=int, default=1024, help="queued batch requests before 429")
-    serve_cmd.add_argument("--max-waiting-interactive", type=int, default=256,
+    serve_cmd.add_argument("--n-ctx", type=int, default=defaults.n_ctx, help="KV cache cells shared by all requests")
+    serve_cmd.add_argument("--max-batch", type=int, default=defaults.max_batch, help="sequences generating at once")
+    serve_cmd.add_argument("--step-token-budget", type=int, default=defaults.step_token_budget, help="tokens per decode step")
+    serve_cmd.add_argument("--threads", type=int, default=defaults.n_threads, help="CPU threads")
+    serve_cmd.add_argument("--max-waiting", type=int, default=defaults.max_waiting, help="queued batch requests before 429")
+    serve_cmd.add_argument("--max-waiting-interactive", type=int, default=defaults.max_waiting_interactive,
                            help="queued interactive requests before 429")
-    serve_cmd.add_argument("--batch-min-share", type=float, default=0.25,
+    serve_cmd.add_argument("--batch-min-share", type=float, default=defaults.batch_min_share,
                            help="share of slots, prompt tokens and steps batch work always keeps")
     serve_cmd.add_argument("--no-priority", action="store_true",
                            help="one FIFO queue: ignore request priority")
-    serve_cmd.add_argument("--interactive-batch-rows", type=int, default=4,
+    serve_cmd.add_argument("--interactive-batch-rows", type=int, default=defaults.interactive_batch_rows or 0,
                            help="while interactive requests decode, batch tokens per step at most, so each "
                                 "interactive token waits for a short step (default 4; 0: no bound)")
     serve_cmd.add_argument("--no-adaptive-threads", action="store_true",
@@ -67,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     # almost nothing. The Engine's own default stays off, for outputs independent of neighbours.
     serve_cmd.add_argument("--flash-attn", choices=["on", "off"], default="on",
                            help="llama.cpp's flash attention (default on)")
-    serve_cmd.add_argument("--cache-max-fraction", type=float, default=0.25,
+    serve_cmd.add_argument("--cache-max-fraction", type=float, default=defaults.cache_max_fraction,
                            help="share of KV cells idle cached prefixes may hold (default 0.25); with --flash-attn "
                                 "off every decode step attends over held cells, so a smaller share trades prefix "
                                 "hits for speed")

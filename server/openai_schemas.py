@@ -21,7 +21,8 @@ from server import structured
 from server.chat_format import ChatMessage, RenderedChat, parse_messages
 from server.errors import BadRequest, NotImplementedFeature
 from server.schemas import check_combinations, read_sampling
-from server.spec import MAX_LOGPROBS, GenerationSpec
+from engine.request import MAX_LOGPROBS
+from server.spec import GenerationSpec
 from server.validation import FieldReader
 
 COMPLETION_DEFAULTS = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "top_k": 0}

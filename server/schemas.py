@@ -30,23 +30,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.request import MAX_LOGPROBS
+from sampling.params import PENALTY_LIMIT
 from server import structured
 from server.errors import BadRequest
 from server.spec import (
     MAX_LOGIT_BIAS_ENTRIES,
-    MAX_LOGPROBS,
     MAX_SEED,
     MAX_TIMEOUT_S,
     MAX_STOP_LENGTH,
     MAX_STOP_STRINGS,
     MAX_TEMPERATURE,
-    PENALTY_LIMIT,
     GenerationSpec,
 )
 from server.validation import FieldReader
 
 PRIORITIES = ("interactive", "batch")
-LOGIT_BIAS_LIMIT = 100.0
 
 
 def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: dict[str, Any]) -> dict[str, Any]:
@@ -70,7 +69,7 @@ def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: dict[str, Any]) 
         "frequency_penalty": fields.number(
             "frequency_penalty", 0.0, minimum=-PENALTY_LIMIT, maximum=PENALTY_LIMIT, nullable=True
         ),
-        "logit_bias": fields.logit_bias(max_entries=MAX_LOGIT_BIAS_ENTRIES, limit=LOGIT_BIAS_LIMIT),
+        "logit_bias": fields.logit_bias(max_entries=MAX_LOGIT_BIAS_ENTRIES),
         "seed": fields.integer("seed", None, minimum=0, maximum=MAX_SEED, nullable=True),
         "stop": fields.stop_strings("stop", max_count=MAX_STOP_STRINGS, max_length=MAX_STOP_LENGTH),
         "priority": fields.string("priority", "batch", choices=PRIORITIES, nullable=True),

@@ -6,14 +6,12 @@ from typing import Any, Sequence
 
 from server.structured import StructuredOutput
 
-# Limits the HTTP layer enforces before anything reaches the engine.
+# Limits the HTTP layer adds to the engine's own (engine.request, sampling.params).
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_TEMPERATURE = 2.0  # OpenAI's documented range; higher is noise on a small model
 MAX_SEED = 2**63 - 1
 MAX_LOGIT_BIAS_ENTRIES = 1024  # bounds the work one request can put on every sampling step
-MAX_LOGPROBS = 20  # the engine's limit (OpenAI's chat limit too)
-PENALTY_LIMIT = 2.0  # presence/frequency penalties, as OpenAI documents them
 MAX_TIMEOUT_S = 86400.0  # a request deadline; beyond a day it is a mistake, not a deadline
 
 

@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 from starlette.requests import Request
 
+from sampling.params import InvalidParameterError, normalize_logit_bias
 from server.errors import BadRequest, PayloadTooLarge
 
 _MISSING = object()
@@ -212,9 +213,10 @@ class FieldReader:
                 )
         return tuple(items)
 
-    def logit_bias(self, name: str = "logit_bias", *, max_entries: int, limit: float) -> tuple[tuple[int, float], ...]:
+    def logit_bias(self, name: str = "logit_bias", *, max_entries: int) -> tuple[tuple[int, float], ...]:
         """OpenAI's `logit_bias`: an object mapping token ids (JSON keys are strings, so "123")
-        to a bias in [-limit, limit]. Returned as (id, bias) pairs sorted by id."""
+        to a bias. Only the JSON shape is checked here; the values are checked where the
+        parameter is defined (sampling.params.normalize_logit_bias)."""
         value = self._take(name)
         if value is _MISSING or value is None:
             return ()
@@ -224,19 +226,13 @@ class FieldReader:
                              param=full)
         if len(value) > max_entries:
             raise BadRequest(f"'{full}' may hold at most {max_entries} entries, got {len(value)}", param=full)
-        pairs: dict[int, float] = {}
-        for key, bias in value.items():
+        for key in value:
             if not (isinstance(key, str) and key.isascii() and key.isdigit()):
                 raise BadRequest(f"'{full}' keys must be non-negative integer token ids, got {key!r}", param=full)
-            token = int(key)
-            if token in pairs:
-                raise BadRequest(f"'{full}' lists token {token} twice", param=full)
-            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
-                raise BadRequest(f"'{full}[{key}]' must be a number, got {_json_kind(bias)}", param=full)
-            if not -limit <= bias <= limit:
-                raise BadRequest(f"'{full}[{key}]' must be between {-limit:g} and {limit:g}, got {bias}", param=full)
-            pairs[token] = float(bias)
-        return tuple(sorted(pairs.items()))
+        try:
+            return normalize_logit_bias([(int(key), bias) for key, bias in value.items()])
+        except InvalidParameterError as exc:
+            raise BadRequest(f"'{full}': {exc}", param=full) from None
 
     def finish(self) -> None:
         """Refuse unknown fields: a misspelt option silently ignored is worse than an error."""
