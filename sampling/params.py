@@ -148,10 +148,10 @@ def normalize_logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
         if token < 0:
             raise InvalidParameterError(f"logit_bias token ids must be >= 0, got {token}", field="logit_bias")
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise InvalidParameterError(f"logit_bias[{int(token)}] must be a finite number, got {value!r}", field="logit_bias")
+            raise InvalidParameterError(f"'logit_bias[{int(token)}]' must be a finite number, got {value!r}", field="logit_bias")
         if not (-LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT):
             raise InvalidParameterError(
-                f"logit_bias[{int(token)}] must be between -100 and 100, got {value!r}",
+                f"'logit_bias[{int(token)}]' must be between -100 and 100, got {value!r}",
                 field="logit_bias",
             )
         if int(token) in out:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -20,7 +20,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from server import generate_routes, openai_routes
+from engine import EngineStats
 from server.context import ServerContext, ServerSettings
+from server.engine_protocol import ServedEngine
 from server.errors import APIError, InternalError, MethodNotAllowed, NotFound
 from server.generation import GenerationService
 from server.health import health_payload
@@ -33,7 +35,7 @@ Handler = Callable[[Request, ServerContext], Awaitable[Response]]
 
 
 def create_app(
-    loader: Callable[[], Any],
+    loader: Callable[[], ServedEngine],
     settings: ServerSettings = ServerSettings(),
     *,
     on_load_failure: Callable[[BaseException], None] | None = None,
@@ -47,7 +49,7 @@ def create_app(
         on_load_failure=on_load_failure,
     )
 
-    def engine_stats() -> Any:
+    def engine_stats() -> EngineStats | None:
         # Readable while serving and draining; after close the engine is gone as far as we care.
         return state.engine.stats() if state.engine is not None and state.status in (OK, DRAINING) else None
 

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from engine import GenerationResult, RequestHandle
 from server import logprobs, structured
 from server.context import ServerContext
+from server.engine_protocol import ServedEngine
 from server.generation import error_for_result, metrics_payload
 from server.schemas import parse_generate
 from server.spec import GenerationSpec
@@ -47,7 +48,7 @@ async def generate(request: Request, ctx: ServerContext) -> Response:
     return JSONResponse(_final_payload(result, spec, engine), headers=headers)
 
 
-def _final_payload(result: GenerationResult, spec: GenerationSpec, engine: Any) -> dict[str, Any]:
+def _final_payload(result: GenerationResult, spec: GenerationSpec, engine: ServedEngine) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "id": result.request_id,
         "text": result.text,
@@ -61,7 +62,7 @@ def _final_payload(result: GenerationResult, spec: GenerationSpec, engine: Any) 
     return payload
 
 
-async def _events(handle: RequestHandle, spec: GenerationSpec, engine: Any) -> AsyncIterator[bytes]:
+async def _events(handle: RequestHandle, spec: GenerationSpec, engine: ServedEngine) -> AsyncIterator[bytes]:
     try:
         async for delta in handle:
             yield encode_event({"text": delta}, event="delta")

@@ -5,7 +5,10 @@ import os
 import resource
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # state imports this module's process_rss_bytes
+    from server.state import ServingState
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -21,7 +24,7 @@ def process_rss_bytes() -> int:
         return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
-def health_payload(state: Any) -> dict[str, Any]:
+def health_payload(state: ServingState) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "status": state.status,
         "model": None,

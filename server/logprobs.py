@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from engine import GenerationResult
 
-def visible(result: Any, token_bytes: Sequence[bytes]) -> list[Any]:
+
+def visible(result: GenerationResult, token_bytes: Sequence[bytes]) -> list[Any]:
     entries = list(result.logprobs or ())
     limit = len(result.text.encode("utf-8"))
     kept, offset = [], 0
@@ -29,7 +31,7 @@ def token_text(token_bytes: Sequence[bytes], token: int) -> str:
     return token_bytes[token].decode("utf-8", "replace")
 
 
-def completion_logprobs(result: Any, token_bytes: Sequence[bytes], n: int) -> dict[str, Any]:
+def completion_logprobs(result: GenerationResult, token_bytes: Sequence[bytes], n: int) -> dict[str, Any]:
     """OpenAI's legacy completions format. As OpenAI documents it, each top_logprobs dict holds
     the n most likely tokens and the sampled one (so up to n + 1 entries); tokens whose text is
     the same share a key (the likelier one is kept)."""
@@ -55,7 +57,7 @@ def _chat_token(token_bytes: Sequence[bytes], token: int, logprob: float) -> dic
     return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
 
 
-def chat_logprobs(result: Any, token_bytes: Sequence[bytes], n: int) -> dict[str, Any]:
+def chat_logprobs(result: GenerationResult, token_bytes: Sequence[bytes], n: int) -> dict[str, Any]:
     """OpenAI's chat format: {"content": [{token, logprob, bytes, top_logprobs: [...]}], "refusal": None}."""
     content = []
     for entry in visible(result, token_bytes):
@@ -65,7 +67,7 @@ def chat_logprobs(result: Any, token_bytes: Sequence[bytes], n: int) -> dict[str
     return {"content": content, "refusal": None}
 
 
-def generate_logprobs(result: Any, token_bytes: Sequence[bytes], n: int) -> list[dict[str, Any]]:
+def generate_logprobs(result: GenerationResult, token_bytes: Sequence[bytes], n: int) -> list[dict[str, Any]]:
     """/generate's format: [{"id", "token", "logprob", "top": [{"id", "token", "logprob"}]}]."""
     def one(token: int, logprob: float) -> dict[str, Any]:
         return {"id": token, "token": token_text(token_bytes, token), "logprob": logprob}

@@ -12,9 +12,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
+from engine import RequestHandle
 from server.chat_format import ChatFormatter, detect_style
+from server.engine_protocol import ServedEngine
 from server.errors import ServiceUnavailable
 
 log = logging.getLogger("cobatch.server")
@@ -36,7 +38,7 @@ class ModelInfo:
 class ServingState:
     def __init__(
         self,
-        loader: Callable[[], Any],
+        loader: Callable[[], ServedEngine],
         *,
         owns_engine: bool,
         drain_timeout: float,
@@ -50,14 +52,14 @@ class ServingState:
         self._on_load_failure = on_load_failure
         self.status = LOADING
         self.error: str | None = None
-        self.engine: Any = None
+        self.engine: ServedEngine | None = None
         self.model: ModelInfo | None = None
         self.chat: ChatFormatter | None = None
         self.started_at = time.monotonic()
         self.started_wall = time.time()
         self._lock = threading.Condition()
         self._admitting = 0  # requests between admission and submit (or refusal)
-        self._handles: set[Any] = set()
+        self._handles: set[RequestHandle] = set()
         self._cancelling = False
         self._load_thread: threading.Thread | None = None
         self._drain_thread: threading.Thread | None = None
@@ -99,7 +101,7 @@ class ServingState:
 
     # ---- admission --------------------------------------------------------------------------
     @contextlib.contextmanager
-    def admit(self) -> Iterator[Any]:
+    def admit(self) -> Iterator[ServedEngine]:
         """Yields the engine for one request, or raises 503 while loading, failed or draining."""
         with self._lock:
             if self.status != OK:
@@ -122,7 +124,7 @@ class ServingState:
         headers = {"Retry-After": "2"} if self.status == LOADING else {}
         return ServiceUnavailable(reason, code=self.status, headers=headers)
 
-    def track(self, handle: Any) -> None:
+    def track(self, handle: RequestHandle) -> None:
         """Follow a submitted request until `untrack` (when it has finished)."""
         with self._lock:
             self._handles.add(handle)
@@ -130,7 +132,7 @@ class ServingState:
         if cancel:  # submitted after the drain deadline swept the others
             handle.cancel()
 
-    def untrack(self, handle: Any) -> None:
+    def untrack(self, handle: RequestHandle) -> None:
         with self._lock:
             self._handles.discard(handle)
             self._lock.notify_all()

@@ -226,13 +226,15 @@ class FieldReader:
                              param=full)
         if len(value) > max_entries:
             raise BadRequest(f"'{full}' may hold at most {max_entries} entries, got {len(value)}", param=full)
-        for key in value:
+        for key, bias in value.items():
             if not (isinstance(key, str) and key.isascii() and key.isdigit()):
                 raise BadRequest(f"'{full}' keys must be non-negative integer token ids, got {key!r}", param=full)
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+                raise BadRequest(f"'{full}[{key}]' must be a number, got {_json_kind(bias)}", param=full)
         try:
             return normalize_logit_bias([(int(key), bias) for key, bias in value.items()])
         except InvalidParameterError as exc:
-            raise BadRequest(f"'{full}': {exc}", param=full) from None
+            raise BadRequest(str(exc), param=full) from None
 
     def finish(self) -> None:
         """Refuse unknown fields: a misspelt option silently ignored is worse than an error."""
