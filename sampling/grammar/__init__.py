@@ -67,22 +67,28 @@ from .vocab_index import index_for
 
 __all__ = ["CompiledGrammar", "GrammarMatcher", "SchemaError", "UnsupportedSchemaError", "compile_grammar"]
 
-_CACHE: dict[tuple[str, int], CompiledGrammar] = {}
+_CACHE: dict[tuple[str, int, bool], CompiledGrammar] = {}
 _CACHE_LOCK = threading.Lock()
 _CACHE_MAX = 64
 
 
-def compile_grammar(schema: dict | bool | None, vocab: TokenVocabulary) -> CompiledGrammar:
-    """Compile `schema` (None = any JSON object) for `vocab`; cached, so repeats are near-free."""
+def compile_grammar(schema: dict | bool | None, vocab: TokenVocabulary, *,
+                    open_objects: bool = False) -> CompiledGrammar:
+    """Compile `schema` (None = any JSON object) for `vocab`; cached, so repeats are near-free.
+
+    `open_objects` says what an absent `additionalProperties` means: False (default) = no
+    members besides those the schema names (properties, required, patternProperties), as in
+    OpenAI's strict mode; True = JSON Schema's meaning, extra members of any value allowed."""
     try:
-        key = (json.dumps(schema, sort_keys=True, separators=(",", ":"), allow_nan=False), id(vocab))
+        key = (json.dumps(schema, sort_keys=True, separators=(",", ":"), allow_nan=False), id(vocab),
+               open_objects)
     except (TypeError, ValueError) as e:
         raise SchemaError(f"schema is not JSON-serialisable: {e}") from None
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None and hit.idx.token_bytes is vocab.token_bytes:
             return hit
-    grammar = CompiledGrammar(schema, index_for(vocab))
+    grammar = CompiledGrammar(schema, index_for(vocab), open_objects=open_objects)
     with _CACHE_LOCK:
         _CACHE[key] = grammar
         while len(_CACHE) > _CACHE_MAX:

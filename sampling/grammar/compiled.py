@@ -23,8 +23,9 @@ MAX_STACKS = 512
 class CompiledGrammar:
     """Immutable once built, except for caches (guarded by a lock; safe to share)."""
 
-    def __init__(self, schema: object, idx: VocabIndex, *, frame_cache: int = 256, mask_cache: int = 64) -> None:
-        comp = SchemaCompiler(schema)
+    def __init__(self, schema: object, idx: VocabIndex, *, open_objects: bool = False,
+                 frame_cache: int = 256, mask_cache: int = 64) -> None:
+        comp = SchemaCompiler(schema, open_objects=open_objects)
         rules = comp.compile()
         nfa = NFA()
         frags = [nfa.build(r) for r in rules]

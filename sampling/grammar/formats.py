@@ -1,4 +1,11 @@
-"""`format` values, each compiled as a `pattern` (a sound subset of what validators accept)."""
+"""`format` values, each compiled as a `pattern` (a sound subset of what validators accept).
+
+Every pattern here is a strict subset of its format (ASCII only, common forms only), so output
+always validates; a valid value outside the subset (e.g. an IPv6 address with an embedded IPv4
+part, a URI with percent-escapes) is not generated. Formats JSON Schema defines that are not
+here are refused by name (REFUSED_FORMATS); any other format name is an annotation and ignored,
+as JSON Schema says of unknown formats.
+"""
 from __future__ import annotations
 
 _DATE = (r"\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
@@ -6,12 +13,53 @@ _DATE = (r"\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:
 _TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _HEX = "[0-9a-fA-F]"
+_H16 = _HEX + "{1,4}"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,20}[A-Za-z0-9])?"
+# At most 8 labels of at most 22 characters: under the 253 characters a host name may have.
+_HOST = rf"{_LABEL}(?:\.{_LABEL}){{0,6}}\.[A-Za-z](?:[A-Za-z0-9-]{{0,20}}[A-Za-z0-9])?|[A-Za-z](?:[A-Za-z0-9-]{{0,20}}[A-Za-z0-9])?"
+_SEGMENT = r"[A-Za-z0-9._~-]*"
+_QUERY = r"(?:\?[A-Za-z0-9._~=&-]*)?(?:#[A-Za-z0-9._~-]*)?"
+_URI = (rf"(?:https?|ftp|file|urn):(?://(?:{_LABEL}(?:\.{_LABEL}){{0,6}})(?::[1-9]\d{{0,3}})?)?"
+        rf"(?:/{_SEGMENT}){{0,12}}{_QUERY}")
+_RELATIVE = rf"(?:/?[A-Za-z0-9_~-]{_SEGMENT}(?:/{_SEGMENT}){{0,12}}|/){_QUERY}|#[A-Za-z0-9._~-]*"
+
+
+def _ipv6() -> str:
+    full = rf"(?:{_H16}:){{7}}{_H16}"
+    # "::" stands for one or more groups: k groups before it and at most 7 - k after it.
+    short = []
+    for k in range(8):
+        before = "" if k == 0 else rf"(?:{_H16}:){{{k - 1}}}{_H16}"
+        after = "" if k == 7 else rf"(?:{_H16}(?::{_H16}){{0,{6 - k}}})?"
+        short.append(before + "::" + after)
+    return "|".join([full, *short])
+
+
+_DUR_TIME = r"T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S)"
+_DURATION = rf"P(?:(?:\d+D|\d+M(?:\d+D)?|\d+Y(?:\d+M(?:\d+D)?)?)(?:{_DUR_TIME})?|{_DUR_TIME}|\d+W)"
+_POINTER = r"(?:/(?:[A-Za-z0-9_.-]|~[01])*)*"
 
 FORMATS: dict[str, str] = {
     "date": _DATE,
     "time": _TIME,
     "date-time": _DATE + "T" + _TIME,
+    "duration": _DURATION,
     "email": r"[A-Za-z0-9_%+-]+(?:\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}",
+    "idn-email": r"[A-Za-z0-9_%+-]+(?:\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}",
+    "hostname": _HOST,
+    "idn-hostname": _HOST,
     "uuid": f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}",
     "ipv4": rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}",
+    "ipv6": _ipv6(),
+    "uri": _URI,
+    "iri": _URI,
+    "uri-reference": f"{_URI}|{_RELATIVE}",
+    "iri-reference": f"{_URI}|{_RELATIVE}",
+    "uri-template": _URI,            # a URI without braces is a (trivial) URI template
+    "json-pointer": _POINTER,
+    "relative-json-pointer": rf"(?:0|[1-9]\d{{0,5}})(?:#|{_POINTER})",
+    "regex": r"[A-Za-z0-9 _-]*",     # literal text: always a valid regular expression
 }
+
+# Formats some drafts define and validators check, with no pattern here: refused by name.
+REFUSED_FORMATS = frozenset({"color", "utc-millisec", "host-name", "ip-address"})

@@ -43,9 +43,15 @@ class Call:
 @dataclass(frozen=True)
 class Obj:
     """`{` members `}` where `members` are (member_ir, required) emitted in this order,
-    comma-separated, optional ones skippable; then `extra` (a member IR) any number of times."""
+    comma-separated, optional ones skippable; then `extra` (a member IR) any number of times.
+    Between `lo` and `hi` (None = no limit) members in all; extras count only if `extra_counts`."""
     members: tuple
     extra: object | None
+    lo: int = 0
+    hi: int | None = None
+    extra_counts: bool = True
+    open: bytes = b"{"
+    close: bytes = b"}"
 
 
 EMPTY = Seq(())

@@ -67,26 +67,46 @@ class NFA:
 
     def _obj(self, node: ir.Obj, s: int) -> int:
         comma = ir.lit(b",")
-        s = self._into(ir.lit(b"{"), s)
-        # (first, rest): state before member i when nothing / something was emitted yet.
-        first, rest = s, self.new()
+        lo, hi = node.lo, node.hi
+        top = hi if hi is not None else lo       # counts above `top` saturate (no upper bound)
+
+        def bump(c: int) -> int | None:
+            if hi is None:
+                return min(c + 1, top)
+            return c + 1 if c + 1 <= hi else None
+
+        s = self._into(ir.lit(node.open), s)
+        # `first`: nothing emitted yet; rest[c]: something emitted, c members counted.
+        first, rest = s, [self.new() for _ in range(top + 1)]
         for member, required in node.members:
-            mid = self.new()                      # just before the member's own bytes
-            self.eps[first].append(mid)
-            self.eps[self._into(comma, rest)].append(mid)
-            after = self._into(member, mid)
-            nfirst, nrest = self.new(), self.new()
-            self.eps[after].append(nrest)
-            if not required:                      # skipping keeps the "emitted anything" flag
+            nfirst, nrest = self.new(), [self.new() for _ in range(top + 1)]
+            for c in range(top + 1):
+                nc = bump(c)
+                if nc is None:
+                    continue
+                mid = self.new()                  # just before the member's own bytes
+                if c == 0:
+                    self.eps[first].append(mid)
+                self.eps[self._into(comma, rest[c])].append(mid)
+                self.eps[self._into(member, mid)].append(nrest[nc])
+            if not required:                      # skipping keeps the count
                 self.eps[first].append(nfirst)
-                self.eps[rest].append(nrest)
+                for c in range(top + 1):
+                    self.eps[rest[c]].append(nrest[c])
             first, rest = nfirst, nrest
         if node.extra is not None:
-            mid = self.new()
-            self.eps[first].append(mid)
-            self.eps[self._into(comma, rest)].append(mid)
-            self.eps[self._into(node.extra, mid)].append(rest)
+            for c in range(top + 1):
+                nc = bump(c) if node.extra_counts else c
+                if nc is None:
+                    continue
+                mid = self.new()
+                if c == 0:
+                    self.eps[first].append(mid)
+                self.eps[self._into(comma, rest[c])].append(mid)
+                self.eps[self._into(node.extra, mid)].append(rest[nc])
         end = self.new()
-        self.eps[self._into(ir.lit(b"}"), first)].append(end)
-        self.eps[self._into(ir.lit(b"}"), rest)].append(end)
+        if lo == 0:
+            self.eps[self._into(ir.lit(node.close), first)].append(end)
+        for c in range(lo, top + 1):
+            self.eps[self._into(ir.lit(node.close), rest[c])].append(end)
         return end

@@ -205,3 +205,36 @@ def pattern_ir(pattern: str, where: str) -> object:
         from .errors import SchemaError
         raise SchemaError(f"invalid 'pattern' at {where or '/'}: {e}") from None
     return _Parser(pattern, where).parse()
+
+
+_SINGLE = re.compile(r"\^?((?:\[(?:\\.|[^\]\\])+\]|\\[dwsDWS]|\.|[A-Za-z0-9 _-]))"
+                     r"(\*|\+|\{(\d+)(?:,(\d*))?\})\$?")
+
+
+def length_bounded_pattern(pattern: str, lo: int, hi: int | None) -> str | None:
+    """A pattern for the strings fully matching `pattern` whose length is in [lo, hi], when that
+    is easy: the bounds already hold for every match, or the pattern is one repeated character
+    class (then the repetition is tightened). Otherwise None."""
+    try:
+        import re._parser as sre_parse
+    except ImportError:   # Python < 3.11
+        import sre_parse  # type: ignore[no-redef]
+    try:
+        wmin, wmax = sre_parse.parse(pattern).getwidth()
+    except (re.error, OverflowError, RecursionError):
+        return None
+    if lo <= wmin and (hi is None or wmax <= hi):
+        return pattern
+    m = _SINGLE.fullmatch(pattern)
+    if m is None:
+        return None
+    q = m.group(2)
+    qlo, qhi = {"*": (0, None), "+": (1, None)}.get(q, (None, None))
+    if q.startswith("{"):
+        qlo = int(m.group(3))
+        qhi = qlo if m.group(4) is None and "," not in q else (int(m.group(4)) if m.group(4) else None)
+    nlo = max(lo, qlo)
+    nhi = hi if qhi is None else (qhi if hi is None else min(hi, qhi))
+    if nhi is not None and nhi < nlo:
+        return None
+    return f"{m.group(1)}{{{nlo},{'' if nhi is None else nhi}}}"

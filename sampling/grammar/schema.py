@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from urllib.parse import unquote
+
+import jsonschema
+import referencing.exceptions
 
 from . import ir, jsonstr, numeric, utf8
 from .allof import merge_all_of
-from .errors import SchemaError, unsupported
-from .formats import FORMATS
-from .keywords import ANNOTATIONS, JSON_TYPES, SUPPORTED, TYPE_KEYWORDS, constraint_keys, escape_pointer
-from .regex import pattern_ir
+from .errors import SchemaError, UnsupportedSchemaError, unsupported
+from .formats import FORMATS, REFUSED_FORMATS
+from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, escape_pointer
+from .objects import dependency_variants, key_not_in, literal_prefix, matching, pattern_entries
+from .regex import length_bounded_pattern, pattern_ir
 
 _COMPACT = {"separators": (",", ":"), "ensure_ascii": False, "allow_nan": False}
 NULL, TRUE, FALSE = ir.lit(b"null"), ir.lit(b"true"), ir.lit(b"false")
@@ -38,6 +43,28 @@ def _json_type(v) -> str:
     return "array" if isinstance(v, list) else "object"
 
 
+def _unanchored(pattern: str) -> str:
+    """A pattern whose full matches are strings that `pattern` matches anywhere (JSON Schema's
+    search semantics), e.g. '^x-' -> 'x-.*' (our patterns otherwise match whole strings)."""
+    core, head, tail = pattern, ".*", ".*"
+    if core.startswith("^"):
+        core, head = core[1:], ""
+    if core.endswith("$") and not core.endswith("\\$"):
+        core, tail = core[:-1], ""
+    return f"{head}(?:{core}){tail}"
+
+
+def _normal(v):
+    """The value as jsonschema compares it for uniqueItems (1 == 1.0, keys unordered)."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, list):
+        return [_normal(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _normal(x) for k, x in v.items()}
+    return v
+
+
 def _count(schema: dict, key: str, ptr: str) -> int | None:
     v = schema.get(key)
     if v is None:
@@ -48,8 +75,14 @@ def _count(schema: dict, key: str, ptr: str) -> int | None:
 
 
 class SchemaCompiler:
-    def __init__(self, root: object) -> None:
+    """`open_objects`: what an ABSENT `additionalProperties` means. False (the default, as in
+    OpenAI's strict mode): no members besides those named by properties / required /
+    patternProperties. True: JSON Schema's meaning, any further member (of any value)."""
+
+    def __init__(self, root: object, *, open_objects: bool = False) -> None:
         self.root = root
+        self.open_objects = open_objects
+        self._validator = None
         self.rules: list[object | None] = [None]
         self.ref_rule: dict[str, int] = {}
         self.inline_memo: dict[str, object] = {}
@@ -135,7 +168,8 @@ class SchemaCompiler:
             if not (isinstance(sub, dict) and "$ref" in sub):
                 return sub
             if constraint_keys(sub) - {"$ref"}:
-                raise unsupported("$ref", where, "sibling keywords next to $ref")
+                rest = {k: v for k, v in sub.items() if k != "$ref"}
+                return merge_all_of({**rest, "allOf": [{"$ref": sub["$ref"]}]}, where, self._resolve_schema)
             if sub["$ref"] in self.recursive:
                 raise unsupported("allOf", where, "recursive $ref inside allOf")
             sub = self._resolve_pointer(sub["$ref"], where)
@@ -169,21 +203,30 @@ class SchemaCompiler:
             return ir.NEVER
         if not isinstance(schema, dict):
             raise SchemaError(f"schema at {ptr or '/'} must be an object or a boolean, got {type(schema).__name__}")
-        for k in schema:
-            if k not in SUPPORTED:
-                raise unsupported(k, ptr)
         keys = constraint_keys(schema)
         if not keys:
             return self.any_value()
-        if "$ref" in keys:
-            if keys != {"$ref"}:
-                raise unsupported("$ref", ptr, f"sibling keywords next to $ref: {sorted(keys - {'$ref'})}")
-            return self._ref(schema["$ref"], ptr)
-        if "allOf" in keys:
-            return self.node(merge_all_of(schema, ptr, self._resolve_schema), ptr)
         nullable = schema.get("nullable", False)
         if not isinstance(nullable, bool):
             raise SchemaError(f"'nullable' at {ptr or '/'} must be a boolean")
+        if ("enum" in keys or "const" in keys) and keys - {"enum", "const", "type", "nullable"}:
+            # A finite set of values: every other keyword is enforced exactly by validating them.
+            return self._filtered_enum(schema, keys, ptr, nullable)
+        refused = sorted(keys & REFUSED)
+        if refused:
+            raise unsupported(refused[0], ptr)
+        if "$ref" in keys:
+            if keys == {"$ref"}:
+                return self._ref(schema["$ref"], ptr)
+            # Sibling keywords next to $ref: both must hold (an implicit allOf).
+            rest = {k: v for k, v in schema.items() if k != "$ref"}
+            allof = rest.get("allOf", [])
+            if not isinstance(allof, list):
+                raise SchemaError(f"'allOf' at {ptr or '/'} must be a non-empty array")
+            rest["allOf"] = [{"$ref": schema["$ref"]}, *allof]
+            return self.node(merge_all_of(rest, ptr, self._resolve_schema), ptr)
+        if "allOf" in keys:
+            return self.node(merge_all_of(schema, ptr, self._resolve_schema), ptr)
         for comb in ("anyOf", "oneOf"):
             if comb in keys:
                 return self._combinator(schema, comb, keys, ptr, nullable)
@@ -207,16 +250,52 @@ class SchemaCompiler:
 
     def _combinator(self, schema: dict, comb: str, keys: set[str], ptr: str, nullable: bool) -> object:
         others = keys - {comb, "nullable"}
-        if others:
-            raise unsupported(comb, ptr, f"sibling keywords next to {comb}: {sorted(others)}")
         subs = schema[comb]
         if not isinstance(subs, list) or not subs:
             raise SchemaError(f"{comb!r} at {ptr or '/'} must be a non-empty array")
+        if others:
+            # Sibling keywords (an implicit allOf) distribute over the branches; "exactly one
+            # branch" is unchanged by intersecting every branch with the same schema.
+            siblings = {k: schema[k] for k in others}
+            merged = []
+            for i, sub in enumerate(subs):
+                try:
+                    merged.append(merge_all_of({**siblings, "allOf": [sub]}, f"{ptr}/{comb}/{i}", self._resolve_schema))
+                except UnsupportedSchemaError:
+                    raise
+                except SchemaError:
+                    merged.append(False)       # this branch cannot match anything
+            subs = merged
         if comb == "oneOf" and len(subs) > 1:
             from .oneof import check_disjoint
             check_disjoint(subs, ptr, self._resolve_schema)
         body = ir.alt(*(self.node(s, f"{ptr}/{comb}/{i}") for i, s in enumerate(subs)))
         return ir.alt(NULL, body) if nullable else body
+
+    def _satisfies(self, value: object, schema: dict, ptr: str) -> bool:
+        """`value` is valid against `schema` (a sub-schema of the root, $refs resolved there)."""
+        if self._validator is None:
+            root = self.root if isinstance(self.root, (dict, bool)) else {}
+            cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
+            self._validator = cls(root, format_checker=cls.FORMAT_CHECKER)
+        try:
+            return self._validator.evolve(schema=schema).is_valid(value)
+        except (jsonschema.exceptions.SchemaError, referencing.exceptions.Unresolvable,
+                ValueError, TypeError, LookupError, RecursionError) as e:
+            raise SchemaError(f"cannot check the enum/const values at {ptr or '/'}: {e}") from None
+
+    def _filtered_enum(self, schema: dict, keys: set[str], ptr: str, nullable: bool) -> object:
+        values = schema["enum"] if "enum" in schema else [schema["const"]]
+        if not isinstance(values, list) or not values:
+            raise SchemaError(f"'enum' at {ptr or '/'} must be a non-empty array")
+        rule = {k: v for k, v in schema.items() if k != "nullable"}
+        kept = [v for v in values if (nullable and v is None) or self._satisfies(v, rule, ptr)]
+        try:
+            encoded = list(dict.fromkeys(_dump(v) for v in kept))
+        except ValueError as e:
+            raise SchemaError(f"enum/const at {ptr or '/'} is not JSON: {e}") from None
+        self.literals.update(encoded)
+        return ir.alt(*(ir.lit(e) for e in encoded)) if encoded else ir.NEVER
 
     def _enum(self, schema: dict, keys: set[str], ptr: str) -> object:
         others = keys - {"enum", "const", "type", "nullable"}
@@ -261,20 +340,28 @@ class SchemaCompiler:
     def _string(self, schema: dict, ptr: str) -> object:
         lo = _count(schema, "minLength", ptr) or 0
         hi = _count(schema, "maxLength", ptr)
+        if hi is not None and hi < lo:
+            return ir.NEVER
         pattern, fmt = schema.get("pattern"), schema.get("format")
+        if fmt is not None:
+            if not isinstance(fmt, str):
+                raise SchemaError(f"'format' at {ptr or '/'} must be a string")
+            if fmt in REFUSED_FORMATS:
+                raise unsupported("format", ptr, f"format {fmt!r} is not enforced (supported: {sorted(FORMATS)})")
+            if fmt not in FORMATS:
+                fmt = None      # an unknown format is an annotation (JSON Schema)
         if pattern is not None or fmt is not None:
             if pattern is not None and fmt is not None:
                 raise unsupported("pattern", ptr, "pattern together with format")
-            if "minLength" in schema or "maxLength" in schema:
-                raise unsupported("pattern" if pattern is not None else "format", ptr,
-                                  "combined with minLength/maxLength")
+            keyword = "pattern" if pattern is not None else "format"
             if fmt is not None:
-                if fmt not in FORMATS:
-                    raise unsupported("format", ptr, f"format {fmt!r} (supported: {sorted(FORMATS)})")
                 pattern = FORMATS[fmt]
+            if lo or hi is not None:
+                bounded = length_bounded_pattern(pattern, lo, hi)
+                if bounded is None:
+                    raise unsupported(keyword, ptr, "combined with minLength/maxLength")
+                pattern = bounded
             return ir.seq(ir.lit(b'"'), pattern_ir(pattern, ptr), ir.lit(b'"'))
-        if hi is not None and hi < lo:
-            return ir.NEVER
         # Counted strings use a smaller character automaton (no optional \uXXXX escapes): the
         # automaton is unrolled once per counted character, so its size matters.
         char = jsonstr.any_char() if hi is None and lo == 0 else jsonstr.char(jsonstr.ANY_RANGES)
@@ -319,8 +406,7 @@ class SchemaCompiler:
             if "prefixItems" in schema:
                 raise SchemaError(f"array-valued 'items' together with 'prefixItems' at {ptr or '/'}")
             prefix, items, rest_key = items, schema.get("additionalItems"), "additionalItems"
-        elif "additionalItems" in schema:
-            raise unsupported("additionalItems", ptr, "only meaningful with array-valued 'items'")
+        # (additionalItems next to a schema-valued or absent `items` has no effect: ignored.)
         if not isinstance(prefix, list):
             raise SchemaError(f"'prefixItems' at {ptr or '/'} must be an array")
         pre = [self.node(s, f"{ptr}/prefixItems/{i}") for i, s in enumerate(prefix)]
@@ -334,7 +420,49 @@ class SchemaCompiler:
             rest = self.node(items, f"{ptr}/{rest_key}")
         lo = _count(schema, "minItems", ptr) or 0
         hi = _count(schema, "maxItems", ptr)
+        if schema.get("uniqueItems") is True and not (rest is None and len(pre) <= 1) and (hi is None or hi > 1):
+            values = None if prefix else self._finite_values(items, f"{ptr}/items")
+            if values is not None:
+                # Distinct values of a finite set: each at most once, in the set's order.
+                if hi is not None and hi >= len(values):
+                    hi = None
+                if max(lo, hi or 0) > 64:
+                    raise unsupported("uniqueItems", ptr, "over 64 distinct values required")
+                members = tuple((ir.lit(v), False) for v in values)
+                self.literals.update(values)
+                return ir.Obj(members, None, lo, hi, True, b"[", b"]") if len(values) >= lo else ir.NEVER
+            if lo > 1:
+                raise unsupported("uniqueItems", ptr, "items are not a finite set of values and minItems > 1")
+            hi = 1     # at most one item: unique whatever it is
         return self._array(pre, rest, lo, hi)
+
+    def _finite_values(self, items: object, where: str) -> list[bytes] | None:
+        """The distinct JSON encodings an item may take, when `items` allows finitely many."""
+        try:
+            sub = self._resolve_schema(items, where)
+        except SchemaError:
+            return None
+        if not isinstance(sub, dict):
+            return None
+        keys = constraint_keys(sub)
+        if "enum" in keys or "const" in keys:
+            values = sub["enum"] if "enum" in sub else [sub["const"]]
+            if not isinstance(values, list):
+                return None
+            nullable = sub.get("nullable") is True
+            rule = {k: v for k, v in sub.items() if k != "nullable"}
+            values = [v for v in values if (nullable and v is None) or self._satisfies(v, rule, where)]
+        elif keys == {"type"} and sub["type"] in ("boolean", "null"):
+            values = [True, False] if sub["type"] == "boolean" else [None]
+        else:
+            return None
+        seen, out = set(), []
+        for v in values:
+            key = json.dumps(_normal(v), sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                out.append(_dump(v))
+        return out
 
     def _array(self, pre: list, rest: object | None, lo: int, hi: int | None) -> object:
         if rest is None or rest == ir.NEVER:
@@ -362,66 +490,81 @@ class SchemaCompiler:
 
     # ---------------------------------------------------------------- objects
     def _object(self, schema: dict, ptr: str) -> object:
+        variants = dependency_variants(schema, ptr)
+        if variants is not None:
+            return ir.alt(*(self.node(v, ptr) for v in variants))
         props = schema.get("properties", {})
         required = schema.get("required", [])
         if not isinstance(props, dict):
             raise SchemaError(f"'properties' at {ptr or '/'} must be an object")
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise SchemaError(f"'required' at {ptr or '/'} must be an array of strings")
-        # Absent additionalProperties: extra members allowed only when no properties are
-        # declared (documented restriction; output stays valid).
-        extra = schema.get("additionalProperties", "properties" not in schema)
+        patterns = pattern_entries(schema, ptr)
+        explicit = "additionalProperties" in schema
+        # Absent additionalProperties: JSON Schema allows any extra member; by default (not
+        # open_objects) no members besides the named ones are generated when any are named.
+        extra = schema.get("additionalProperties",
+                           self.open_objects or not ("properties" in schema or patterns))
         if not isinstance(extra, (bool, dict)):
             raise SchemaError(f"'additionalProperties' at {ptr or '/'} must be a schema")
+        names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
         members = []
-        for name, sub in props.items():
-            value = self.node(sub, f"{ptr}/properties/{escape_pointer(name)}")
+        for name in names:
+            where = f"{ptr}/properties/{escape_pointer(name)}"
+            parts = ([props[name]] if name in props else []) + matching(name, patterns)
+            if not parts:   # a required name that no properties / patternProperties entry covers
+                if extra is False and explicit:
+                    raise SchemaError(f"no JSON document satisfies this schema: {name!r} is required "
+                                      f"but additionalProperties is false at {ptr or '/'}")
+                parts = [extra if explicit else True]
+                where = f"{ptr}/additionalProperties"
+            value = self.node(parts[0] if len(parts) == 1 else {"allOf": parts}, where)
             members.append((self._member(name, value), name in required))
-        for name in dict.fromkeys(required):
-            if name in props:
-                continue
-            if extra is False:
-                raise SchemaError(f"no JSON document satisfies this schema: {name!r} is required "
-                                  f"but additionalProperties is false at {ptr or '/'}")
-            value = self.node(extra, f"{ptr}/additionalProperties")
-            members.append((self._member(name, value), True))
-        extra_ir = None
+        extras = [x for x in (self._pattern_member(p, i, patterns, names, ptr) for i, (p, _) in enumerate(patterns))
+                  if x is not None]
         if extra is not False:
-            names = list(props) + [r for r in required if r not in props]
-            value = self.node(extra, f"{ptr}/additionalProperties")
-            extra_ir = ir.seq(_key_not_in(names), ir.lit(b":"), value)
-        return ir.Obj(tuple(members), extra_ir)
+            prefixes = [literal_prefix(p) for p, _ in patterns]
+            if all(x is not None for x in prefixes):    # else keys could fall under a pattern: none
+                value = self.node(extra, f"{ptr}/additionalProperties")
+                extras.append(ir.seq(key_not_in(names, tuple(prefixes)), ir.lit(b":"), value))
+        return self._counted_members(schema, members, extras, ptr)
+
+    def _pattern_member(self, pattern: str, i: int, patterns: list, names: list[str], ptr: str) -> object | None:
+        """Extra members whose key fully matches `pattern`; None when they cannot be generated
+        safely (a declared name matches it, or its value schemas do not combine): generating
+        fewer members than allowed keeps output valid."""
+        if any(re.search(pattern, n) for n in names):
+            return None
+        where = f"{ptr}/patternProperties/{escape_pointer(pattern)}"
+        # The key may match the other patterns too: its value must satisfy all their schemas.
+        schemas = [patterns[i][1]] + [s for j, (_, s) in enumerate(patterns) if j != i]
+        try:
+            key = pattern_ir(_unanchored(pattern), where)
+            value = self.node(schemas[0] if len(schemas) == 1 else {"allOf": schemas}, where)
+        except SchemaError:
+            return None
+        return ir.seq(ir.lit(b'"'), key, ir.lit(b'":'), value)
+
+    def _counted_members(self, schema: dict, members: list, extras: list, ptr: str) -> object:
+        lo = _count(schema, "minProperties", ptr) or 0
+        hi = _count(schema, "maxProperties", ptr)
+        n_req = sum(1 for _, r in members if r)
+        if lo <= n_req:
+            lo = 0
+        if hi is not None and not extras and hi >= len(members):
+            hi = None
+        if hi is not None and hi < max(lo, n_req):
+            return ir.NEVER
+        # Extra keys may repeat one another (not prevented), so they may not count towards
+        # minProperties; they do count towards maxProperties (a repeat only lowers the count).
+        if extras and lo and hi is not None:
+            extras = []
+        if max(lo, hi or 0) > 64:
+            raise unsupported("minProperties" if lo > 64 else "maxProperties", ptr, "bounds above 64")
+        extra_ir = ir.alt(*extras) if extras else None
+        return ir.Obj(tuple(members), extra_ir, lo, hi, hi is not None)
 
     def _member(self, name: str, value: object) -> object:
         key = _dump(name) + b":"
         self.literals.add(key)
         return ir.seq(ir.lit(key), value)
-
-
-_RAW = [(0x20, 0x21), (0x23, 0x5B), (0x5D, utf8.MAX_CP)]   # characters JSON lets us write unescaped
-
-
-def _key_not_in(names: list[str]) -> object:
-    """A quoted key of unescaped characters that differs from every name (so an extra member
-    can never repeat a declared property)."""
-    trie: dict = {}
-    for name in names:
-        if all(any(lo <= ord(c) <= hi for lo, hi in _RAW) for c in name):
-            node = trie
-            for c in name:
-                node = node.setdefault(ord(c), {})
-            node[None] = True
-    any_raw = ir.Repeat(ir.chars(_RAW), 0, None)
-    alts = []
-
-    def visit(node: dict, prefix: list) -> None:
-        if None not in node:
-            alts.append(ir.seq(*prefix))
-        children = [c for c in node if c is not None]
-        others = utf8.subtract(_RAW, [(c, c) for c in children])
-        alts.append(ir.seq(*prefix, ir.chars(others), any_raw))
-        for c in children:
-            visit(node[c], prefix + [ir.chars([(c, c)])])
-
-    visit(trie, [])
-    return ir.seq(ir.lit(b'"'), ir.alt(*alts), ir.lit(b'"'))
