@@ -54,6 +54,14 @@ class Obj:
     close: bytes = b"}"
 
 
+@dataclass(frozen=True)
+class Leaf:
+    """`item` (no calls, no objects) determinised once and copied at every use: the NFA then
+    holds one state per position of it instead of dozens, which is what makes subset
+    construction of schemas with many strings fast. Used for string bodies, keys and numbers."""
+    item: object
+
+
 EMPTY = Seq(())
 NEVER = Alt(())
 

@@ -48,7 +48,21 @@ class NFA:
             return e
         if isinstance(node, ir.Obj):
             return self._obj(node, s)
+        if isinstance(node, ir.Leaf):
+            return self._leaf(node, s)
         raise TypeError(f"unknown IR node {node!r}")
+
+    def _leaf(self, node: ir.Leaf, s: int) -> int:
+        edges, accept = leaf_dfa(node.item)
+        ids = [self.new() for _ in edges]
+        end = self.new()
+        if ids:
+            self.eps[s].append(ids[0])
+        for i, out in enumerate(edges):
+            self.edges[ids[i]].extend((mask, ids[t]) for mask, t in out)
+            if accept[i]:
+                self.eps[ids[i]].append(end)
+        return end
 
     def _repeat(self, node: ir.Repeat, s: int) -> int:
         for _ in range(node.lo):
@@ -110,3 +124,122 @@ class NFA:
         for c in range(lo, top + 1):
             self.eps[self._into(ir.lit(node.close), rest[c])].append(end)
         return end
+
+
+_LEAVES: dict[object, tuple[list[list[tuple[int, int]]], list[bool]]] = {}
+
+
+def leaf_dfa(node) -> tuple[list[list[tuple[int, int]]], list[bool]]:
+    """A DFA for `node` as (per state: [(byte mask, target)], per state: accepting); state 0 is
+    the start. Memoised by IR value (IR nodes are immutable and hashable)."""
+    hit = _LEAVES.get(node)
+    if hit is not None:
+        return hit
+    nfa = NFA()
+    start, end = nfa.build(node)
+    closure_memo: dict[int, frozenset[int]] = {}
+
+    def closure(states) -> frozenset[int]:
+        out: set[int] = set()
+        for s0 in states:
+            c = closure_memo.get(s0)
+            if c is None:
+                seen, todo = {s0}, [s0]
+                while todo:
+                    for t in nfa.eps[todo.pop()]:
+                        if t not in seen:
+                            seen.add(t)
+                            todo.append(t)
+                c = closure_memo[s0] = frozenset(seen)
+            out |= c
+        return frozenset(out)
+
+    ids: dict[frozenset[int], int] = {}
+    sets: list[frozenset[int]] = []
+    edges: list[list[tuple[int, int]]] = []
+
+    def intern(st: frozenset[int]) -> int:
+        i = ids.get(st)
+        if i is None:
+            i = ids[st] = len(sets)
+            sets.append(st)
+            edges.append([])
+        return i
+
+    intern(closure([start]))
+    i = 0
+    # (intern receives closed sets)
+    while i < len(sets):
+        # Partition the 256 bytes by the set of targets they lead to (bytes as bitmasks).
+        parts: list[tuple[int, tuple[int, ...]]] = [((1 << 256) - 1, ())]
+        for ns in sets[i]:
+            for m, t in nfa.edges[ns]:
+                split = []
+                for pm, ts in parts:
+                    inside = pm & m
+                    if inside:
+                        split.append((inside, ts + (t,)))
+                        if pm != inside:
+                            split.append((pm ^ inside, ts))
+                    else:
+                        split.append((pm, ts))
+                parts = split
+        merged: dict[frozenset[int], int] = {}
+        for pm, ts in parts:
+            if ts:
+                key = closure(ts)
+                merged[key] = merged.get(key, 0) | pm
+        for targets, mask in merged.items():
+            edges[i].append((mask, intern(targets)))
+        i += 1
+    accept = [end in st for st in sets]
+    result = _minimal(edges, accept)
+    if len(_LEAVES) > 4096:
+        _LEAVES.clear()
+    _LEAVES[node] = result
+    return result
+
+
+def _minimal(edges: list[list[tuple[int, int]]], accept: list[bool]):
+    """Moore minimisation of a small leaf DFA (start stays state 0; dead state implicit)."""
+    import numpy as np
+
+    n = len(edges)
+    table = np.full((n + 1, 256), n, dtype=np.int64)      # row n: the dead state
+    for i, out in enumerate(edges):
+        for mask, t in out:
+            bits = [b for b in range(256) if mask >> b & 1]
+            table[i, bits] = t
+    block = np.array([1 if a else 0 for a in accept] + [2], dtype=np.int64)
+    count = len(set(block.tolist()))
+    while True:
+        sig = np.concatenate([block[:, None], block[table]], axis=1)
+        _, nb = np.unique(sig, axis=0, return_inverse=True)
+        nb = nb.ravel()
+        if nb.max() + 1 == count:
+            break
+        block, count = nb, nb.max() + 1
+    # Renumber blocks in order of first appearance (so the start's block is 0), dead dropped.
+    dead = int(block[n])
+    if int(block[0]) == dead:      # a leaf matching nothing: one non-accepting state
+        return [[]], [False]
+    order: dict[int, int] = {}
+    for i in range(n):
+        if int(block[i]) != dead:
+            order.setdefault(int(block[i]), len(order))
+    new_edges: list[list[tuple[int, int]]] = [[] for _ in order]
+    new_accept = [False] * len(order)
+    done = set()
+    for i in range(n):
+        b = int(block[i])
+        if b == dead or b in done:
+            continue
+        done.add(b)
+        new_accept[order[b]] = accept[i]
+        by_target: dict[int, int] = {}
+        for byte in range(256):
+            tb = int(block[table[i, byte]])
+            if tb != dead:
+                by_target[order[tb]] = by_target.get(order[tb], 0) | (1 << byte)
+        new_edges[order[b]] = [(m, t) for t, m in by_target.items()]
+    return new_edges, new_accept

@@ -181,11 +181,11 @@ class SchemaCompiler:
             idx = self.ref_rule[""] = len(self.rules)
             self.rules.append(None)
             value = ir.Call(idx)
-            key = ir.seq(ir.lit(b'"'), ir.Repeat(jsonstr.any_char(), 0, None), ir.lit(b'"'))
+            key = ir.seq(ir.lit(b'"'), ir.Leaf(ir.Repeat(jsonstr.any_char(), 0, None)), ir.lit(b'"'))
             self.rules[idx] = ir.alt(
                 ir.Obj((), ir.seq(key, ir.lit(b":"), value)),
                 self._array([], value, 0, None),
-                self._string({}, ""), numeric.number(), TRUE, FALSE, NULL)
+                self._string({}, ""), ir.Leaf(numeric.number()), TRUE, FALSE, NULL)
         return ir.Call(idx)
 
     # ---------------------------------------------------------------- schemas
@@ -361,11 +361,11 @@ class SchemaCompiler:
                 if bounded is None:
                     raise unsupported(keyword, ptr, "combined with minLength/maxLength")
                 pattern = bounded
-            return ir.seq(ir.lit(b'"'), pattern_ir(pattern, ptr), ir.lit(b'"'))
+            return ir.seq(ir.lit(b'"'), ir.Leaf(pattern_ir(pattern, ptr)), ir.lit(b'"'))
         # Counted strings use a smaller character automaton (no optional \uXXXX escapes): the
         # automaton is unrolled once per counted character, so its size matters.
-        char = jsonstr.any_char() if hi is None and lo == 0 else jsonstr.char(jsonstr.ANY_RANGES)
-        return ir.seq(ir.lit(b'"'), ir.Repeat(char, lo, hi), ir.lit(b'"'))
+        char = jsonstr.any_char() if hi is None and lo == 0 else jsonstr.counted_char()
+        return ir.seq(ir.lit(b'"'), ir.Leaf(ir.Repeat(char, lo, hi)), ir.lit(b'"'))
 
     # ---------------------------------------------------------------- numbers
     def _number(self, schema: dict, t: str, ptr: str) -> object:
@@ -387,15 +387,15 @@ class SchemaCompiler:
                     hi, hi_x = v, excl
         if t == "integer":
             if lo is None and hi is None:
-                return numeric.integer()
+                return ir.Leaf(numeric.integer())
             ilo = None if lo is None else (math.floor(lo) + 1 if lo_x else math.ceil(lo))
             ihi = None if hi is None else (math.ceil(hi) - 1 if hi_x else math.floor(hi))
             if ilo is not None and ihi is not None and ihi < ilo:
                 return ir.NEVER
-            return numeric.integer_range(ilo, ihi)
+            return ir.Leaf(numeric.integer_range(ilo, ihi))
         if lo is None and hi is None:
-            return numeric.number()
-        return numeric.bounded_number(lo, lo_x, hi, hi_x)
+            return ir.Leaf(numeric.number())
+        return ir.Leaf(numeric.bounded_number(lo, lo_x, hi, hi_x))
 
     # ---------------------------------------------------------------- arrays
     def _array_schema(self, schema: dict, ptr: str) -> object:
@@ -526,7 +526,7 @@ class SchemaCompiler:
             prefixes = [literal_prefix(p) for p, _ in patterns]
             if all(x is not None for x in prefixes):    # else keys could fall under a pattern: none
                 value = self.node(extra, f"{ptr}/additionalProperties")
-                extras.append(ir.seq(key_not_in(names, tuple(prefixes)), ir.lit(b":"), value))
+                extras.append(ir.seq(ir.Leaf(key_not_in(names, tuple(prefixes))), ir.lit(b":"), value))
         return self._counted_members(schema, members, extras, ptr)
 
     def _pattern_member(self, pattern: str, i: int, patterns: list, names: list[str], ptr: str) -> object | None:
@@ -543,7 +543,7 @@ class SchemaCompiler:
             value = self.node(schemas[0] if len(schemas) == 1 else {"allOf": schemas}, where)
         except SchemaError:
             return None
-        return ir.seq(ir.lit(b'"'), key, ir.lit(b'":'), value)
+        return ir.seq(ir.lit(b'"'), ir.Leaf(key), ir.lit(b'":'), value)
 
     def _counted_members(self, schema: dict, members: list, extras: list, ptr: str) -> object:
         lo = _count(schema, "minProperties", ptr) or 0
