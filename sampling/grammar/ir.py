@@ -62,6 +62,13 @@ class Leaf:
     item: object
 
 
+@dataclass(frozen=True)
+class Table:
+    """An explicit DFA: per state ((byte mask, target), ...), per state accepting; start 0."""
+    edges: tuple
+    accept: tuple
+
+
 EMPTY = Seq(())
 NEVER = Alt(())
 

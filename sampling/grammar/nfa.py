@@ -50,10 +50,15 @@ class NFA:
             return self._obj(node, s)
         if isinstance(node, ir.Leaf):
             return self._leaf(node, s)
+        if isinstance(node, ir.Table):
+            return self._copy(node.edges, node.accept, s)
         raise TypeError(f"unknown IR node {node!r}")
 
     def _leaf(self, node: ir.Leaf, s: int) -> int:
         edges, accept = leaf_dfa(node.item)
+        return self._copy(edges, accept, s)
+
+    def _copy(self, edges, accept, s: int) -> int:
         ids = [self.new() for _ in edges]
         end = self.new()
         if ids:
@@ -206,19 +211,33 @@ def _minimal(edges: list[list[tuple[int, int]]], accept: list[bool]):
 
     n = len(edges)
     table = np.full((n + 1, 256), n, dtype=np.int64)      # row n: the dead state
+    bit_cache: dict[int, np.ndarray] = {}
     for i, out in enumerate(edges):
         for mask, t in out:
-            bits = [b for b in range(256) if mask >> b & 1]
+            bits = bit_cache.get(mask)
+            if bits is None:
+                bits = bit_cache[mask] = np.flatnonzero(
+                    np.frombuffer(mask.to_bytes(32, "little"), dtype=np.uint8)[:, None] >> np.arange(8) & 1)
             table[i, bits] = t
     block = np.array([1 if a else 0 for a in accept] + [2], dtype=np.int64)
     count = len(set(block.tolist()))
+    # Rows compared through a random linear hash (verified below; a collision only costs
+    # minimality, and is then undone by falling back to the unminimised automaton).
+    weights = np.random.default_rng(7).integers(1, 2**63, size=257, dtype=np.uint64) | np.uint64(1)
     while True:
-        sig = np.concatenate([block[:, None], block[table]], axis=1)
-        _, nb = np.unique(sig, axis=0, return_inverse=True)
+        with np.errstate(over="ignore"):
+            h = block.astype(np.uint64) * weights[0] + (block[table].astype(np.uint64) * weights[1:]).sum(
+                axis=1, dtype=np.uint64)
+        _, nb = np.unique(h, return_inverse=True)
         nb = nb.ravel()
         if nb.max() + 1 == count:
             break
         block, count = nb, nb.max() + 1
+    rep = np.zeros(count, dtype=np.int64)
+    rep[block[::-1]] = np.arange(n + 1)[::-1]
+    if not (block[table] == block[table[rep[block]]]).all() or not (
+            np.array(accept + [False])[rep[block]] == np.array(accept + [False])).all():
+        return edges, accept
     # Renumber blocks in order of first appearance (so the start's block is 0), dead dropped.
     dead = int(block[n])
     if int(block[0]) == dead:      # a leaf matching nothing: one non-accepting state

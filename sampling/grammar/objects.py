@@ -101,32 +101,58 @@ def literal_prefix(pattern: str) -> str | None:
 def key_not_in(names: list[str], prefixes: tuple[str, ...] = ()) -> object:
     """A quoted key of unescaped characters that differs from every name and starts with none
     of the prefixes (so an extra member never repeats a declared one, nor falls under a
-    patternProperties prefix)."""
-    trie: dict = {}
+    patternProperties prefix), built directly as a small DFA (ir.Table): a byte trie of the
+    names whose every other byte falls into one shared "any further characters" automaton."""
+    from .nfa import leaf_dfa
+
+    free_edges, free_accept = leaf_dfa(ir.Repeat(ir.chars(_RAW), 0, None))
+    # states: 0 = before the opening quote, 1 = after the closing quote, then the free
+    # automaton's states (offset 2), then trie nodes.
+    edges: list[dict[int, int]] = [{}, {}] + [{} for _ in free_edges]
+    accept = [False, True] + [False] * len(free_edges)
+    quote = ord('"')
+    for i, out in enumerate(free_edges):
+        for mask, t in out:
+            for b in range(256):
+                if mask >> b & 1:
+                    edges[2 + i][b] = 2 + t
+        if free_accept[i]:
+            edges[2 + i][quote] = 1
+    free_start = edges[2]
+
+    def new_node(at_boundary: bool) -> int:
+        edges.append(dict(free_start) if at_boundary else {})
+        accept.append(False)
+        if at_boundary:
+            edges[-1][quote] = 1
+        return len(edges) - 1
+
+    root = new_node(True)
+    edges[0][quote] = root
+    kinds = {}
     for word, kind in [(n, "name") for n in names] + [(p, "prefix") for p in prefixes]:
-        if all(any(lo <= ord(c) <= hi for lo, hi in _RAW) for c in word):
-            node = trie
-            for c in word:
-                if node.get(None) == "prefix":
-                    break
-                node = node.setdefault(ord(c), {})
-            else:
-                if kind == "prefix":
-                    node.clear()
-                node[None] = kind if node.get(None) != "prefix" else "prefix"
-    any_raw = ir.Repeat(ir.chars(_RAW), 0, None)
-    alts = []
-
-    def visit(node: dict, prefix: list) -> None:
-        if node.get(None) == "prefix":
-            return
-        if None not in node:
-            alts.append(ir.seq(*prefix))
-        children = [c for c in node if c is not None]
-        others = utf8.subtract(_RAW, [(c, c) for c in children])
-        alts.append(ir.seq(*prefix, ir.chars(others), any_raw))
-        for c in children:
-            visit(node[c], prefix + [ir.chars([(c, c)])])
-
-    visit(trie, [])
-    return ir.seq(ir.lit(b'"'), ir.alt(*alts), ir.lit(b'"'))
+        if not all(any(lo <= ord(c) <= hi for lo, hi in _RAW) for c in word):
+            continue      # it could never be written unescaped, so no key can repeat it
+        node, data = root, word.encode("utf-8")
+        for j, b in enumerate(data):
+            if kinds.get(node) == "prefix":
+                break
+            nxt = edges[node].get(b)
+            if nxt is None or nxt < root:       # not yet a trie child: make one
+                boundary = j + 1 == len(data) or not (0x80 <= data[j + 1] <= 0xBF)
+                nxt = new_node(boundary)
+                edges[node][b] = nxt
+            node = nxt
+        else:
+            if kind == "prefix":
+                edges[node] = {}      # nothing may follow: every key with this prefix is out
+                kinds[node] = "prefix"
+            elif kinds.get(node) != "prefix":
+                edges[node].pop(quote, None)   # the name itself may not be the key
+    out_edges = []
+    for e in edges:
+        by_target: dict[int, int] = {}
+        for b, t in e.items():
+            by_target[t] = by_target.get(t, 0) | (1 << b)
+        out_edges.append(tuple((m, t) for t, m in sorted(by_target.items())))
+    return ir.Table(tuple(out_edges), tuple(accept))

@@ -526,7 +526,7 @@ class SchemaCompiler:
             prefixes = [literal_prefix(p) for p, _ in patterns]
             if all(x is not None for x in prefixes):    # else keys could fall under a pattern: none
                 value = self.node(extra, f"{ptr}/additionalProperties")
-                extras.append(ir.seq(ir.Leaf(key_not_in(names, tuple(prefixes))), ir.lit(b":"), value))
+                extras.append(ir.seq(key_not_in(names, tuple(prefixes)), ir.lit(b":"), value))
         return self._counted_members(schema, members, extras, ptr)
 
     def _pattern_member(self, pattern: str, i: int, patterns: list, names: list[str], ptr: str) -> object | None:
