@@ -211,10 +211,10 @@ _SINGLE = re.compile(r"\^?((?:\[(?:\\.|[^\]\\])+\]|\\[dwsDWS]|\.|[A-Za-z0-9 _-])
                      r"(\*|\+|\{(\d+)(?:,(\d*))?\})\$?")
 
 
-def length_bounded_pattern(pattern: str, lo: int, hi: int | None) -> str | None:
+def length_bounded_pattern(pattern: str, lo: int, hi: int | None, cap: int) -> str | None:
     """A pattern for the strings fully matching `pattern` whose length is in [lo, hi], when that
     is easy: the bounds already hold for every match, or the pattern is one repeated character
-    class (then the repetition is tightened). Otherwise None."""
+    class (then the repetition is tightened, to at most `cap` characters). Otherwise None."""
     try:
         import re._parser as sre_parse
     except ImportError:   # Python < 3.11
@@ -235,6 +235,10 @@ def length_bounded_pattern(pattern: str, lo: int, hi: int | None) -> str | None:
         qhi = qlo if m.group(4) is None and "," not in q else (int(m.group(4)) if m.group(4) else None)
     nlo = max(lo, qlo)
     nhi = hi if qhi is None else (qhi if hi is None else min(hi, qhi))
+    if nhi is not None and nhi > cap:     # unrolled below: longer matches are not generated
+        nhi = max(cap, nlo)
+    if nlo > cap:
+        return None
     if nhi is not None and nhi < nlo:
         return None
     return f"{m.group(1)}{{{nlo},{'' if nhi is None else nhi}}}"

@@ -21,6 +21,9 @@ from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, escap
 from .objects import dependency_variants, key_not_in, literal_prefix, matching, pattern_entries
 from .regex import length_bounded_pattern, pattern_ir
 
+# Length-bounded strings are unrolled one character at a time: bounds above this are
+# tightened to it (maxLength) or refused (minLength), to keep compile time bounded.
+MAX_COUNTED = 32
 _COMPACT = {"separators": (",", ":"), "ensure_ascii": False, "allow_nan": False}
 NULL, TRUE, FALSE = ir.lit(b"null"), ir.lit(b"true"), ir.lit(b"false")
 
@@ -357,11 +360,15 @@ class SchemaCompiler:
             if fmt is not None:
                 pattern = FORMATS[fmt]
             if lo or hi is not None:
-                bounded = length_bounded_pattern(pattern, lo, hi)
+                bounded = length_bounded_pattern(pattern, lo, hi, MAX_COUNTED)
                 if bounded is None:
                     raise unsupported(keyword, ptr, "combined with minLength/maxLength")
                 pattern = bounded
             return ir.seq(ir.lit(b'"'), ir.Leaf(pattern_ir(pattern, ptr)), ir.lit(b'"'))
+        if lo > MAX_COUNTED:
+            raise unsupported("minLength", ptr, f"above {MAX_COUNTED} characters")
+        if hi is not None and hi > MAX_COUNTED:
+            hi = MAX_COUNTED     # longer strings are valid but not generated (documented restriction)
         # Counted strings use a smaller character automaton (no optional \uXXXX escapes): the
         # automaton is unrolled once per counted character, so its size matters.
         char = jsonstr.any_char() if hi is None and lo == 0 else jsonstr.counted_char()
