@@ -137,8 +137,12 @@ _LEAVES: dict[object, tuple[list[list[tuple[int, int]]], list[bool]]] = {}
 def leaf_dfa(node) -> tuple[list[list[tuple[int, int]]], list[bool]]:
     """A DFA for `node` as (per state: [(byte mask, target)], per state: accepting); state 0 is
     the start. Memoised by IR value (IR nodes are immutable and hashable)."""
-    hit = _LEAVES.get(node)
+    by_id = _LEAVES_BY_ID.get(id(node))
+    if by_id is not None and by_id[0] is node:
+        return by_id[1]
+    hit = _LEAVES.get(node)       # hashing an IR tree walks it all: the id lookup comes first
     if hit is not None:
+        _remember(node, hit)
         return hit
     nfa = NFA()
     start, end = nfa.build(node)
@@ -202,7 +206,17 @@ def leaf_dfa(node) -> tuple[list[list[tuple[int, int]]], list[bool]]:
     if len(_LEAVES) > 4096:
         _LEAVES.clear()
     _LEAVES[node] = result
+    _remember(node, result)
     return result
+
+
+_LEAVES_BY_ID: dict[int, tuple[object, tuple]] = {}
+
+
+def _remember(node, result) -> None:
+    if len(_LEAVES_BY_ID) > 4096:
+        _LEAVES_BY_ID.clear()
+    _LEAVES_BY_ID[id(node)] = (node, result)     # holding `node` keeps its id from being reused
 
 
 def _minimal(edges: list[list[tuple[int, int]]], accept: list[bool]):
