@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 
 from bench.record import RunRecord, add_record_arguments, publish
 from bench.schema_samples import SAMPLES
@@ -127,17 +128,16 @@ def generate(grammar: CompiledGrammar, vocab: TokenVocabulary, rng: random.Rando
     matcher = grammar.matcher()
     budget = matcher.min_tokens_to_complete() + slack
     out = b""
-    eog = vocab.eog_tokens
+    eog = np.zeros(vocab.size, dtype=bool)
+    eog[list(vocab.eog_tokens)] = True
     for step in range(budget + 1):
         mask = matcher.allowed_mask(budget - step)
-        allowed = [int(t) for t in mask.nonzero()[0]]
-        ends = [t for t in allowed if t in eog]
-        others = [t for t in allowed if t not in eog]
-        if ends and (not others or rng.random() < 0.5):
+        others = np.flatnonzero(mask & ~eog)
+        if (mask & eog).any() and (not others.size or rng.random() < 0.5):
             return out
-        if not others:
+        if not others.size:
             raise RuntimeError(f"stuck after {out[:200]!r}")
-        t = rng.choice(others)
+        t = int(others[rng.randrange(others.size)])
         matcher.advance(t)
         out += vocab.token_bytes[t]
     raise RuntimeError(f"budget overrun after {out[:200]!r}")

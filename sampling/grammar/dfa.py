@@ -128,14 +128,18 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
 
 def _byte_classes(nfa: NFA) -> tuple[np.ndarray, list[int]]:
     """Partition bytes into classes no edge label distinguishes (alphabet compression)."""
-    cls = [0] * 256
-    for mask in {m for es in nfa.edges for m, _ in es}:
-        remap: dict[tuple[int, int], int] = {}
-        cls = [remap.setdefault((cls[b], mask >> b & 1), len(remap)) for b in range(256)]
-    reps: dict[int, int] = {}
-    for b in range(256):
-        reps.setdefault(cls[b], b)
-    return np.array(cls, dtype=np.int64), [reps[c] for c in range(len(reps))]
+    masks = list({m for es in nfa.edges for m, _ in es})
+    if not masks:
+        return np.zeros(256, dtype=np.int64), [0]
+    raw = np.frombuffer(b"".join(m.to_bytes(32, "little") for m in masks), dtype=np.uint8).reshape(len(masks), 32)
+    bits = np.unpackbits(raw, axis=1, bitorder="little")          # [masks, 256]: byte b in mask
+    _, first, cls = np.unique(bits.T, axis=0, return_index=True, return_inverse=True)
+    # Number classes in order of their first byte, as before (class of byte 0 is 0).
+    order = np.argsort(first)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    cls = rank[cls.ravel()]
+    return cls.astype(np.int64), sorted(first.tolist())
 
 
 def _trim(table, accept, calls, starts, rule_of):

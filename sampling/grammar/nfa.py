@@ -233,8 +233,9 @@ def _minimal(edges: list[list[tuple[int, int]]], accept: list[bool]):
                 bits = bit_cache[mask] = np.flatnonzero(
                     np.frombuffer(mask.to_bytes(32, "little"), dtype=np.uint8)[:, None] >> np.arange(8) & 1)
             table[i, bits] = t
-    block = np.array([1 if a else 0 for a in accept] + [2], dtype=np.int64)
-    count = len(set(block.tolist()))
+    _, block = np.unique(np.array([1 if a else 0 for a in accept] + [2]), return_inverse=True)
+    block = block.ravel().astype(np.int64)
+    count = int(block.max()) + 1
     # Rows compared through a random linear hash (verified below; a collision only costs
     # minimality, and is then undone by falling back to the unminimised automaton).
     weights = np.random.default_rng(7).integers(1, 2**63, size=257, dtype=np.uint64) | np.uint64(1)

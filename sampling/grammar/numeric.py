@@ -1,6 +1,7 @@
 """Byte IR for JSON numbers: plain integers, exact integer ranges, bounded decimals."""
 from __future__ import annotations
 
+import functools
 import math
 
 from . import ir
@@ -15,11 +16,13 @@ def _digit(lo: int, hi: int) -> ir.Bytes:
     return ir.Bytes(ir.range_mask(0x30 + lo, 0x30 + hi))
 
 
+@functools.lru_cache(maxsize=None)
 def integer() -> object:
     """Any JSON integer, without `-0` (a harmless restriction)."""
     return ir.alt(ir.lit(b"0"), ir.seq(ir.opt(ir.lit(b"-")), _D19, ir.Repeat(_D, 0, None)))
 
 
+@functools.lru_cache(maxsize=None)
 def number() -> object:
     int_part = ir.seq(ir.opt(ir.lit(b"-")), ir.alt(ir.lit(b"0"), ir.seq(_D19, ir.Repeat(_D, 0, None))))
     frac = ir.opt(ir.seq(ir.lit(b"."), _DIGITS))

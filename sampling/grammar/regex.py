@@ -204,7 +204,16 @@ def pattern_ir(pattern: str, where: str) -> object:
     except re.error as e:
         from .errors import SchemaError
         raise SchemaError(f"invalid 'pattern' at {where or '/'}: {e}") from None
-    return _Parser(pattern, where).parse()
+    hit = _PATTERNS.get(pattern)
+    if hit is None:
+        hit = _Parser(pattern, where).parse()     # errors are not cached: they name `where`
+        if len(_PATTERNS) > 4096:
+            _PATTERNS.clear()
+        _PATTERNS[pattern] = hit
+    return hit     # the same object for the same pattern: its leaf automaton is found by identity
+
+
+_PATTERNS: dict[str, object] = {}
 
 
 _SINGLE = re.compile(r"\^?((?:\[(?:\\.|[^\]\\])+\]|\\[dwsDWS]|\.|[A-Za-z0-9 _-]))"

@@ -5,6 +5,7 @@ and each use a `Call` (a pushdown call at match time). "Any JSON value" is a rec
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -44,6 +45,13 @@ def _json_type(v) -> str:
     if isinstance(v, str):
         return "string"
     return "array" if isinstance(v, list) else "object"
+
+
+@functools.lru_cache(maxsize=1024)
+def _repeat(char: object, lo: int, hi: int | None) -> object:
+    """The same IR object for the same string body, so that its leaf automaton is found by
+    identity (hashing an IR tree walks all of it)."""
+    return ir.Repeat(char, lo, hi)
 
 
 def _unanchored(pattern: str) -> str:
@@ -372,7 +380,7 @@ class SchemaCompiler:
         # Counted strings use a smaller character automaton (no optional \uXXXX escapes): the
         # automaton is unrolled once per counted character, so its size matters.
         char = jsonstr.any_char() if hi is None and lo == 0 else jsonstr.counted_char()
-        return ir.seq(ir.lit(b'"'), ir.Leaf(ir.Repeat(char, lo, hi)), ir.lit(b'"'))
+        return ir.seq(ir.lit(b'"'), ir.Leaf(_repeat(char, lo, hi)), ir.lit(b'"'))
 
     # ---------------------------------------------------------------- numbers
     def _number(self, schema: dict, t: str, ptr: str) -> object:
