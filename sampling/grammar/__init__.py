@@ -34,24 +34,9 @@ Output format and restrictions (all make the language *smaller*, so output stays
 ---------------------------------------------------------------------------------------
 * Compact JSON: no whitespace at all outside strings.
 * Object members appear in the schema's ``properties`` order; required ones must appear,
-  optional ones may be skipped. If ``additionalProperties`` is true/a schema, extra members
-  come after the declared ones, with unescaped keys different from every declared name.
-  ABSENT ``additionalProperties`` means no extra members when ``properties`` is given, and
-  any members (values of any type) when it is not.
-* ``prefixItems`` without ``items``: no further items. Integers never print as ``-0``.
-* Strings: any valid UTF-8 except raw controls, plus all JSON escapes; counted strings
-  (``minLength``/``maxLength``, counted in characters) offer ``\\u`` escapes only for
-  control characters. ``pattern`` / ``format`` strings write characters raw when JSON allows.
-* ``pattern`` must match the whole string (anchors implied): see regex.py for the subset.
-* ``format``: date, time, date-time, email, uuid, ipv4 (formats.py); 29 February is never
-  produced. ``pattern``/``format`` cannot be combined with min/maxLength (unsupported).
-* Numbers with bounds: integers in range, plus decimals ``I.F`` whose every fraction stays in
-  range; no exponents. Integer bounds are exact.
-* ``enum``/``const`` may only be accompanied by ``type`` (and ``nullable``).
-* ``oneOf`` compiles as ``anyOf`` when the branches are provably disjoint (oneof.py);
-  otherwise it is reported unsupported.
-* ``allOf`` is merged (allof.py); disagreeing keywords it cannot merge are unsupported.
-* ``$ref`` only to local JSON pointers, without sibling keywords.
+  optional ones may be skipped; extra members come after the declared ones.
+* Which keywords are enforced, ignored (unknown ones, annotations) or refused by name, and what
+  an absent ``additionalProperties`` means (``open_objects``): see README.md in this folder.
 * Duplicate keys among *extra* members are not prevented.
 """
 from __future__ import annotations
