@@ -216,14 +216,15 @@ def pattern_ir(pattern: str, where: str) -> object:
 _PATTERNS: dict[str, object] = {}
 
 
-_SINGLE = re.compile(r"\^?((?:\[(?:\\.|[^\]\\])+\]|\\[dwsDWS]|\.|[A-Za-z0-9 _-]))"
-                     r"(\*|\+|\{(\d+)(?:,(\d*))?\})\$?")
+_ATOM = r"(?:\[(?:\\.|[^\]\\])+\]|\\[dwsDWS.\-_/]|\.|[A-Za-z0-9 _/:@-])"
+_SINGLE = re.compile(rf"\^?((?:{_ATOM})*?)({_ATOM})(\*|\+|\{{(\d+)(?:,(\d*))?\}})\$?")
 
 
 def length_bounded_pattern(pattern: str, lo: int, hi: int | None, cap: int) -> str | None:
     """A pattern for the strings fully matching `pattern` whose length is in [lo, hi], when that
-    is easy: the bounds already hold for every match, or the pattern is one repeated character
-    class (then the repetition is tightened, to at most `cap` characters). Otherwise None."""
+    is easy: the bounds already hold for every match, or the pattern is fixed single characters
+    followed by one repeated character class (`^[a-z][a-z0-9-]*$`: the repetition is tightened,
+    to at most `cap` characters). Otherwise None."""
     try:
         import re._parser as sre_parse
     except ImportError:   # Python < 3.11
@@ -237,17 +238,18 @@ def length_bounded_pattern(pattern: str, lo: int, hi: int | None, cap: int) -> s
     m = _SINGLE.fullmatch(pattern)
     if m is None:
         return None
-    q = m.group(2)
+    fixed = len(re.findall(_ATOM, m.group(1)))
+    q = m.group(3)
     qlo, qhi = {"*": (0, None), "+": (1, None)}.get(q, (None, None))
     if q.startswith("{"):
-        qlo = int(m.group(3))
-        qhi = qlo if m.group(4) is None and "," not in q else (int(m.group(4)) if m.group(4) else None)
-    nlo = max(lo, qlo)
-    nhi = hi if qhi is None else (qhi if hi is None else min(hi, qhi))
+        qlo = int(m.group(4))
+        qhi = qlo if "," not in q else (int(m.group(5)) if m.group(5) else None)
+    nlo = max(lo - fixed, qlo)
+    nhi = None if hi is None else hi - fixed
+    if qhi is not None:
+        nhi = qhi if nhi is None else min(nhi, qhi)
     if nhi is not None and nhi > cap:     # unrolled below: longer matches are not generated
         nhi = max(cap, nlo)
-    if nlo > cap:
+    if nlo > cap or (nhi is not None and nhi < nlo):
         return None
-    if nhi is not None and nhi < nlo:
-        return None
-    return f"{m.group(1)}{{{nlo},{'' if nhi is None else nhi}}}"
+    return f"{m.group(1)}{m.group(2)}{{{nlo},{'' if nhi is None else nhi}}}"
