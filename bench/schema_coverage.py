@@ -76,7 +76,12 @@ def load_dataset(path: Path, limit: int | None, seed: int) -> list[dict[str, Any
         except (ValueError, UnicodeDecodeError):
             continue
         is_record = isinstance(doc, dict) and "schema" in doc and isinstance(doc.get("tests", []), list)
-        category = f.stem.split("---")[0] if "---" in f.stem else re.sub(r"_\d+$", "", f.stem)
+        if "---" in f.stem:                 # maskbench/data/Category---name.json
+            category = f.stem.split("---")[0]
+        elif f.parent != path:              # data/Category/name.json
+            category = f.parent.name
+        else:                               # maskbench/data/BFCL_simple_12.json
+            category = re.sub(r"_\d+$", "", f.stem)
         records.append({"name": f.stem, "category": category,
                         "schema": doc["schema"] if is_record else doc,
                         "tests": doc.get("tests", []) if is_record else []})
