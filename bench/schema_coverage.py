@@ -328,7 +328,7 @@ def _ms(values: list[float], p: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cobatch bench schemas", description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", type=Path, default=None,
+    parser.add_argument("--dataset", default=None,
                         help="local JSONSchemaBench folder (e.g. a copy of its maskbench/data)")
     parser.add_argument("--limit", type=int, default=None, help="at most N schemas per category (seeded sample)")
     parser.add_argument("--docs-per-category", type=int, default=10, help="documents generated and validated per category")
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.dataset is None:
         parser.error("--dataset PATH is required (a local copy of JSONSchemaBench; nothing is downloaded)")
     else:
-        records = load_dataset(args.dataset, args.limit, args.seed)
+        records = load_dataset(Path(args.dataset), args.limit, args.seed)
 
     from bindings import Model
     from engine.model_source import resolve_model

@@ -167,3 +167,15 @@ def test_number_bounds():
     g, _ = generated({"$schema": "http://json-schema.org/draft-04/schema#", "type": "number",
                       "minimum": 0, "exclusiveMinimum": True})
     assert accepts(g, 3) and not accepts(g, 0)
+
+
+def test_every_format_generates_what_the_installed_format_checkers_accept():
+    from sampling.grammar.formats import FORMATS
+
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    for fmt in FORMATS:
+        g = compile_grammar({"type": "string", "format": fmt}, VOCAB)
+        rng = random.Random(fmt)
+        for _ in range(30):
+            value = json.loads(drive(g, rng, budget=None)[0])
+            assert checker.conforms(value, fmt), (fmt, value)

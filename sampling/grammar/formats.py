@@ -8,8 +8,8 @@ as JSON Schema says of unknown formats.
 """
 from __future__ import annotations
 
-_DATE = (r"\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
-         r"|02-(?:0[1-9]|1\d|2[0-8]))")  # 29 February is left out: leap years are not regular enough to bother
+_DATE = (r"[1-9]\d{3}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
+         r"|02-(?:0[1-9]|1\d|2[0-8]))")  # 29 February is left out (leap years), and years before 1000
 _TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _HEX = "[0-9a-fA-F]"
@@ -17,11 +17,16 @@ _H16 = _HEX + "{1,4}"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,20}[A-Za-z0-9])?"
 # At most 8 labels of at most 22 characters: under the 253 characters a host name may have.
 _HOST = rf"{_LABEL}(?:\.{_LABEL}){{0,6}}\.[A-Za-z](?:[A-Za-z0-9-]{{0,20}}[A-Za-z0-9])?|[A-Za-z](?:[A-Za-z0-9-]{{0,20}}[A-Za-z0-9])?"
-_SEGMENT = r"[A-Za-z0-9._~-]*"
+_SEGMENT = r"[A-Za-z0-9._~!$&'()*+,;=:@-]*"
 _QUERY = r"(?:\?[A-Za-z0-9._~=&-]*)?(?:#[A-Za-z0-9._~-]*)?"
-_URI = (rf"(?:https?|ftp|file|urn):(?://(?:{_LABEL}(?:\.{_LABEL}){{0,6}})(?::[1-9]\d{{0,3}})?)?"
-        rf"(?:/{_SEGMENT}){{0,12}}{_QUERY}")
-_RELATIVE = rf"(?:/?[A-Za-z0-9_~-]{_SEGMENT}(?:/{_SEGMENT}){{0,12}}|/){_QUERY}|#[A-Za-z0-9._~-]*"
+_SCHEME = "(?:https?|ftp|file|urn|mailto|ssh|git|s3)"
+_PATHS = rf"(?:/{_SEGMENT}){{0,12}}"
+# With an authority (host), an empty one (file:///path), or none: then the path may not start
+# with "//" (it would read as an authority).
+_URI = (rf"(?:{_SCHEME}://{_LABEL}(?:\.{_LABEL}){{0,6}}(?::[1-9]\d{{0,3}})?{_PATHS}"
+        rf"|file:///{_SEGMENT}{_PATHS}"
+        rf"|{_SCHEME}:(?:/[A-Za-z0-9._~!$&'()*+,;=:@-]+{_PATHS})?){_QUERY}")
+_RELATIVE = rf"(?:/?[A-Za-z0-9_~.-][A-Za-z0-9._~!$&'()*+,;=@-]*(?:/{_SEGMENT}){{0,12}}|/){_QUERY}|#[A-Za-z0-9._~-]*"
 
 
 def _ipv6() -> str:
@@ -47,7 +52,8 @@ FORMATS: dict[str, str] = {
     "email": r"[A-Za-z0-9_%+-]+(?:\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}",
     "idn-email": r"[A-Za-z0-9_%+-]+(?:\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}",
     "hostname": _HOST,
-    "idn-hostname": _HOST,
+    # IDNA: lower case, and no "--" (positions 3-4 are reserved for xn-- labels)
+    "idn-hostname": r"[a-z0-9]{1,10}(?:-[a-z0-9]{1,10}){0,2}(?:\.[a-z0-9]{1,10}(?:-[a-z0-9]{1,10}){0,2}){0,4}\.[a-z]{2,10}",
     "uuid": f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}",
     "ipv4": rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}",
     "ipv6": _ipv6(),
@@ -57,7 +63,8 @@ FORMATS: dict[str, str] = {
     "iri-reference": f"{_URI}|{_RELATIVE}",
     "uri-template": _URI,            # a URI without braces is a (trivial) URI template
     "json-pointer": _POINTER,
-    "relative-json-pointer": rf"(?:0|[1-9]\d{{0,5}})(?:#|{_POINTER})",
+    # no 0 digit after the first (jsonschema's checker rejects it), and something after the number
+    "relative-json-pointer": r"(?:0|[1-9]{1,6})(?:#|(?:/(?:[A-Za-z0-9_.-]|~[01])*)+)",
     "regex": r"[A-Za-z0-9 _-]*",     # literal text: always a valid regular expression
 }
 

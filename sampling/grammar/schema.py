@@ -539,9 +539,18 @@ class SchemaCompiler:
                   if x is not None]
         if extra is not False:
             prefixes = [literal_prefix(p) for p, _ in patterns]
-            if all(x is not None for x in prefixes):    # else keys could fall under a pattern: none
-                value = self.node(extra, f"{ptr}/additionalProperties")
+            where = f"{ptr}/additionalProperties"
+            if all(x is not None for x in prefixes):    # keys avoid the patterns' prefixes
+                value = self.node(extra, where)
                 extras.append(ir.seq(key_not_in(names, tuple(prefixes)), ir.lit(b":"), value))
+            else:
+                # A key may fall under some pattern: its value must satisfy every schema that
+                # could apply (or such extras are not generated).
+                try:
+                    value = self.node({"allOf": [extra, *(s for _, s in patterns)]}, where)
+                    extras.append(ir.seq(key_not_in(names), ir.lit(b":"), value))
+                except SchemaError:
+                    pass
         return self._counted_members(schema, members, extras, ptr)
 
     def _pattern_member(self, pattern: str, i: int, patterns: list, names: list[str], ptr: str) -> object | None:
