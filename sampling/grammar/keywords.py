@@ -6,6 +6,12 @@ documentation of each list is in sampling/grammar/README.md.
 """
 from __future__ import annotations
 
+import json
+
+from .errors import SchemaError
+
+_COMPACT = {"separators": (",", ":"), "ensure_ascii": False, "allow_nan": False}
+
 ANNOTATIONS = frozenset({
     "title", "description", "$schema", "$id", "id", "examples", "default", "$comment",
     "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "$anchor", "$dynamicAnchor",
@@ -44,3 +50,16 @@ def constraint_keys(schema: dict) -> set[str]:
 
 def escape_pointer(token: str) -> str:
     return str(token).replace("~", "~0").replace("/", "~1")
+
+
+def dump_json(v) -> bytes:
+    return json.dumps(v, **_COMPACT).encode("utf-8", "surrogatepass")
+
+
+def count_keyword(schema: dict, key: str, ptr: str) -> int | None:
+    v = schema.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+        raise SchemaError(f"{key!r} at {ptr or '/'} must be a non-negative integer")
+    return int(v)

@@ -12,6 +12,8 @@ import re
 
 from . import ir, utf8
 from .errors import SchemaError, unsupported
+from .keywords import count_keyword, dump_json, escape_pointer
+from .regex import pattern_ir
 
 MAX_TRIGGERS = 4          # 2**4 variants at most
 _RAW = [(0x20, 0x21), (0x23, 0x5B), (0x5D, utf8.MAX_CP)]   # characters JSON lets us write unescaped
@@ -156,3 +158,108 @@ def key_not_in(names: list[str], prefixes: tuple[str, ...] = ()) -> object:
             by_target[t] = by_target.get(t, 0) | (1 << b)
         out_edges.append(tuple((m, t) for t, m in sorted(by_target.items())))
     return ir.Table(tuple(out_edges), tuple(accept))
+
+
+def _unanchored(pattern: str) -> str:
+    """A pattern whose full matches are strings that `pattern` matches anywhere (JSON Schema's
+    search semantics), e.g. '^x-' -> 'x-.*' (our patterns otherwise match whole strings)."""
+    core, head, tail = pattern, ".*", ".*"
+    if core.startswith("^"):
+        core, head = core[1:], ""
+    if core.endswith("$") and not core.endswith("\\$"):
+        core, tail = core[:-1], ""
+    return f"{head}(?:{core}){tail}"
+
+
+class ObjectRules:
+    """The object part of SchemaCompiler (a mixin: it uses the compiler's node(), literals and
+    open_objects)."""
+
+    def _object(self, schema: dict, ptr: str) -> object:
+        variants = dependency_variants(schema, ptr)
+        if variants is not None:
+            return ir.alt(*(self.node(v, ptr) for v in variants))
+        props = schema.get("properties", {})
+        required = schema.get("required", [])
+        if not isinstance(props, dict):
+            raise SchemaError(f"'properties' at {ptr or '/'} must be an object")
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise SchemaError(f"'required' at {ptr or '/'} must be an array of strings")
+        patterns = pattern_entries(schema, ptr)
+        explicit = "additionalProperties" in schema
+        # Absent additionalProperties: JSON Schema allows any extra member; by default (not
+        # open_objects) no members besides the named ones are generated when any are named.
+        extra = schema.get("additionalProperties",
+                           self.open_objects or not ("properties" in schema or patterns))
+        if not isinstance(extra, (bool, dict)):
+            raise SchemaError(f"'additionalProperties' at {ptr or '/'} must be a schema")
+        names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
+        members = []
+        for name in names:
+            where = f"{ptr}/properties/{escape_pointer(name)}"
+            parts = ([props[name]] if name in props else []) + matching(name, patterns)
+            if not parts:   # a required name that no properties / patternProperties entry covers
+                if extra is False and explicit:
+                    raise SchemaError(f"no JSON document satisfies this schema: {name!r} is required "
+                                      f"but additionalProperties is false at {ptr or '/'}")
+                parts = [extra if explicit else True]
+                where = f"{ptr}/additionalProperties"
+            value = self.node(parts[0] if len(parts) == 1 else {"allOf": parts}, where)
+            members.append((self._member(name, value), name in required))
+        extras = [x for x in (self._pattern_member(p, i, patterns, names, ptr) for i, (p, _) in enumerate(patterns))
+                  if x is not None]
+        if extra is not False:
+            prefixes = [literal_prefix(p) for p, _ in patterns]
+            where = f"{ptr}/additionalProperties"
+            if all(x is not None for x in prefixes):    # keys avoid the patterns' prefixes
+                value = self.node(extra, where)
+                extras.append(ir.seq(key_not_in(names, tuple(prefixes)), ir.lit(b":"), value))
+            else:
+                # A key may fall under some pattern: its value must satisfy every schema that
+                # could apply (or such extras are not generated).
+                try:
+                    value = self.node({"allOf": [extra, *(s for _, s in patterns)]}, where)
+                    extras.append(ir.seq(key_not_in(names), ir.lit(b":"), value))
+                except SchemaError:
+                    pass
+        return self._counted_members(schema, members, extras, ptr)
+
+    def _pattern_member(self, pattern: str, i: int, patterns: list, names: list[str], ptr: str) -> object | None:
+        """Extra members whose key fully matches `pattern`; None when they cannot be generated
+        safely (a declared name matches it, or its value schemas do not combine): generating
+        fewer members than allowed keeps output valid."""
+        if any(re.search(pattern, n) for n in names):
+            return None
+        where = f"{ptr}/patternProperties/{escape_pointer(pattern)}"
+        # The key may match the other patterns too: its value must satisfy all their schemas.
+        schemas = [patterns[i][1]] + [s for j, (_, s) in enumerate(patterns) if j != i]
+        try:
+            key = pattern_ir(_unanchored(pattern), where)
+            value = self.node(schemas[0] if len(schemas) == 1 else {"allOf": schemas}, where)
+        except SchemaError:
+            return None
+        return ir.seq(ir.lit(b'"'), ir.Leaf(key), ir.lit(b'":'), value)
+
+    def _counted_members(self, schema: dict, members: list, extras: list, ptr: str) -> object:
+        lo = count_keyword(schema, "minProperties", ptr) or 0
+        hi = count_keyword(schema, "maxProperties", ptr)
+        n_req = sum(1 for _, r in members if r)
+        if lo <= n_req:
+            lo = 0
+        if hi is not None and not extras and hi >= len(members):
+            hi = None
+        if hi is not None and hi < max(lo, n_req):
+            return ir.NEVER
+        # Extra keys may repeat one another (not prevented), so they may not count towards
+        # minProperties; they do count towards maxProperties (a repeat only lowers the count).
+        if extras and lo and hi is not None:
+            extras = []
+        if max(lo, hi or 0) > 64:
+            raise unsupported("minProperties" if lo > 64 else "maxProperties", ptr, "bounds above 64")
+        extra_ir = ir.alt(*extras) if extras else None
+        return ir.Obj(tuple(members), extra_ir, lo, hi, hi is not None)
+
+    def _member(self, name: str, value: object) -> object:
+        key = dump_json(name) + b":"
+        self.literals.add(key)
+        return ir.seq(ir.lit(key), value)

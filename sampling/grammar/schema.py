@@ -2,6 +2,8 @@
 
 Non-recursive references are inlined. A `$ref` whose target can reach itself becomes a rule,
 and each use a `Call` (a pushdown call at match time). "Any JSON value" is a recursive rule too.
+Objects are in objects.py (ObjectRules); this file stays over 300 lines because the keyword
+dispatch (node) and the per-type rules call one another.
 """
 from __future__ import annotations
 
@@ -18,19 +20,14 @@ from . import ir, jsonstr, numeric, utf8
 from .allof import merge_all_of
 from .errors import SchemaError, UnsupportedSchemaError, unsupported
 from .formats import FORMATS, REFUSED_FORMATS
-from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, escape_pointer
-from .objects import dependency_variants, key_not_in, literal_prefix, matching, pattern_entries
+from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json
+from .objects import ObjectRules
 from .regex import length_bounded_pattern, pattern_ir
 
 # Length-bounded strings are unrolled one character at a time: bounds above this are
 # tightened to it (maxLength) or refused (minLength), to keep compile time bounded.
 MAX_COUNTED = 32
-_COMPACT = {"separators": (",", ":"), "ensure_ascii": False, "allow_nan": False}
 NULL, TRUE, FALSE = ir.lit(b"null"), ir.lit(b"true"), ir.lit(b"false")
-
-
-def _dump(v) -> bytes:
-    return json.dumps(v, **_COMPACT).encode("utf-8", "surrogatepass")
 
 
 def _json_type(v) -> str:
@@ -54,17 +51,6 @@ def _repeat(char: object, lo: int, hi: int | None) -> object:
     return ir.Repeat(char, lo, hi)
 
 
-def _unanchored(pattern: str) -> str:
-    """A pattern whose full matches are strings that `pattern` matches anywhere (JSON Schema's
-    search semantics), e.g. '^x-' -> 'x-.*' (our patterns otherwise match whole strings)."""
-    core, head, tail = pattern, ".*", ".*"
-    if core.startswith("^"):
-        core, head = core[1:], ""
-    if core.endswith("$") and not core.endswith("\\$"):
-        core, tail = core[:-1], ""
-    return f"{head}(?:{core}){tail}"
-
-
 def _normal(v):
     """The value as jsonschema compares it for uniqueItems (1 == 1.0, keys unordered)."""
     if isinstance(v, float) and v.is_integer():
@@ -76,16 +62,7 @@ def _normal(v):
     return v
 
 
-def _count(schema: dict, key: str, ptr: str) -> int | None:
-    v = schema.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
-        raise SchemaError(f"{key!r} at {ptr or '/'} must be a non-negative integer")
-    return int(v)
-
-
-class SchemaCompiler:
+class SchemaCompiler(ObjectRules):
     """`open_objects`: what an ABSENT `additionalProperties` means. False (the default, as in
     OpenAI's strict mode): no members besides those named by properties / required /
     patternProperties. True: JSON Schema's meaning, any further member (of any value)."""
@@ -302,7 +279,7 @@ class SchemaCompiler:
         rule = {k: v for k, v in schema.items() if k != "nullable"}
         kept = [v for v in values if (nullable and v is None) or self._satisfies(v, rule, ptr)]
         try:
-            encoded = list(dict.fromkeys(_dump(v) for v in kept))
+            encoded = list(dict.fromkeys(dump_json(v) for v in kept))
         except ValueError as e:
             raise SchemaError(f"enum/const at {ptr or '/'} is not JSON: {e}") from None
         self.literals.update(encoded)
@@ -320,15 +297,15 @@ class SchemaCompiler:
         else:
             values = [schema["const"]]
         if "const" in schema and "enum" in schema:
-            c = _dump(schema["const"])
-            values = [v for v in values if _dump(v) == c]
+            c = dump_json(schema["const"])
+            values = [v for v in values if dump_json(v) == c]
         if "type" in schema:
             ts = set(self._types(schema, keys, ptr))
             if "number" in ts:
                 ts.add("integer")
             values = [v for v in values if _json_type(v) in ts]
         try:
-            encoded = [_dump(v) for v in values]
+            encoded = [dump_json(v) for v in values]
         except ValueError as e:
             raise SchemaError(f"enum/const at {ptr or '/'} is not JSON: {e}") from None
         self.literals.update(encoded)
@@ -349,8 +326,8 @@ class SchemaCompiler:
 
     # ---------------------------------------------------------------- strings
     def _string(self, schema: dict, ptr: str) -> object:
-        lo = _count(schema, "minLength", ptr) or 0
-        hi = _count(schema, "maxLength", ptr)
+        lo = count_keyword(schema, "minLength", ptr) or 0
+        hi = count_keyword(schema, "maxLength", ptr)
         if hi is not None and hi < lo:
             return ir.NEVER
         pattern, fmt = schema.get("pattern"), schema.get("format")
@@ -433,8 +410,8 @@ class SchemaCompiler:
             rest = None
         else:
             rest = self.node(items, f"{ptr}/{rest_key}")
-        lo = _count(schema, "minItems", ptr) or 0
-        hi = _count(schema, "maxItems", ptr)
+        lo = count_keyword(schema, "minItems", ptr) or 0
+        hi = count_keyword(schema, "maxItems", ptr)
         if schema.get("uniqueItems") is True and not (rest is None and len(pre) <= 1) and (hi is None or hi > 1):
             values = None if prefix else self._finite_values(items, f"{ptr}/items")
             if values is not None:
@@ -476,7 +453,7 @@ class SchemaCompiler:
             key = json.dumps(_normal(v), sort_keys=True)
             if key not in seen:
                 seen.add(key)
-                out.append(_dump(v))
+                out.append(dump_json(v))
         return out
 
     def _array(self, pre: list, rest: object | None, lo: int, hi: int | None) -> object:
@@ -502,93 +479,3 @@ class SchemaCompiler:
             return ir.Repeat(ir.seq(comma, rest), need, top)
 
         return ir.seq(ir.lit(b"["), tail(0), ir.lit(b"]"))
-
-    # ---------------------------------------------------------------- objects
-    def _object(self, schema: dict, ptr: str) -> object:
-        variants = dependency_variants(schema, ptr)
-        if variants is not None:
-            return ir.alt(*(self.node(v, ptr) for v in variants))
-        props = schema.get("properties", {})
-        required = schema.get("required", [])
-        if not isinstance(props, dict):
-            raise SchemaError(f"'properties' at {ptr or '/'} must be an object")
-        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-            raise SchemaError(f"'required' at {ptr or '/'} must be an array of strings")
-        patterns = pattern_entries(schema, ptr)
-        explicit = "additionalProperties" in schema
-        # Absent additionalProperties: JSON Schema allows any extra member; by default (not
-        # open_objects) no members besides the named ones are generated when any are named.
-        extra = schema.get("additionalProperties",
-                           self.open_objects or not ("properties" in schema or patterns))
-        if not isinstance(extra, (bool, dict)):
-            raise SchemaError(f"'additionalProperties' at {ptr or '/'} must be a schema")
-        names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
-        members = []
-        for name in names:
-            where = f"{ptr}/properties/{escape_pointer(name)}"
-            parts = ([props[name]] if name in props else []) + matching(name, patterns)
-            if not parts:   # a required name that no properties / patternProperties entry covers
-                if extra is False and explicit:
-                    raise SchemaError(f"no JSON document satisfies this schema: {name!r} is required "
-                                      f"but additionalProperties is false at {ptr or '/'}")
-                parts = [extra if explicit else True]
-                where = f"{ptr}/additionalProperties"
-            value = self.node(parts[0] if len(parts) == 1 else {"allOf": parts}, where)
-            members.append((self._member(name, value), name in required))
-        extras = [x for x in (self._pattern_member(p, i, patterns, names, ptr) for i, (p, _) in enumerate(patterns))
-                  if x is not None]
-        if extra is not False:
-            prefixes = [literal_prefix(p) for p, _ in patterns]
-            where = f"{ptr}/additionalProperties"
-            if all(x is not None for x in prefixes):    # keys avoid the patterns' prefixes
-                value = self.node(extra, where)
-                extras.append(ir.seq(key_not_in(names, tuple(prefixes)), ir.lit(b":"), value))
-            else:
-                # A key may fall under some pattern: its value must satisfy every schema that
-                # could apply (or such extras are not generated).
-                try:
-                    value = self.node({"allOf": [extra, *(s for _, s in patterns)]}, where)
-                    extras.append(ir.seq(key_not_in(names), ir.lit(b":"), value))
-                except SchemaError:
-                    pass
-        return self._counted_members(schema, members, extras, ptr)
-
-    def _pattern_member(self, pattern: str, i: int, patterns: list, names: list[str], ptr: str) -> object | None:
-        """Extra members whose key fully matches `pattern`; None when they cannot be generated
-        safely (a declared name matches it, or its value schemas do not combine): generating
-        fewer members than allowed keeps output valid."""
-        if any(re.search(pattern, n) for n in names):
-            return None
-        where = f"{ptr}/patternProperties/{escape_pointer(pattern)}"
-        # The key may match the other patterns too: its value must satisfy all their schemas.
-        schemas = [patterns[i][1]] + [s for j, (_, s) in enumerate(patterns) if j != i]
-        try:
-            key = pattern_ir(_unanchored(pattern), where)
-            value = self.node(schemas[0] if len(schemas) == 1 else {"allOf": schemas}, where)
-        except SchemaError:
-            return None
-        return ir.seq(ir.lit(b'"'), ir.Leaf(key), ir.lit(b'":'), value)
-
-    def _counted_members(self, schema: dict, members: list, extras: list, ptr: str) -> object:
-        lo = _count(schema, "minProperties", ptr) or 0
-        hi = _count(schema, "maxProperties", ptr)
-        n_req = sum(1 for _, r in members if r)
-        if lo <= n_req:
-            lo = 0
-        if hi is not None and not extras and hi >= len(members):
-            hi = None
-        if hi is not None and hi < max(lo, n_req):
-            return ir.NEVER
-        # Extra keys may repeat one another (not prevented), so they may not count towards
-        # minProperties; they do count towards maxProperties (a repeat only lowers the count).
-        if extras and lo and hi is not None:
-            extras = []
-        if max(lo, hi or 0) > 64:
-            raise unsupported("minProperties" if lo > 64 else "maxProperties", ptr, "bounds above 64")
-        extra_ir = ir.alt(*extras) if extras else None
-        return ir.Obj(tuple(members), extra_ir, lo, hi, hi is not None)
-
-    def _member(self, name: str, value: object) -> object:
-        key = _dump(name) + b":"
-        self.literals.add(key)
-        return ir.seq(ir.lit(key), value)
