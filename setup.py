@@ -26,7 +26,8 @@ setup(
         # matplotlib: the quick-mode test also draws each plottable run, so plotting cannot rot.
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "openai>=1.30", "matplotlib>=3.8"],
         # llguidance: the structured-output benchmark's reference mask computation.
-        "bench": ["matplotlib>=3.8", "llguidance>=1.9"],
+        # jsonschema[format-nongpl]: the format checkers `bench schemas` validates documents with.
+        "bench": ["matplotlib>=3.8", "llguidance>=1.9", "jsonschema[format-nongpl]"],
     },
     entry_points={"console_scripts": ["cobatch=server.cli:main"]},
 )

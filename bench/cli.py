@@ -12,6 +12,7 @@ BENCHMARKS = {
     "mixed-priority": "bench.mixed_priority",
     "plot": "bench.plots",
     "prefix-sharing": "bench.prefix_sharing",
+    "schemas": "bench.schema_coverage",
     "sequential": "bench.sequential",
     "structured": "bench.structured",
 }

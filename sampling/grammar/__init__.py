@@ -34,24 +34,9 @@ Output format and restrictions (all make the language *smaller*, so output stays
 ---------------------------------------------------------------------------------------
 * Compact JSON: no whitespace at all outside strings.
 * Object members appear in the schema's ``properties`` order; required ones must appear,
-  optional ones may be skipped. If ``additionalProperties`` is true/a schema, extra members
-  come after the declared ones, with unescaped keys different from every declared name.
-  ABSENT ``additionalProperties`` means no extra members when ``properties`` is given, and
-  any members (values of any type) when it is not.
-* ``prefixItems`` without ``items``: no further items. Integers never print as ``-0``.
-* Strings: any valid UTF-8 except raw controls, plus all JSON escapes; counted strings
-  (``minLength``/``maxLength``, counted in characters) offer ``\\u`` escapes only for
-  control characters. ``pattern`` / ``format`` strings write characters raw when JSON allows.
-* ``pattern`` must match the whole string (anchors implied): see regex.py for the subset.
-* ``format``: date, time, date-time, email, uuid, ipv4 (formats.py); 29 February is never
-  produced. ``pattern``/``format`` cannot be combined with min/maxLength (unsupported).
-* Numbers with bounds: integers in range, plus decimals ``I.F`` whose every fraction stays in
-  range; no exponents. Integer bounds are exact.
-* ``enum``/``const`` may only be accompanied by ``type`` (and ``nullable``).
-* ``oneOf`` compiles as ``anyOf`` when the branches are provably disjoint (oneof.py);
-  otherwise it is reported unsupported.
-* ``allOf`` is merged (allof.py); disagreeing keywords it cannot merge are unsupported.
-* ``$ref`` only to local JSON pointers, without sibling keywords.
+  optional ones may be skipped; extra members come after the declared ones.
+* Which keywords are enforced, ignored (unknown ones, annotations) or refused by name, and what
+  an absent ``additionalProperties`` means (``open_objects``): see README.md in this folder.
 * Duplicate keys among *extra* members are not prevented.
 """
 from __future__ import annotations
@@ -67,22 +52,28 @@ from .vocab_index import index_for
 
 __all__ = ["CompiledGrammar", "GrammarMatcher", "SchemaError", "UnsupportedSchemaError", "compile_grammar"]
 
-_CACHE: dict[tuple[str, int], CompiledGrammar] = {}
+_CACHE: dict[tuple[str, int, bool], CompiledGrammar] = {}
 _CACHE_LOCK = threading.Lock()
 _CACHE_MAX = 64
 
 
-def compile_grammar(schema: dict | bool | None, vocab: TokenVocabulary) -> CompiledGrammar:
-    """Compile `schema` (None = any JSON object) for `vocab`; cached, so repeats are near-free."""
+def compile_grammar(schema: dict | bool | None, vocab: TokenVocabulary, *,
+                    open_objects: bool = False) -> CompiledGrammar:
+    """Compile `schema` (None = any JSON object) for `vocab`; cached, so repeats are near-free.
+
+    `open_objects` says what an absent `additionalProperties` means: False (default) = no
+    members besides those the schema names (properties, required, patternProperties), as in
+    OpenAI's strict mode; True = JSON Schema's meaning, extra members of any value allowed."""
     try:
-        key = (json.dumps(schema, sort_keys=True, separators=(",", ":"), allow_nan=False), id(vocab))
+        key = (json.dumps(schema, sort_keys=True, separators=(",", ":"), allow_nan=False), id(vocab),
+               open_objects)
     except (TypeError, ValueError) as e:
         raise SchemaError(f"schema is not JSON-serialisable: {e}") from None
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None and hit.idx.token_bytes is vocab.token_bytes:
             return hit
-    grammar = CompiledGrammar(schema, index_for(vocab))
+    grammar = CompiledGrammar(schema, index_for(vocab), open_objects=open_objects)
     with _CACHE_LOCK:
         _CACHE[key] = grammar
         while len(_CACHE) > _CACHE_MAX:

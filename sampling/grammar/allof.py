@@ -12,10 +12,10 @@ import json
 from typing import Callable
 
 from .errors import SchemaError, unsupported
-from .keywords import ANNOTATIONS
+from .keywords import constraint_keys
 
-_MAX_KEYS = ("minLength", "minItems", "minimum", "exclusiveMinimum")
-_MIN_KEYS = ("maxLength", "maxItems", "maximum", "exclusiveMaximum")
+_MAX_KEYS = ("minLength", "minItems", "minimum", "exclusiveMinimum", "minProperties")
+_MIN_KEYS = ("maxLength", "maxItems", "maximum", "exclusiveMaximum", "maxProperties")
 
 
 def _canon(v) -> str:
@@ -28,7 +28,7 @@ def merge_all_of(schema: dict, ptr: str, resolve: Callable[[object, str], dict])
     `resolve(sub, where)` returns the dict a sub-schema stands for (following $ref); it raises
     for what cannot be inlined (recursive references).
     """
-    branches = [{k: v for k, v in schema.items() if k != "allOf" and k not in ANNOTATIONS}]
+    branches = [{k: v for k, v in schema.items() if k != "allOf" and k in constraint_keys(schema)}]
     subs = schema["allOf"]
     if not isinstance(subs, list) or not subs:
         raise SchemaError(f"'allOf' at {ptr or '/'} must be a non-empty array")
@@ -41,7 +41,7 @@ def merge_all_of(schema: dict, ptr: str, resolve: Callable[[object, str], dict])
             continue
         if "allOf" in sub:
             sub = merge_all_of(sub, where, resolve)
-        branches.append({k: v for k, v in sub.items() if k not in ANNOTATIONS})
+        branches.append({k: v for k, v in sub.items() if k in constraint_keys(sub)})
     return _merge(branches, ptr)
 
 
@@ -87,6 +87,8 @@ def _merge(branches: list[dict], ptr: str) -> dict:
             out[key] = [x for x in vals[0] if _canon(x) in allowed]
         elif key in ("properties", "additionalProperties"):
             continue
+        elif key == "uniqueItems":
+            out[key] = any(v is True for v in vals)
         elif all(_canon(v) == _canon(vals[0]) for v in vals):
             out[key] = vals[0]
         else:
@@ -97,6 +99,10 @@ def _merge(branches: list[dict], ptr: str) -> dict:
 
 
 def _merge_objects(branches: list[dict], out: dict, ptr: str) -> None:
+    if "patternProperties" in out and any(
+            "patternProperties" not in b and b.get("additionalProperties", True) is not True for b in branches):
+        # Another branch's additionalProperties would also constrain the pattern-named members.
+        raise unsupported("allOf", ptr, "patternProperties merged with another branch's additionalProperties")
     names = list(dict.fromkeys(n for b in branches for n in b.get("properties", {})))
     props: dict = {}
     for name in names:

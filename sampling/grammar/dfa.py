@@ -32,7 +32,8 @@ class Automaton:
 def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> Automaton:
     classes, class_rep = _byte_classes(nfa)
     n_cls = len(class_rep)
-    mask_classes: dict[int, list[int]] = {}
+    mask_classes: dict[int, int] = {}
+    all_classes = (1 << n_cls) - 1
     closure_memo: dict[int, frozenset[int]] = {}
 
     def closure(states) -> frozenset[int]:
@@ -51,7 +52,8 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
         return frozenset(out)
 
     ids: dict[tuple[int, frozenset[int]], int] = {}
-    rows: list[list[int]] = [[DEAD] * n_cls]
+    rows: list[np.ndarray] = [np.zeros(n_cls, dtype=np.int32)]
+    class_index: dict[int, np.ndarray] = {}
     accept: list[bool] = [False]
     rule_of: list[int] = [-1]
     calls_raw: list[dict[int, int]] = [{}]
@@ -69,7 +71,7 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
                 g = ids[key] = len(rows)
                 if g > max_states:
                     raise SchemaError(f"schema too large: more than {max_states} automaton states")
-                rows.append([DEAD] * n_cls)
+                rows.append(np.zeros(n_cls, dtype=np.int32))
                 accept.append(e in st)
                 rule_of.append(r)
                 calls_raw.append({})
@@ -80,22 +82,38 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
         starts.append(intern(closure([s])))
         while todo:
             g = todo.pop()
-            moves: dict[int, set[int]] = {}
+            # Partition the byte classes by the set of NFA targets they lead to (class sets as
+            # int bitmasks), so that each distinct target set is closed and interned once.
+            parts: list[tuple[int, tuple[int, ...]]] = [(all_classes, ())]
             cmoves: dict[int, set[int]] = {}
             for ns in sets[g]:
                 for mask, t in nfa.edges[ns]:
-                    cl = mask_classes.get(mask)
-                    if cl is None:
-                        cl = mask_classes[mask] = [c for c in range(n_cls) if mask >> class_rep[c] & 1]
-                    for c in cl:
-                        moves.setdefault(c, set()).add(t)
+                    cm = mask_classes.get(mask)
+                    if cm is None:
+                        cm = mask_classes[mask] = sum(1 << c for c in range(n_cls) if mask >> class_rep[c] & 1)
+                    split = []
+                    for pm, ts in parts:
+                        inside = pm & cm
+                        if inside:
+                            split.append((inside, ts + (t,)))
+                            if pm != inside:
+                                split.append((pm ^ inside, ts))
+                        else:
+                            split.append((pm, ts))
+                    parts = split
                 for q, t in nfa.calls[ns]:
                     cmoves.setdefault(q, set()).add(t)
             row = rows[g]
-            for c, ts in moves.items():
-                row[c] = intern(closure(ts))
+            for pm, ts in parts:
+                if not ts:
+                    continue
+                target = intern(closure(ts))
+                cols = class_index.get(pm)
+                if cols is None:
+                    cols = class_index[pm] = np.array([c for c in range(n_cls) if pm >> c & 1], dtype=np.int64)
+                row[cols] = target
             calls_raw[g] = {q: intern(closure(ts)) for q, ts in cmoves.items()}
-    table = np.array(rows, dtype=np.int32)
+    table = np.stack(rows).astype(np.int32)
     aut = _trim(table, np.array(accept), calls_raw, starts, np.array(rule_of, dtype=np.int32))
     aut = _minimize(*aut)
     table, acc, calls_raw, starts, rule_of = aut
@@ -110,14 +128,18 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
 
 def _byte_classes(nfa: NFA) -> tuple[np.ndarray, list[int]]:
     """Partition bytes into classes no edge label distinguishes (alphabet compression)."""
-    cls = [0] * 256
-    for mask in {m for es in nfa.edges for m, _ in es}:
-        remap: dict[tuple[int, int], int] = {}
-        cls = [remap.setdefault((cls[b], mask >> b & 1), len(remap)) for b in range(256)]
-    reps: dict[int, int] = {}
-    for b in range(256):
-        reps.setdefault(cls[b], b)
-    return np.array(cls, dtype=np.int64), [reps[c] for c in range(len(reps))]
+    masks = list({m for es in nfa.edges for m, _ in es})
+    if not masks:
+        return np.zeros(256, dtype=np.int64), [0]
+    raw = np.frombuffer(b"".join(m.to_bytes(32, "little") for m in masks), dtype=np.uint8).reshape(len(masks), 32)
+    bits = np.unpackbits(raw, axis=1, bitorder="little")          # [masks, 256]: byte b in mask
+    _, first, cls = np.unique(bits.T, axis=0, return_index=True, return_inverse=True)
+    # Number classes in order of their first byte, as before (class of byte 0 is 0).
+    order = np.argsort(first)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    cls = rank[cls.ravel()]
+    return cls.astype(np.int64), sorted(first.tolist())
 
 
 def _trim(table, accept, calls, starts, rule_of):

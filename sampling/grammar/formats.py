@@ -1,17 +1,72 @@
-"""`format` values, each compiled as a `pattern` (a sound subset of what validators accept)."""
+"""`format` values, each compiled as a `pattern` (a sound subset of what validators accept).
+
+Every pattern here is a strict subset of its format (ASCII only, common forms only), so output
+always validates; a valid value outside the subset (e.g. an IPv6 address with an embedded IPv4
+part, a URI with percent-escapes) is not generated. Formats JSON Schema defines that are not
+here are refused by name (REFUSED_FORMATS); any other format name is an annotation and ignored,
+as JSON Schema says of unknown formats.
+"""
 from __future__ import annotations
 
-_DATE = (r"\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
-         r"|02-(?:0[1-9]|1\d|2[0-8]))")  # 29 February is left out: leap years are not regular enough to bother
+_DATE = (r"[1-9]\d{3}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
+         r"|02-(?:0[1-9]|1\d|2[0-8]))")  # 29 February is left out (leap years), and years before 1000
 _TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _HEX = "[0-9a-fA-F]"
+_H16 = _HEX + "{1,4}"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,20}[A-Za-z0-9])?"
+# At most 8 labels of at most 22 characters: under the 253 characters a host name may have.
+_HOST = rf"{_LABEL}(?:\.{_LABEL}){{0,6}}\.[A-Za-z](?:[A-Za-z0-9-]{{0,20}}[A-Za-z0-9])?|[A-Za-z](?:[A-Za-z0-9-]{{0,20}}[A-Za-z0-9])?"
+_SEGMENT = r"[A-Za-z0-9._~!$&'()*+,;=:@-]*"
+_QUERY = r"(?:\?[A-Za-z0-9._~=&-]*)?(?:#[A-Za-z0-9._~-]*)?"
+_SCHEME = "(?:https?|ftp|file|urn|mailto|ssh|git|s3)"
+_PATHS = rf"(?:/{_SEGMENT}){{0,12}}"
+# With an authority (host), an empty one (file:///path), or none: then the path may not start
+# with "//" (it would read as an authority).
+_URI = (rf"(?:{_SCHEME}://{_LABEL}(?:\.{_LABEL}){{0,6}}(?::[1-9]\d{{0,3}})?{_PATHS}"
+        rf"|file:///{_SEGMENT}{_PATHS}"
+        rf"|{_SCHEME}:(?:/[A-Za-z0-9._~!$&'()*+,;=:@-]+{_PATHS})?){_QUERY}")
+_RELATIVE = rf"(?:/?[A-Za-z0-9_~.-][A-Za-z0-9._~!$&'()*+,;=@-]*(?:/{_SEGMENT}){{0,12}}|/){_QUERY}|#[A-Za-z0-9._~-]*"
+
+
+def _ipv6() -> str:
+    full = rf"(?:{_H16}:){{7}}{_H16}"
+    # "::" stands for one or more groups: k groups before it and at most 7 - k after it.
+    short = []
+    for k in range(8):
+        before = "" if k == 0 else rf"(?:{_H16}:){{{k - 1}}}{_H16}"
+        after = "" if k == 7 else rf"(?:{_H16}(?::{_H16}){{0,{6 - k}}})?"
+        short.append(before + "::" + after)
+    return "|".join([full, *short])
+
+
+_DUR_TIME = r"T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S)"
+_DURATION = rf"P(?:(?:\d+D|\d+M(?:\d+D)?|\d+Y(?:\d+M(?:\d+D)?)?)(?:{_DUR_TIME})?|{_DUR_TIME}|\d+W)"
+_POINTER = r"(?:/(?:[A-Za-z0-9_.-]|~[01])*)*"
 
 FORMATS: dict[str, str] = {
     "date": _DATE,
     "time": _TIME,
     "date-time": _DATE + "T" + _TIME,
+    "duration": _DURATION,
     "email": r"[A-Za-z0-9_%+-]+(?:\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}",
+    "idn-email": r"[A-Za-z0-9_%+-]+(?:\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}",
+    "hostname": _HOST,
+    # IDNA: lower case, and no "--" (positions 3-4 are reserved for xn-- labels)
+    "idn-hostname": r"[a-z0-9]{1,10}(?:-[a-z0-9]{1,10}){0,2}(?:\.[a-z0-9]{1,10}(?:-[a-z0-9]{1,10}){0,2}){0,4}\.[a-z]{2,10}",
     "uuid": f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}",
     "ipv4": rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}",
+    "ipv6": _ipv6(),
+    "uri": _URI,
+    "iri": _URI,
+    "uri-reference": f"{_URI}|{_RELATIVE}",
+    "iri-reference": f"{_URI}|{_RELATIVE}",
+    "uri-template": _URI,            # a URI without braces is a (trivial) URI template
+    "json-pointer": _POINTER,
+    # no 0 digit after the first (jsonschema's checker rejects it), and something after the number
+    "relative-json-pointer": r"(?:0|[1-9]{1,6})(?:#|(?:/(?:[A-Za-z0-9_.-]|~[01])*)+)",
+    "regex": r"[A-Za-z0-9 _-]*",     # literal text: always a valid regular expression
 }
+
+# Formats some drafts define and validators check, with no pattern here: refused by name.
+REFUSED_FORMATS = frozenset({"color", "utc-millisec", "host-name", "ip-address"})

@@ -43,9 +43,30 @@ class Call:
 @dataclass(frozen=True)
 class Obj:
     """`{` members `}` where `members` are (member_ir, required) emitted in this order,
-    comma-separated, optional ones skippable; then `extra` (a member IR) any number of times."""
+    comma-separated, optional ones skippable; then `extra` (a member IR) any number of times.
+    Between `lo` and `hi` (None = no limit) members in all; extras count only if `extra_counts`."""
     members: tuple
     extra: object | None
+    lo: int = 0
+    hi: int | None = None
+    extra_counts: bool = True
+    open: bytes = b"{"
+    close: bytes = b"}"
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """`item` (no calls, no objects) determinised once and copied at every use: the NFA then
+    holds one state per position of it instead of dozens, which is what makes subset
+    construction of schemas with many strings fast. Used for string bodies, keys and numbers."""
+    item: object
+
+
+@dataclass(frozen=True)
+class Table:
+    """An explicit DFA: per state ((byte mask, target), ...), per state accepting; start 0."""
+    edges: tuple
+    accept: tuple
 
 
 EMPTY = Seq(())

@@ -48,7 +48,26 @@ class NFA:
             return e
         if isinstance(node, ir.Obj):
             return self._obj(node, s)
+        if isinstance(node, ir.Leaf):
+            return self._leaf(node, s)
+        if isinstance(node, ir.Table):
+            return self._copy(node.edges, node.accept, s)
         raise TypeError(f"unknown IR node {node!r}")
+
+    def _leaf(self, node: ir.Leaf, s: int) -> int:
+        edges, accept = leaf_dfa(node.item)
+        return self._copy(edges, accept, s)
+
+    def _copy(self, edges, accept, s: int) -> int:
+        ids = [self.new() for _ in edges]
+        end = self.new()
+        if ids:
+            self.eps[s].append(ids[0])
+        for i, out in enumerate(edges):
+            self.edges[ids[i]].extend((mask, ids[t]) for mask, t in out)
+            if accept[i]:
+                self.eps[ids[i]].append(end)
+        return end
 
     def _repeat(self, node: ir.Repeat, s: int) -> int:
         for _ in range(node.lo):
@@ -67,26 +86,194 @@ class NFA:
 
     def _obj(self, node: ir.Obj, s: int) -> int:
         comma = ir.lit(b",")
-        s = self._into(ir.lit(b"{"), s)
-        # (first, rest): state before member i when nothing / something was emitted yet.
-        first, rest = s, self.new()
+        lo, hi = node.lo, node.hi
+        top = hi if hi is not None else lo       # counts above `top` saturate (no upper bound)
+
+        def bump(c: int) -> int | None:
+            if hi is None:
+                return min(c + 1, top)
+            return c + 1 if c + 1 <= hi else None
+
+        s = self._into(ir.lit(node.open), s)
+        # `first`: nothing emitted yet; rest[c]: something emitted, c members counted.
+        first, rest = s, [self.new() for _ in range(top + 1)]
         for member, required in node.members:
-            mid = self.new()                      # just before the member's own bytes
-            self.eps[first].append(mid)
-            self.eps[self._into(comma, rest)].append(mid)
-            after = self._into(member, mid)
-            nfirst, nrest = self.new(), self.new()
-            self.eps[after].append(nrest)
-            if not required:                      # skipping keeps the "emitted anything" flag
+            nfirst, nrest = self.new(), [self.new() for _ in range(top + 1)]
+            for c in range(top + 1):
+                nc = bump(c)
+                if nc is None:
+                    continue
+                mid = self.new()                  # just before the member's own bytes
+                if c == 0:
+                    self.eps[first].append(mid)
+                self.eps[self._into(comma, rest[c])].append(mid)
+                self.eps[self._into(member, mid)].append(nrest[nc])
+            if not required:                      # skipping keeps the count
                 self.eps[first].append(nfirst)
-                self.eps[rest].append(nrest)
+                for c in range(top + 1):
+                    self.eps[rest[c]].append(nrest[c])
             first, rest = nfirst, nrest
         if node.extra is not None:
-            mid = self.new()
-            self.eps[first].append(mid)
-            self.eps[self._into(comma, rest)].append(mid)
-            self.eps[self._into(node.extra, mid)].append(rest)
+            for c in range(top + 1):
+                nc = bump(c) if node.extra_counts else c
+                if nc is None:
+                    continue
+                mid = self.new()
+                if c == 0:
+                    self.eps[first].append(mid)
+                self.eps[self._into(comma, rest[c])].append(mid)
+                self.eps[self._into(node.extra, mid)].append(rest[nc])
         end = self.new()
-        self.eps[self._into(ir.lit(b"}"), first)].append(end)
-        self.eps[self._into(ir.lit(b"}"), rest)].append(end)
+        if lo == 0:
+            self.eps[self._into(ir.lit(node.close), first)].append(end)
+        for c in range(lo, top + 1):
+            self.eps[self._into(ir.lit(node.close), rest[c])].append(end)
         return end
+
+
+_LEAVES: dict[object, tuple[list[list[tuple[int, int]]], list[bool]]] = {}
+
+
+def leaf_dfa(node) -> tuple[list[list[tuple[int, int]]], list[bool]]:
+    """A DFA for `node` as (per state: [(byte mask, target)], per state: accepting); state 0 is
+    the start. Memoised by IR value (IR nodes are immutable and hashable)."""
+    by_id = _LEAVES_BY_ID.get(id(node))
+    if by_id is not None and by_id[0] is node:
+        return by_id[1]
+    hit = _LEAVES.get(node)       # hashing an IR tree walks it all: the id lookup comes first
+    if hit is not None:
+        _remember(node, hit)
+        return hit
+    nfa = NFA()
+    start, end = nfa.build(node)
+    closure_memo: dict[int, frozenset[int]] = {}
+
+    def closure(states) -> frozenset[int]:
+        out: set[int] = set()
+        for s0 in states:
+            c = closure_memo.get(s0)
+            if c is None:
+                seen, todo = {s0}, [s0]
+                while todo:
+                    for t in nfa.eps[todo.pop()]:
+                        if t not in seen:
+                            seen.add(t)
+                            todo.append(t)
+                c = closure_memo[s0] = frozenset(seen)
+            out |= c
+        return frozenset(out)
+
+    ids: dict[frozenset[int], int] = {}
+    sets: list[frozenset[int]] = []
+    edges: list[list[tuple[int, int]]] = []
+
+    def intern(st: frozenset[int]) -> int:
+        i = ids.get(st)
+        if i is None:
+            i = ids[st] = len(sets)
+            sets.append(st)
+            edges.append([])
+        return i
+
+    intern(closure([start]))
+    i = 0
+    # (intern receives closed sets)
+    while i < len(sets):
+        # Partition the 256 bytes by the set of targets they lead to (bytes as bitmasks).
+        parts: list[tuple[int, tuple[int, ...]]] = [((1 << 256) - 1, ())]
+        for ns in sets[i]:
+            for m, t in nfa.edges[ns]:
+                split = []
+                for pm, ts in parts:
+                    inside = pm & m
+                    if inside:
+                        split.append((inside, ts + (t,)))
+                        if pm != inside:
+                            split.append((pm ^ inside, ts))
+                    else:
+                        split.append((pm, ts))
+                parts = split
+        merged: dict[frozenset[int], int] = {}
+        for pm, ts in parts:
+            if ts:
+                key = closure(ts)
+                merged[key] = merged.get(key, 0) | pm
+        for targets, mask in merged.items():
+            edges[i].append((mask, intern(targets)))
+        i += 1
+    accept = [end in st for st in sets]
+    result = _minimal(edges, accept)
+    if len(_LEAVES) > 4096:
+        _LEAVES.clear()
+    _LEAVES[node] = result
+    _remember(node, result)
+    return result
+
+
+_LEAVES_BY_ID: dict[int, tuple[object, tuple]] = {}
+
+
+def _remember(node, result) -> None:
+    if len(_LEAVES_BY_ID) > 4096:
+        _LEAVES_BY_ID.clear()
+    _LEAVES_BY_ID[id(node)] = (node, result)     # holding `node` keeps its id from being reused
+
+
+def _minimal(edges: list[list[tuple[int, int]]], accept: list[bool]):
+    """Moore minimisation of a small leaf DFA (start stays state 0; dead state implicit)."""
+    import numpy as np
+
+    n = len(edges)
+    table = np.full((n + 1, 256), n, dtype=np.int64)      # row n: the dead state
+    bit_cache: dict[int, np.ndarray] = {}
+    for i, out in enumerate(edges):
+        for mask, t in out:
+            bits = bit_cache.get(mask)
+            if bits is None:
+                bits = bit_cache[mask] = np.flatnonzero(
+                    np.frombuffer(mask.to_bytes(32, "little"), dtype=np.uint8)[:, None] >> np.arange(8) & 1)
+            table[i, bits] = t
+    _, block = np.unique(np.array([1 if a else 0 for a in accept] + [2]), return_inverse=True)
+    block = block.ravel().astype(np.int64)
+    count = int(block.max()) + 1
+    # Rows compared through a random linear hash (verified below; a collision only costs
+    # minimality, and is then undone by falling back to the unminimised automaton).
+    weights = np.random.default_rng(7).integers(1, 2**63, size=257, dtype=np.uint64) | np.uint64(1)
+    while True:
+        with np.errstate(over="ignore"):
+            h = block.astype(np.uint64) * weights[0] + (block[table].astype(np.uint64) * weights[1:]).sum(
+                axis=1, dtype=np.uint64)
+        _, nb = np.unique(h, return_inverse=True)
+        nb = nb.ravel()
+        if nb.max() + 1 == count:
+            break
+        block, count = nb, nb.max() + 1
+    rep = np.zeros(count, dtype=np.int64)
+    rep[block[::-1]] = np.arange(n + 1)[::-1]
+    if not (block[table] == block[table[rep[block]]]).all() or not (
+            np.array(accept + [False])[rep[block]] == np.array(accept + [False])).all():
+        return edges, accept
+    # Renumber blocks in order of first appearance (so the start's block is 0), dead dropped.
+    dead = int(block[n])
+    if int(block[0]) == dead:      # a leaf matching nothing: one non-accepting state
+        return [[]], [False]
+    order: dict[int, int] = {}
+    for i in range(n):
+        if int(block[i]) != dead:
+            order.setdefault(int(block[i]), len(order))
+    new_edges: list[list[tuple[int, int]]] = [[] for _ in order]
+    new_accept = [False] * len(order)
+    done = set()
+    for i in range(n):
+        b = int(block[i])
+        if b == dead or b in done:
+            continue
+        done.add(b)
+        new_accept[order[b]] = accept[i]
+        by_target: dict[int, int] = {}
+        for byte in range(256):
+            tb = int(block[table[i, byte]])
+            if tb != dead:
+                by_target[order[tb]] = by_target.get(order[tb], 0) | (1 << byte)
+        new_edges[order[b]] = [(m, t) for t, m in by_target.items()]
+    return new_edges, new_accept

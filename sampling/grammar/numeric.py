@@ -1,6 +1,7 @@
 """Byte IR for JSON numbers: plain integers, exact integer ranges, bounded decimals."""
 from __future__ import annotations
 
+import functools
 import math
 
 from . import ir
@@ -8,17 +9,20 @@ from . import ir
 _D = ir.Bytes(ir.range_mask(0x30, 0x39))
 _D19 = ir.Bytes(ir.range_mask(0x31, 0x39))
 _DIGITS = ir.Repeat(_D, 1, None)
+_NONZERO_FRAC = ir.seq(ir.lit(b"."), ir.Repeat(_D, 0, None), ir.Bytes(ir.range_mask(0x31, 0x39)), ir.Repeat(_D, 0, None))
 
 
 def _digit(lo: int, hi: int) -> ir.Bytes:
     return ir.Bytes(ir.range_mask(0x30 + lo, 0x30 + hi))
 
 
+@functools.lru_cache(maxsize=None)
 def integer() -> object:
     """Any JSON integer, without `-0` (a harmless restriction)."""
     return ir.alt(ir.lit(b"0"), ir.seq(ir.opt(ir.lit(b"-")), _D19, ir.Repeat(_D, 0, None)))
 
 
+@functools.lru_cache(maxsize=None)
 def number() -> object:
     int_part = ir.seq(ir.opt(ir.lit(b"-")), ir.alt(ir.lit(b"0"), ir.seq(_D19, ir.Repeat(_D, 0, None))))
     frac = ir.opt(ir.seq(ir.lit(b"."), _DIGITS))
@@ -92,9 +96,14 @@ def bounded_number(lo: float | None, lo_excl: bool, hi: float | None, hi_excl: b
     phi = None if hi is None else math.floor(hi) - 1
     if phi is None or phi >= plo:
         parts.append(ir.seq(_non_negative(plo, phi), frac))
+    # An exclusive integer lower bound I >= 0: "I.F" with a non-zero digit in F is above it.
+    if lo_excl and lo is not None and lo >= 0 and lo == math.floor(lo) and (hi is None or int(lo) + 1 <= hi):
+        parts.append(ir.seq(ir.lit(str(int(lo)).encode()), _NONZERO_FRAC))
     # "-I.F" lies in (-(I+1), -I]: needs -(I+1) >= lo and -I <= hi (< hi if exclusive).
     nlo = 0 if hi is None else max(0, math.floor(-hi) + 1 if hi_excl or -hi != math.floor(-hi) else int(-hi))
     nhi = None if lo is None else math.floor(-lo) - 1
     if nhi is None or nhi >= nlo:
         parts.append(ir.seq(ir.lit(b"-"), _non_negative(nlo, nhi), frac))
+    if hi_excl and hi is not None and hi <= 0 and hi == math.floor(hi) and (lo is None or int(hi) - 1 >= lo):
+        parts.append(ir.seq(ir.lit(b"-" + str(-int(hi)).encode()), _NONZERO_FRAC))
     return ir.alt(*parts)

@@ -5,11 +5,14 @@ otherwise report it as unsupported (rather than risk emitting a document matchin
 * the branches' possible JSON types are pairwise disjoint, or
 * all branches are objects sharing a required property whose `const`/`enum` values are
   pairwise disjoint (a discriminator, e.g. {"kind": {"const": "circle"}}), or
-* all branches are `const`/`enum` with pairwise disjoint values.
+* all branches are `const`/`enum` with pairwise disjoint values,
+checked pair by pair, plus: numeric ranges that do not overlap, and object branches where one
+requires a property the other forbids.
 """
 from __future__ import annotations
 
 import json
+import math
 from typing import Callable
 
 from .errors import unsupported
@@ -73,13 +76,56 @@ def _pairwise_disjoint(sets: list) -> bool:
     return True
 
 
+def _interval(s: object) -> tuple[float, float] | None:
+    """[lo, hi] (open ends as +-inf, exclusive bounds nudged) of a numbers-only branch."""
+    if not isinstance(s, dict) or _kinds(s, lambda b, w: b) - {"number"}:
+        return None
+    lo, hi = -math.inf, math.inf
+    for key in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        v = s.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        excl = key.startswith("exclusive") or s.get("exclusive" + key[0].upper() + key[1:]) is True
+        if key.endswith("inimum"):
+            lo = max(lo, math.nextafter(v, math.inf) if excl else v)
+        else:
+            hi = min(hi, math.nextafter(v, -math.inf) if excl else v)
+    return lo, hi
+
+
+def _objects_apart(a: object, b: object) -> bool:
+    """A property required by one object branch is forbidden by the other."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return False
+    for x, y in ((a, b), (b, a)):
+        if _kinds(x, lambda s, w: s) != {"object"}:
+            continue
+        props = y.get("properties", {}) if isinstance(y.get("properties"), dict) else {}
+        for name in x.get("required", []) if isinstance(x.get("required"), list) else []:
+            if props.get(name) is False or (name not in props and y.get("additionalProperties") is False
+                                            and not y.get("patternProperties")):
+                return True
+    return False
+
+
+def _pair_disjoint(a: object, b: object, resolve) -> bool:
+    if not (_kinds(a, resolve) & _kinds(b, resolve)):
+        return True
+    va, vb = _values(a), _values(b)
+    if va is not None and vb is not None and not (va & vb):
+        return True
+    if _discriminated([a, b]) or _objects_apart(a, b):
+        return True
+    ia, ib = _interval(a), _interval(b)
+    return ia is not None and ib is not None and (ia[1] < ib[0] or ib[1] < ia[0])
+
+
 def check_disjoint(subs: list, ptr: str, resolve: Callable[[object, str], object]) -> None:
+    """Raises unless every pair of branches is proven disjoint (by any of the checks above)."""
     branches = [resolve(s, f"{ptr}/oneOf/{i}") for i, s in enumerate(subs)]
-    if _pairwise_disjoint([_kinds(b, resolve) for b in branches]):
-        return
-    vals = [_values(b) for b in branches]
-    if all(v is not None for v in vals) and _pairwise_disjoint(vals):
-        return
-    if _discriminated(branches):
-        return
-    raise unsupported("oneOf", ptr, "cannot prove the branches disjoint; use anyOf if overlap is acceptable")
+    for i, a in enumerate(branches):
+        if a is False:
+            continue
+        for b in branches[i + 1:]:
+            if b is not False and not _pair_disjoint(a, b, resolve):
+                raise unsupported("oneOf", ptr, "cannot prove the branches disjoint; use anyOf if overlap is acceptable")

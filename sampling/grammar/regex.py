@@ -204,4 +204,52 @@ def pattern_ir(pattern: str, where: str) -> object:
     except re.error as e:
         from .errors import SchemaError
         raise SchemaError(f"invalid 'pattern' at {where or '/'}: {e}") from None
-    return _Parser(pattern, where).parse()
+    hit = _PATTERNS.get(pattern)
+    if hit is None:
+        hit = _Parser(pattern, where).parse()     # errors are not cached: they name `where`
+        if len(_PATTERNS) > 4096:
+            _PATTERNS.clear()
+        _PATTERNS[pattern] = hit
+    return hit     # the same object for the same pattern: its leaf automaton is found by identity
+
+
+_PATTERNS: dict[str, object] = {}
+
+
+_ATOM = r"(?:\[(?:\\.|[^\]\\])+\]|\\[dwsDWS.\-_/]|\.|[A-Za-z0-9 _/:@-])"
+_SINGLE = re.compile(rf"\^?((?:{_ATOM})*?)({_ATOM})(\*|\+|\{{(\d+)(?:,(\d*))?\}})\$?")
+
+
+def length_bounded_pattern(pattern: str, lo: int, hi: int | None, cap: int) -> str | None:
+    """A pattern for the strings fully matching `pattern` whose length is in [lo, hi], when that
+    is easy: the bounds already hold for every match, or the pattern is fixed single characters
+    followed by one repeated character class (`^[a-z][a-z0-9-]*$`: the repetition is tightened,
+    to at most `cap` characters). Otherwise None."""
+    try:
+        import re._parser as sre_parse
+    except ImportError:   # Python < 3.11
+        import sre_parse  # type: ignore[no-redef]
+    try:
+        wmin, wmax = sre_parse.parse(pattern).getwidth()
+    except (re.error, OverflowError, RecursionError):
+        return None
+    if lo <= wmin and (hi is None or wmax <= hi):
+        return pattern
+    m = _SINGLE.fullmatch(pattern)
+    if m is None:
+        return None
+    fixed = len(re.findall(_ATOM, m.group(1)))
+    q = m.group(3)
+    qlo, qhi = {"*": (0, None), "+": (1, None)}.get(q, (None, None))
+    if q.startswith("{"):
+        qlo = int(m.group(4))
+        qhi = qlo if "," not in q else (int(m.group(5)) if m.group(5) else None)
+    nlo = max(lo - fixed, qlo)
+    nhi = None if hi is None else hi - fixed
+    if qhi is not None:
+        nhi = qhi if nhi is None else min(nhi, qhi)
+    if nhi is not None and nhi > cap:     # unrolled below: longer matches are not generated
+        nhi = max(cap, nlo)
+    if nlo > cap or (nhi is not None and nhi < nlo):
+        return None
+    return f"{m.group(1)}{m.group(2)}{{{nlo},{'' if nhi is None else nhi}}}"

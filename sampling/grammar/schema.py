@@ -2,26 +2,32 @@
 
 Non-recursive references are inlined. A `$ref` whose target can reach itself becomes a rule,
 and each use a `Call` (a pushdown call at match time). "Any JSON value" is a recursive rule too.
+Objects are in objects.py (ObjectRules); this file stays over 300 lines because the keyword
+dispatch (node) and the per-type rules call one another.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
+import re
 from urllib.parse import unquote
+
+import jsonschema
+import referencing.exceptions
 
 from . import ir, jsonstr, numeric, utf8
 from .allof import merge_all_of
-from .errors import SchemaError, unsupported
-from .formats import FORMATS
-from .keywords import ANNOTATIONS, JSON_TYPES, SUPPORTED, TYPE_KEYWORDS, constraint_keys, escape_pointer
-from .regex import pattern_ir
+from .errors import SchemaError, UnsupportedSchemaError, unsupported
+from .formats import FORMATS, REFUSED_FORMATS
+from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json
+from .objects import ObjectRules
+from .regex import length_bounded_pattern, pattern_ir
 
-_COMPACT = {"separators": (",", ":"), "ensure_ascii": False, "allow_nan": False}
+# Length-bounded strings are unrolled one character at a time: bounds above this are
+# tightened to it (maxLength) or refused (minLength), to keep compile time bounded.
+MAX_COUNTED = 32
 NULL, TRUE, FALSE = ir.lit(b"null"), ir.lit(b"true"), ir.lit(b"false")
-
-
-def _dump(v) -> bytes:
-    return json.dumps(v, **_COMPACT).encode("utf-8", "surrogatepass")
 
 
 def _json_type(v) -> str:
@@ -38,18 +44,33 @@ def _json_type(v) -> str:
     return "array" if isinstance(v, list) else "object"
 
 
-def _count(schema: dict, key: str, ptr: str) -> int | None:
-    v = schema.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
-        raise SchemaError(f"{key!r} at {ptr or '/'} must be a non-negative integer")
-    return int(v)
+@functools.lru_cache(maxsize=1024)
+def _repeat(char: object, lo: int, hi: int | None) -> object:
+    """The same IR object for the same string body, so that its leaf automaton is found by
+    identity (hashing an IR tree walks all of it)."""
+    return ir.Repeat(char, lo, hi)
 
 
-class SchemaCompiler:
-    def __init__(self, root: object) -> None:
+def _normal(v):
+    """The value as jsonschema compares it for uniqueItems (1 == 1.0, keys unordered)."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, list):
+        return [_normal(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _normal(x) for k, x in v.items()}
+    return v
+
+
+class SchemaCompiler(ObjectRules):
+    """`open_objects`: what an ABSENT `additionalProperties` means. False (the default, as in
+    OpenAI's strict mode): no members besides those named by properties / required /
+    patternProperties. True: JSON Schema's meaning, any further member (of any value)."""
+
+    def __init__(self, root: object, *, open_objects: bool = False) -> None:
         self.root = root
+        self.open_objects = open_objects
+        self._validator = None
         self.rules: list[object | None] = [None]
         self.ref_rule: dict[str, int] = {}
         self.inline_memo: dict[str, object] = {}
@@ -135,7 +156,8 @@ class SchemaCompiler:
             if not (isinstance(sub, dict) and "$ref" in sub):
                 return sub
             if constraint_keys(sub) - {"$ref"}:
-                raise unsupported("$ref", where, "sibling keywords next to $ref")
+                rest = {k: v for k, v in sub.items() if k != "$ref"}
+                return merge_all_of({**rest, "allOf": [{"$ref": sub["$ref"]}]}, where, self._resolve_schema)
             if sub["$ref"] in self.recursive:
                 raise unsupported("allOf", where, "recursive $ref inside allOf")
             sub = self._resolve_pointer(sub["$ref"], where)
@@ -147,11 +169,11 @@ class SchemaCompiler:
             idx = self.ref_rule[""] = len(self.rules)
             self.rules.append(None)
             value = ir.Call(idx)
-            key = ir.seq(ir.lit(b'"'), ir.Repeat(jsonstr.any_char(), 0, None), ir.lit(b'"'))
+            key = ir.seq(ir.lit(b'"'), ir.Leaf(ir.Repeat(jsonstr.any_char(), 0, None)), ir.lit(b'"'))
             self.rules[idx] = ir.alt(
                 ir.Obj((), ir.seq(key, ir.lit(b":"), value)),
                 self._array([], value, 0, None),
-                self._string({}, ""), numeric.number(), TRUE, FALSE, NULL)
+                self._string({}, ""), ir.Leaf(numeric.number()), TRUE, FALSE, NULL)
         return ir.Call(idx)
 
     # ---------------------------------------------------------------- schemas
@@ -169,21 +191,30 @@ class SchemaCompiler:
             return ir.NEVER
         if not isinstance(schema, dict):
             raise SchemaError(f"schema at {ptr or '/'} must be an object or a boolean, got {type(schema).__name__}")
-        for k in schema:
-            if k not in SUPPORTED:
-                raise unsupported(k, ptr)
         keys = constraint_keys(schema)
         if not keys:
             return self.any_value()
-        if "$ref" in keys:
-            if keys != {"$ref"}:
-                raise unsupported("$ref", ptr, f"sibling keywords next to $ref: {sorted(keys - {'$ref'})}")
-            return self._ref(schema["$ref"], ptr)
-        if "allOf" in keys:
-            return self.node(merge_all_of(schema, ptr, self._resolve_schema), ptr)
         nullable = schema.get("nullable", False)
         if not isinstance(nullable, bool):
             raise SchemaError(f"'nullable' at {ptr or '/'} must be a boolean")
+        if ("enum" in keys or "const" in keys) and keys - {"enum", "const", "type", "nullable"}:
+            # A finite set of values: every other keyword is enforced exactly by validating them.
+            return self._filtered_enum(schema, keys, ptr, nullable)
+        refused = sorted(keys & REFUSED)
+        if refused:
+            raise unsupported(refused[0], ptr)
+        if "$ref" in keys:
+            if keys == {"$ref"}:
+                return self._ref(schema["$ref"], ptr)
+            # Sibling keywords next to $ref: both must hold (an implicit allOf).
+            rest = {k: v for k, v in schema.items() if k != "$ref"}
+            allof = rest.get("allOf", [])
+            if not isinstance(allof, list):
+                raise SchemaError(f"'allOf' at {ptr or '/'} must be a non-empty array")
+            rest["allOf"] = [{"$ref": schema["$ref"]}, *allof]
+            return self.node(merge_all_of(rest, ptr, self._resolve_schema), ptr)
+        if "allOf" in keys:
+            return self.node(merge_all_of(schema, ptr, self._resolve_schema), ptr)
         for comb in ("anyOf", "oneOf"):
             if comb in keys:
                 return self._combinator(schema, comb, keys, ptr, nullable)
@@ -207,16 +238,52 @@ class SchemaCompiler:
 
     def _combinator(self, schema: dict, comb: str, keys: set[str], ptr: str, nullable: bool) -> object:
         others = keys - {comb, "nullable"}
-        if others:
-            raise unsupported(comb, ptr, f"sibling keywords next to {comb}: {sorted(others)}")
         subs = schema[comb]
         if not isinstance(subs, list) or not subs:
             raise SchemaError(f"{comb!r} at {ptr or '/'} must be a non-empty array")
+        if others:
+            # Sibling keywords (an implicit allOf) distribute over the branches; "exactly one
+            # branch" is unchanged by intersecting every branch with the same schema.
+            siblings = {k: schema[k] for k in others}
+            merged = []
+            for i, sub in enumerate(subs):
+                try:
+                    merged.append(merge_all_of({**siblings, "allOf": [sub]}, f"{ptr}/{comb}/{i}", self._resolve_schema))
+                except UnsupportedSchemaError:
+                    raise
+                except SchemaError:
+                    merged.append(False)       # this branch cannot match anything
+            subs = merged
         if comb == "oneOf" and len(subs) > 1:
             from .oneof import check_disjoint
             check_disjoint(subs, ptr, self._resolve_schema)
         body = ir.alt(*(self.node(s, f"{ptr}/{comb}/{i}") for i, s in enumerate(subs)))
         return ir.alt(NULL, body) if nullable else body
+
+    def _satisfies(self, value: object, schema: dict, ptr: str) -> bool:
+        """`value` is valid against `schema` (a sub-schema of the root, $refs resolved there)."""
+        if self._validator is None:
+            root = self.root if isinstance(self.root, (dict, bool)) else {}
+            cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
+            self._validator = cls(root, format_checker=cls.FORMAT_CHECKER)
+        try:
+            return self._validator.evolve(schema=schema).is_valid(value)
+        except (jsonschema.exceptions.SchemaError, referencing.exceptions.Unresolvable,
+                ValueError, TypeError, LookupError, RecursionError) as e:
+            raise SchemaError(f"cannot check the enum/const values at {ptr or '/'}: {e}") from None
+
+    def _filtered_enum(self, schema: dict, keys: set[str], ptr: str, nullable: bool) -> object:
+        values = schema["enum"] if "enum" in schema else [schema["const"]]
+        if not isinstance(values, list) or not values:
+            raise SchemaError(f"'enum' at {ptr or '/'} must be a non-empty array")
+        rule = {k: v for k, v in schema.items() if k != "nullable"}
+        kept = [v for v in values if (nullable and v is None) or self._satisfies(v, rule, ptr)]
+        try:
+            encoded = list(dict.fromkeys(dump_json(v) for v in kept))
+        except ValueError as e:
+            raise SchemaError(f"enum/const at {ptr or '/'} is not JSON: {e}") from None
+        self.literals.update(encoded)
+        return ir.alt(*(ir.lit(e) for e in encoded)) if encoded else ir.NEVER
 
     def _enum(self, schema: dict, keys: set[str], ptr: str) -> object:
         others = keys - {"enum", "const", "type", "nullable"}
@@ -230,15 +297,15 @@ class SchemaCompiler:
         else:
             values = [schema["const"]]
         if "const" in schema and "enum" in schema:
-            c = _dump(schema["const"])
-            values = [v for v in values if _dump(v) == c]
+            c = dump_json(schema["const"])
+            values = [v for v in values if dump_json(v) == c]
         if "type" in schema:
             ts = set(self._types(schema, keys, ptr))
             if "number" in ts:
                 ts.add("integer")
             values = [v for v in values if _json_type(v) in ts]
         try:
-            encoded = [_dump(v) for v in values]
+            encoded = [dump_json(v) for v in values]
         except ValueError as e:
             raise SchemaError(f"enum/const at {ptr or '/'} is not JSON: {e}") from None
         self.literals.update(encoded)
@@ -259,26 +326,38 @@ class SchemaCompiler:
 
     # ---------------------------------------------------------------- strings
     def _string(self, schema: dict, ptr: str) -> object:
-        lo = _count(schema, "minLength", ptr) or 0
-        hi = _count(schema, "maxLength", ptr)
+        lo = count_keyword(schema, "minLength", ptr) or 0
+        hi = count_keyword(schema, "maxLength", ptr)
+        if hi is not None and hi < lo:
+            return ir.NEVER
         pattern, fmt = schema.get("pattern"), schema.get("format")
+        if fmt is not None:
+            if not isinstance(fmt, str):
+                raise SchemaError(f"'format' at {ptr or '/'} must be a string")
+            if fmt in REFUSED_FORMATS:
+                raise unsupported("format", ptr, f"format {fmt!r} is not enforced (supported: {sorted(FORMATS)})")
+            if fmt not in FORMATS:
+                fmt = None      # an unknown format is an annotation (JSON Schema)
         if pattern is not None or fmt is not None:
             if pattern is not None and fmt is not None:
                 raise unsupported("pattern", ptr, "pattern together with format")
-            if "minLength" in schema or "maxLength" in schema:
-                raise unsupported("pattern" if pattern is not None else "format", ptr,
-                                  "combined with minLength/maxLength")
+            keyword = "pattern" if pattern is not None else "format"
             if fmt is not None:
-                if fmt not in FORMATS:
-                    raise unsupported("format", ptr, f"format {fmt!r} (supported: {sorted(FORMATS)})")
                 pattern = FORMATS[fmt]
-            return ir.seq(ir.lit(b'"'), pattern_ir(pattern, ptr), ir.lit(b'"'))
-        if hi is not None and hi < lo:
-            return ir.NEVER
+            if lo or hi is not None:
+                bounded = length_bounded_pattern(pattern, lo, hi, MAX_COUNTED)
+                if bounded is None:
+                    raise unsupported(keyword, ptr, "combined with minLength/maxLength")
+                pattern = bounded
+            return ir.seq(ir.lit(b'"'), ir.Leaf(pattern_ir(pattern, ptr)), ir.lit(b'"'))
+        if lo > MAX_COUNTED:
+            raise unsupported("minLength", ptr, f"above {MAX_COUNTED} characters")
+        if hi is not None and hi > MAX_COUNTED:
+            hi = MAX_COUNTED     # longer strings are valid but not generated (documented restriction)
         # Counted strings use a smaller character automaton (no optional \uXXXX escapes): the
         # automaton is unrolled once per counted character, so its size matters.
-        char = jsonstr.any_char() if hi is None and lo == 0 else jsonstr.char(jsonstr.ANY_RANGES)
-        return ir.seq(ir.lit(b'"'), ir.Repeat(char, lo, hi), ir.lit(b'"'))
+        char = jsonstr.any_char() if hi is None and lo == 0 else jsonstr.counted_char()
+        return ir.seq(ir.lit(b'"'), ir.Leaf(_repeat(char, lo, hi)), ir.lit(b'"'))
 
     # ---------------------------------------------------------------- numbers
     def _number(self, schema: dict, t: str, ptr: str) -> object:
@@ -300,15 +379,15 @@ class SchemaCompiler:
                     hi, hi_x = v, excl
         if t == "integer":
             if lo is None and hi is None:
-                return numeric.integer()
+                return ir.Leaf(numeric.integer())
             ilo = None if lo is None else (math.floor(lo) + 1 if lo_x else math.ceil(lo))
             ihi = None if hi is None else (math.ceil(hi) - 1 if hi_x else math.floor(hi))
             if ilo is not None and ihi is not None and ihi < ilo:
                 return ir.NEVER
-            return numeric.integer_range(ilo, ihi)
+            return ir.Leaf(numeric.integer_range(ilo, ihi))
         if lo is None and hi is None:
-            return numeric.number()
-        return numeric.bounded_number(lo, lo_x, hi, hi_x)
+            return ir.Leaf(numeric.number())
+        return ir.Leaf(numeric.bounded_number(lo, lo_x, hi, hi_x))
 
     # ---------------------------------------------------------------- arrays
     def _array_schema(self, schema: dict, ptr: str) -> object:
@@ -319,8 +398,7 @@ class SchemaCompiler:
             if "prefixItems" in schema:
                 raise SchemaError(f"array-valued 'items' together with 'prefixItems' at {ptr or '/'}")
             prefix, items, rest_key = items, schema.get("additionalItems"), "additionalItems"
-        elif "additionalItems" in schema:
-            raise unsupported("additionalItems", ptr, "only meaningful with array-valued 'items'")
+        # (additionalItems next to a schema-valued or absent `items` has no effect: ignored.)
         if not isinstance(prefix, list):
             raise SchemaError(f"'prefixItems' at {ptr or '/'} must be an array")
         pre = [self.node(s, f"{ptr}/prefixItems/{i}") for i, s in enumerate(prefix)]
@@ -332,9 +410,51 @@ class SchemaCompiler:
             rest = None
         else:
             rest = self.node(items, f"{ptr}/{rest_key}")
-        lo = _count(schema, "minItems", ptr) or 0
-        hi = _count(schema, "maxItems", ptr)
+        lo = count_keyword(schema, "minItems", ptr) or 0
+        hi = count_keyword(schema, "maxItems", ptr)
+        if schema.get("uniqueItems") is True and not (rest is None and len(pre) <= 1) and (hi is None or hi > 1):
+            values = None if prefix else self._finite_values(items, f"{ptr}/items")
+            if values is not None:
+                # Distinct values of a finite set: each at most once, in the set's order.
+                if hi is not None and hi >= len(values):
+                    hi = None
+                if max(lo, hi or 0) > 64:
+                    raise unsupported("uniqueItems", ptr, "over 64 distinct values required")
+                members = tuple((ir.lit(v), False) for v in values)
+                self.literals.update(values)
+                return ir.Obj(members, None, lo, hi, True, b"[", b"]") if len(values) >= lo else ir.NEVER
+            if lo > 1:
+                raise unsupported("uniqueItems", ptr, "items are not a finite set of values and minItems > 1")
+            hi = 1     # at most one item: unique whatever it is
         return self._array(pre, rest, lo, hi)
+
+    def _finite_values(self, items: object, where: str) -> list[bytes] | None:
+        """The distinct JSON encodings an item may take, when `items` allows finitely many."""
+        try:
+            sub = self._resolve_schema(items, where)
+        except SchemaError:
+            return None
+        if not isinstance(sub, dict):
+            return None
+        keys = constraint_keys(sub)
+        if "enum" in keys or "const" in keys:
+            values = sub["enum"] if "enum" in sub else [sub["const"]]
+            if not isinstance(values, list):
+                return None
+            nullable = sub.get("nullable") is True
+            rule = {k: v for k, v in sub.items() if k != "nullable"}
+            values = [v for v in values if (nullable and v is None) or self._satisfies(v, rule, where)]
+        elif keys == {"type"} and sub["type"] in ("boolean", "null"):
+            values = [True, False] if sub["type"] == "boolean" else [None]
+        else:
+            return None
+        seen, out = set(), []
+        for v in values:
+            key = json.dumps(_normal(v), sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                out.append(dump_json(v))
+        return out
 
     def _array(self, pre: list, rest: object | None, lo: int, hi: int | None) -> object:
         if rest is None or rest == ir.NEVER:
@@ -359,69 +479,3 @@ class SchemaCompiler:
             return ir.Repeat(ir.seq(comma, rest), need, top)
 
         return ir.seq(ir.lit(b"["), tail(0), ir.lit(b"]"))
-
-    # ---------------------------------------------------------------- objects
-    def _object(self, schema: dict, ptr: str) -> object:
-        props = schema.get("properties", {})
-        required = schema.get("required", [])
-        if not isinstance(props, dict):
-            raise SchemaError(f"'properties' at {ptr or '/'} must be an object")
-        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-            raise SchemaError(f"'required' at {ptr or '/'} must be an array of strings")
-        # Absent additionalProperties: extra members allowed only when no properties are
-        # declared (documented restriction; output stays valid).
-        extra = schema.get("additionalProperties", "properties" not in schema)
-        if not isinstance(extra, (bool, dict)):
-            raise SchemaError(f"'additionalProperties' at {ptr or '/'} must be a schema")
-        members = []
-        for name, sub in props.items():
-            value = self.node(sub, f"{ptr}/properties/{escape_pointer(name)}")
-            members.append((self._member(name, value), name in required))
-        for name in dict.fromkeys(required):
-            if name in props:
-                continue
-            if extra is False:
-                raise SchemaError(f"no JSON document satisfies this schema: {name!r} is required "
-                                  f"but additionalProperties is false at {ptr or '/'}")
-            value = self.node(extra, f"{ptr}/additionalProperties")
-            members.append((self._member(name, value), True))
-        extra_ir = None
-        if extra is not False:
-            names = list(props) + [r for r in required if r not in props]
-            value = self.node(extra, f"{ptr}/additionalProperties")
-            extra_ir = ir.seq(_key_not_in(names), ir.lit(b":"), value)
-        return ir.Obj(tuple(members), extra_ir)
-
-    def _member(self, name: str, value: object) -> object:
-        key = _dump(name) + b":"
-        self.literals.add(key)
-        return ir.seq(ir.lit(key), value)
-
-
-_RAW = [(0x20, 0x21), (0x23, 0x5B), (0x5D, utf8.MAX_CP)]   # characters JSON lets us write unescaped
-
-
-def _key_not_in(names: list[str]) -> object:
-    """A quoted key of unescaped characters that differs from every name (so an extra member
-    can never repeat a declared property)."""
-    trie: dict = {}
-    for name in names:
-        if all(any(lo <= ord(c) <= hi for lo, hi in _RAW) for c in name):
-            node = trie
-            for c in name:
-                node = node.setdefault(ord(c), {})
-            node[None] = True
-    any_raw = ir.Repeat(ir.chars(_RAW), 0, None)
-    alts = []
-
-    def visit(node: dict, prefix: list) -> None:
-        if None not in node:
-            alts.append(ir.seq(*prefix))
-        children = [c for c in node if c is not None]
-        others = utf8.subtract(_RAW, [(c, c) for c in children])
-        alts.append(ir.seq(*prefix, ir.chars(others), any_raw))
-        for c in children:
-            visit(node[c], prefix + [ir.chars([(c, c)])])
-
-    visit(trie, [])
-    return ir.seq(ir.lit(b'"'), ir.alt(*alts), ir.lit(b'"'))

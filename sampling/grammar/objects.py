@@ -1,0 +1,265 @@
+"""Object keywords beyond properties / required: patternProperties, dependencies /
+dependentRequired, and the key automaton for extra members.
+
+Dependencies are rewritten into an `anyOf` of plain object schemas, one per subset of the
+optional trigger properties present (triggers absent are forbidden, triggers present bring
+their dependent properties or schema along): the variants are disjoint, so anyOf is exact.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+
+from . import ir, utf8
+from .errors import SchemaError, unsupported
+from .keywords import count_keyword, dump_json, escape_pointer
+from .regex import pattern_ir
+
+MAX_TRIGGERS = 4          # 2**4 variants at most
+_RAW = [(0x20, 0x21), (0x23, 0x5B), (0x5D, utf8.MAX_CP)]   # characters JSON lets us write unescaped
+
+
+def dependency_variants(schema: dict, ptr: str) -> list[dict] | None:
+    """None when the schema has no dependencies; else object schemas whose union it is."""
+    deps: dict[str, object] = {}
+    for key in ("dependentRequired", "dependencies"):
+        v = schema.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, dict):
+            raise SchemaError(f"{key!r} at {ptr or '/'} must be an object")
+        for name, dep in v.items():
+            if isinstance(dep, list):
+                if not all(isinstance(d, str) for d in dep):
+                    raise SchemaError(f"{key!r} at {ptr or '/'}: {name!r} must list property names")
+            elif key == "dependentRequired" or not isinstance(dep, (dict, bool)):
+                raise SchemaError(f"{key!r} at {ptr or '/'}: {name!r} must be an array (or a schema)")
+            deps.setdefault(name, [])
+            deps[name] = deps[name] + [dep]
+    if not deps:
+        return None
+    base = {k: v for k, v in schema.items() if k not in ("dependentRequired", "dependencies")}
+    base["type"] = "object"
+    required = list(base.get("required", []))
+    if not isinstance(base.get("required", []), list):
+        raise SchemaError(f"'required' at {ptr or '/'} must be an array of strings")
+    # Required triggers always bring their dependencies; optional ones are enumerated.
+    always, optional = [], []
+    for name in deps:
+        (always if name in required else optional).append(name)
+    if len(optional) > MAX_TRIGGERS:
+        raise unsupported("dependencies", ptr, f"more than {MAX_TRIGGERS} optional trigger properties")
+    variants = []
+    for present in itertools.product((False, True), repeat=len(optional)):
+        on = always + [n for n, p in zip(optional, present) if p]
+        off = [n for n, p in zip(optional, present) if not p]
+        v = dict(base)
+        props = dict(v.get("properties", {}))
+        for name in off:
+            props[name] = False
+        v["properties"] = props
+        req = list(required)
+        extra_schemas = []
+        for name in on:
+            req.append(name)
+            for dep in deps[name]:
+                if isinstance(dep, list):
+                    req.extend(dep)
+                else:
+                    extra_schemas.append(dep)
+        v["required"] = list(dict.fromkeys(req))
+        if any(s is False for s in extra_schemas):
+            continue
+        extra_schemas = [s for s in extra_schemas if s is not True]
+        if extra_schemas:
+            v = {"allOf": [v, *extra_schemas]}
+        variants.append(v)
+    return variants
+
+
+def pattern_entries(schema: dict, ptr: str) -> list[tuple[str, object]]:
+    pp = schema.get("patternProperties", {})
+    if not isinstance(pp, dict):
+        raise SchemaError(f"'patternProperties' at {ptr or '/'} must be an object")
+    for p in pp:
+        try:
+            re.compile(p)
+        except re.error as e:
+            raise SchemaError(f"invalid patternProperties regex {p!r} at {ptr or '/'}: {e}") from None
+    return list(pp.items())
+
+
+def matching(name: str, patterns: list[tuple[str, object]]) -> list[object]:
+    """Schemas of the patterns that `name` matches (JSON Schema: unanchored search)."""
+    return [s for p, s in patterns if re.search(p, name)]
+
+
+def literal_prefix(pattern: str) -> str | None:
+    """'^abc' -> 'abc' (a pattern matching exactly the keys with that prefix); else None."""
+    m = re.fullmatch(r"\^((?:[A-Za-z0-9_ ,;:@!%&'<>=/-]|\\[.$-])*)", pattern)
+    return None if m is None else re.sub(r"\\(.)", r"\1", m.group(1))
+
+
+def key_not_in(names: list[str], prefixes: tuple[str, ...] = ()) -> object:
+    """A quoted key of unescaped characters that differs from every name and starts with none
+    of the prefixes (so an extra member never repeats a declared one, nor falls under a
+    patternProperties prefix), built directly as a small DFA (ir.Table): a byte trie of the
+    names whose every other byte falls into one shared "any further characters" automaton."""
+    from .nfa import leaf_dfa
+
+    free_edges, free_accept = leaf_dfa(ir.Repeat(ir.chars(_RAW), 0, None))
+    # states: 0 = before the opening quote, 1 = after the closing quote, then the free
+    # automaton's states (offset 2), then trie nodes.
+    edges: list[dict[int, int]] = [{}, {}] + [{} for _ in free_edges]
+    accept = [False, True] + [False] * len(free_edges)
+    quote = ord('"')
+    for i, out in enumerate(free_edges):
+        for mask, t in out:
+            for b in range(256):
+                if mask >> b & 1:
+                    edges[2 + i][b] = 2 + t
+        if free_accept[i]:
+            edges[2 + i][quote] = 1
+    free_start = edges[2]
+
+    def new_node(at_boundary: bool) -> int:
+        edges.append(dict(free_start) if at_boundary else {})
+        accept.append(False)
+        if at_boundary:
+            edges[-1][quote] = 1
+        return len(edges) - 1
+
+    root = new_node(True)
+    edges[0][quote] = root
+    kinds = {}
+    for word, kind in [(n, "name") for n in names] + [(p, "prefix") for p in prefixes]:
+        if not all(any(lo <= ord(c) <= hi for lo, hi in _RAW) for c in word):
+            continue      # it could never be written unescaped, so no key can repeat it
+        node, data = root, word.encode("utf-8")
+        for j, b in enumerate(data):
+            if kinds.get(node) == "prefix":
+                break
+            nxt = edges[node].get(b)
+            if nxt is None or nxt < root:       # not yet a trie child: make one
+                boundary = j + 1 == len(data) or not (0x80 <= data[j + 1] <= 0xBF)
+                nxt = new_node(boundary)
+                edges[node][b] = nxt
+            node = nxt
+        else:
+            if kind == "prefix":
+                edges[node] = {}      # nothing may follow: every key with this prefix is out
+                kinds[node] = "prefix"
+            elif kinds.get(node) != "prefix":
+                edges[node].pop(quote, None)   # the name itself may not be the key
+    out_edges = []
+    for e in edges:
+        by_target: dict[int, int] = {}
+        for b, t in e.items():
+            by_target[t] = by_target.get(t, 0) | (1 << b)
+        out_edges.append(tuple((m, t) for t, m in sorted(by_target.items())))
+    return ir.Table(tuple(out_edges), tuple(accept))
+
+
+def _unanchored(pattern: str) -> str:
+    """A pattern whose full matches are strings that `pattern` matches anywhere (JSON Schema's
+    search semantics), e.g. '^x-' -> 'x-.*' (our patterns otherwise match whole strings)."""
+    core, head, tail = pattern, ".*", ".*"
+    if core.startswith("^"):
+        core, head = core[1:], ""
+    if core.endswith("$") and not core.endswith("\\$"):
+        core, tail = core[:-1], ""
+    return f"{head}(?:{core}){tail}"
+
+
+class ObjectRules:
+    """The object part of SchemaCompiler (a mixin: it uses the compiler's node(), literals and
+    open_objects)."""
+
+    def _object(self, schema: dict, ptr: str) -> object:
+        variants = dependency_variants(schema, ptr)
+        if variants is not None:
+            return ir.alt(*(self.node(v, ptr) for v in variants))
+        props = schema.get("properties", {})
+        required = schema.get("required", [])
+        if not isinstance(props, dict):
+            raise SchemaError(f"'properties' at {ptr or '/'} must be an object")
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise SchemaError(f"'required' at {ptr or '/'} must be an array of strings")
+        patterns = pattern_entries(schema, ptr)
+        explicit = "additionalProperties" in schema
+        # Absent additionalProperties: JSON Schema allows any extra member; by default (not
+        # open_objects) no members besides the named ones are generated when any are named.
+        extra = schema.get("additionalProperties",
+                           self.open_objects or not ("properties" in schema or patterns))
+        if not isinstance(extra, (bool, dict)):
+            raise SchemaError(f"'additionalProperties' at {ptr or '/'} must be a schema")
+        names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
+        members = []
+        for name in names:
+            where = f"{ptr}/properties/{escape_pointer(name)}"
+            parts = ([props[name]] if name in props else []) + matching(name, patterns)
+            if not parts:   # a required name that no properties / patternProperties entry covers
+                if extra is False and explicit:
+                    raise SchemaError(f"no JSON document satisfies this schema: {name!r} is required "
+                                      f"but additionalProperties is false at {ptr or '/'}")
+                parts = [extra if explicit else True]
+                where = f"{ptr}/additionalProperties"
+            value = self.node(parts[0] if len(parts) == 1 else {"allOf": parts}, where)
+            members.append((self._member(name, value), name in required))
+        extras = [x for x in (self._pattern_member(p, i, patterns, names, ptr) for i, (p, _) in enumerate(patterns))
+                  if x is not None]
+        if extra is not False:
+            prefixes = [literal_prefix(p) for p, _ in patterns]
+            where = f"{ptr}/additionalProperties"
+            if all(x is not None for x in prefixes):    # keys avoid the patterns' prefixes
+                value = self.node(extra, where)
+                extras.append(ir.seq(key_not_in(names, tuple(prefixes)), ir.lit(b":"), value))
+            else:
+                # A key may fall under some pattern: its value must satisfy every schema that
+                # could apply (or such extras are not generated).
+                try:
+                    value = self.node({"allOf": [extra, *(s for _, s in patterns)]}, where)
+                    extras.append(ir.seq(key_not_in(names), ir.lit(b":"), value))
+                except SchemaError:
+                    pass
+        return self._counted_members(schema, members, extras, ptr)
+
+    def _pattern_member(self, pattern: str, i: int, patterns: list, names: list[str], ptr: str) -> object | None:
+        """Extra members whose key fully matches `pattern`; None when they cannot be generated
+        safely (a declared name matches it, or its value schemas do not combine): generating
+        fewer members than allowed keeps output valid."""
+        if any(re.search(pattern, n) for n in names):
+            return None
+        where = f"{ptr}/patternProperties/{escape_pointer(pattern)}"
+        # The key may match the other patterns too: its value must satisfy all their schemas.
+        schemas = [patterns[i][1]] + [s for j, (_, s) in enumerate(patterns) if j != i]
+        try:
+            key = pattern_ir(_unanchored(pattern), where)
+            value = self.node(schemas[0] if len(schemas) == 1 else {"allOf": schemas}, where)
+        except SchemaError:
+            return None
+        return ir.seq(ir.lit(b'"'), ir.Leaf(key), ir.lit(b'":'), value)
+
+    def _counted_members(self, schema: dict, members: list, extras: list, ptr: str) -> object:
+        lo = count_keyword(schema, "minProperties", ptr) or 0
+        hi = count_keyword(schema, "maxProperties", ptr)
+        n_req = sum(1 for _, r in members if r)
+        if lo <= n_req:
+            lo = 0
+        if hi is not None and not extras and hi >= len(members):
+            hi = None
+        if hi is not None and hi < max(lo, n_req):
+            return ir.NEVER
+        # Extra keys may repeat one another (not prevented), so they may not count towards
+        # minProperties; they do count towards maxProperties (a repeat only lowers the count).
+        if extras and lo and hi is not None:
+            extras = []
+        if max(lo, hi or 0) > 64:
+            raise unsupported("minProperties" if lo > 64 else "maxProperties", ptr, "bounds above 64")
+        extra_ir = ir.alt(*extras) if extras else None
+        return ir.Obj(tuple(members), extra_ir, lo, hi, hi is not None)
+
+    def _member(self, name: str, value: object) -> object:
+        key = dump_json(name) + b":"
+        self.literals.add(key)
+        return ir.seq(ir.lit(key), value)

@@ -1,0 +1,181 @@
+"""Keywords real-world schemas use (issue 15): each one compiles, its output validates, and
+instances walked through the grammar are accepted or rejected as JSON Schema says."""
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+
+from sampling.grammar import SchemaError, compile_grammar
+from tests.test_grammar_support import VOCAB, drive
+
+
+def accepts(grammar, instance) -> bool:
+    """Whether the compact JSON text of `instance` (keys in its own order) is a complete document."""
+    m = grammar.matcher()
+    try:
+        m.advance_bytes(json.dumps(instance, separators=(",", ":"), ensure_ascii=False).encode())
+    except ValueError:
+        return False
+    return m.is_complete
+
+
+def generated(schema, n=25, seed=0, **options):
+    g = compile_grammar(schema, VOCAB, **options)
+    rng = random.Random(seed)
+    docs = [json.loads(drive(g, rng, budget=None)[0].decode()) for _ in range(n)]
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    for d in docs:
+        assert validator.is_valid(d), (schema, d, next(validator.iter_errors(d)).message)
+    return g, docs
+
+
+def test_required_name_without_additional_properties_is_satisfiable():
+    # Regression: refused as "'b' is required but additionalProperties is false".
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}
+    g, docs = generated(schema)
+    assert accepts(g, {"b": 1}) and accepts(g, {"a": 2, "b": "x"})
+    assert not accepts(g, {"a": 2}) and not accepts(g, {"a": 1, "b": 1, "c": 1})
+    assert all("b" in d and set(d) <= {"a", "b"} for d in docs)
+    with pytest.raises(SchemaError, match="required"):
+        compile_grammar({**schema, "additionalProperties": False}, VOCAB)
+
+
+def test_open_objects_follows_the_spec_for_absent_additional_properties():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    strict = compile_grammar(schema, VOCAB)
+    spec = compile_grammar(schema, VOCAB, open_objects=True)
+    assert accepts(strict, {"a": 1}) and not accepts(strict, {"a": 1, "zz": [1]})
+    assert accepts(spec, {"a": 1, "zz": [1]}) and accepts(spec, {"q": None})
+    assert not accepts(spec, {"a": "x"}) and not accepts(spec, {"a": 1, "a ": 1, "a": 2}.copy() | {"a": "s"})
+    _, docs = generated(schema, n=40, seed=3, open_objects=True)
+    assert any(set(d) - {"a"} for d in docs)      # extra members do get generated
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "id": "x", "self": {"href": "/"}, "x-vendor": {"a": 1}, "_format": "date",
+     "_uniqueItems": True, "markdownDescription": "m"},
+    {"type": "object", "properties": {"a": {"$ref": "#/myDefs/n"}}, "required": ["a"],
+     "myDefs": {"n": {"type": "integer", "minimum": 3}}},
+])
+def test_unknown_and_annotation_keywords_are_ignored(schema):
+    generated(schema)
+
+
+def test_siblings_of_ref_anyof_oneof_and_enum_are_intersected():
+    schema = {"$defs": {"s": {"type": "string"}}, "$ref": "#/$defs/s", "maxLength": 2, "minLength": 1}
+    g, _ = generated(schema)
+    assert accepts(g, "ab") and not accepts(g, "abc") and not accepts(g, "")
+    schema = {"type": "object", "properties": {"k": {"type": "integer"}, "s": {"type": "string"}},
+              "anyOf": [{"required": ["k"]}, {"required": ["s"]}]}
+    g, _ = generated(schema)
+    assert accepts(g, {"k": 1}) and accepts(g, {"s": "a"}) and not accepts(g, {})
+    schema = {"type": "integer", "oneOf": [{"minimum": 5}, {"maximum": 2}]}
+    g, _ = generated(schema)
+    assert accepts(g, 7) and accepts(g, 1) and not accepts(g, 3) and not accepts(g, "7")
+    schema = {"enum": ["a", "bb", "ccc", 4], "type": "string", "maxLength": 2, "not": {"const": "bb"}}
+    g, docs = generated(schema)
+    assert set(docs) == {"a"} and not accepts(g, "bb") and not accepts(g, 4)
+
+
+@pytest.mark.parametrize("fmt,good,bad", [
+    ("uri", "https://example.com/a/b?x=1", "not a uri"),
+    ("uri-reference", "/a/b", "a b"),
+    ("hostname", "a-b.example.org", "-bad-"),
+    ("ipv6", "fe80::1", "1:2:3"),
+    ("duration", "P1Y2M3DT4H", "P1H"),
+    ("date-time", "2024-02-28T12:00:00Z", "2024-02-30T12:00:00Z"),
+    ("json-pointer", "/a/0", "a"),
+])
+def test_formats(fmt, good, bad):
+    g, _ = generated({"type": "string", "format": fmt})
+    assert accepts(g, good) and not accepts(g, bad)
+
+
+def test_unknown_formats_are_annotations():
+    g, _ = generated({"type": "string", "format": "my-own-format"})
+    assert accepts(g, "anything")
+
+
+def test_pattern_and_format_with_length_bounds():
+    g, docs = generated({"type": "string", "pattern": r"^[a-z0-9_\.]+$", "maxLength": 5})
+    assert accepts(g, "ab.c") and not accepts(g, "abcdef") and not accepts(g, "")
+    g, _ = generated({"type": "string", "format": "uuid", "maxLength": 36, "minLength": 36})
+    assert accepts(g, "123e4567-e89b-12d3-a456-426614174000")
+
+
+def test_pattern_properties():
+    schema = {"type": "object", "properties": {"name": {"type": "string"}},
+              "patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": False}
+    g, _ = generated(schema, n=40)
+    assert accepts(g, {"name": "a", "x-a": 1, "x-b": 2}) and not accepts(g, {"x-a": "s"})
+    assert not accepts(g, {"name": "a", "y": 1})
+    # A declared name matching a pattern must satisfy both schemas.
+    schema = {"type": "object", "properties": {"ab": {"type": "integer"}}, "required": ["ab"],
+              "patternProperties": {"b": {"minimum": 3}}}
+    g, docs = generated(schema)
+    assert accepts(g, {"ab": 3}) and not accepts(g, {"ab": 2})
+    # Spec mode: keys outside the pattern get additionalProperties, pattern keys their schema.
+    schema = {"type": "object", "patternProperties": {"^n_": {"type": "number"}},
+              "additionalProperties": {"type": "string"}}
+    g, _ = generated(schema, n=40)
+    assert accepts(g, {"n_1": 2, "other": "s"}) and not accepts(g, {"n_1": "s"})
+
+
+def test_dependencies():
+    schema = {"type": "object", "properties": {"card": {"type": "string"}, "billing": {"type": "string"},
+                                               "n": {"type": "integer"}},
+              "dependentRequired": {"card": ["billing"]}, "dependencies": {"n": {"required": ["card"]}}}
+    g, docs = generated(schema, n=40)
+    assert accepts(g, {"card": "1", "billing": "x"}) and not accepts(g, {"card": "1"})
+    assert accepts(g, {"billing": "x"}) and not accepts(g, {"billing": "x", "n": 1})
+    assert accepts(g, {"card": "1", "billing": "x", "n": 1})
+
+
+def test_min_and_max_properties():
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abc"},
+              "minProperties": 1, "maxProperties": 2}
+    g, docs = generated(schema, n=40)
+    assert not accepts(g, {}) and accepts(g, {"b": 1}) and accepts(g, {"a": 1, "c": 1})
+    assert not accepts(g, {"a": 1, "b": 1, "c": 1})
+    g, _ = generated({"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 2}, n=40)
+    assert accepts(g, {"q": 1, "r": 2}) and not accepts(g, {"q": 1, "r": 2, "s": 3})
+
+
+def test_unique_items():
+    g, docs = generated({"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True}, n=40)
+    assert accepts(g, ["a", "c"]) and not accepts(g, ["a", "a"])
+    g, _ = generated({"type": "array", "items": {"type": "string"}, "uniqueItems": True})
+    assert accepts(g, ["x"]) and not accepts(g, ["x", "x"])
+
+
+def test_additional_items_next_to_schema_items_is_ignored():
+    g, _ = generated({"type": "array", "items": {"type": "integer"}, "additionalItems": False})
+    assert accepts(g, [1, 2, 3])
+    g, _ = generated({"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
+                      "items": [{"type": "integer"}], "additionalItems": {"type": "string"}})
+    assert accepts(g, [1, "a", "b"]) and not accepts(g, [1, 2])
+
+
+def test_number_bounds():
+    g, _ = generated({"type": "number", "exclusiveMinimum": 0, "maximum": 1.5})
+    assert accepts(g, 0.5) and accepts(g, 1) and not accepts(g, 0) and not accepts(g, 2)
+    assert not accepts(g, 0.0) and not accepts(g, -0.5)
+    g, _ = generated({"$schema": "http://json-schema.org/draft-04/schema#", "type": "number",
+                      "minimum": 0, "exclusiveMinimum": True})
+    assert accepts(g, 3) and not accepts(g, 0)
+
+
+def test_every_format_generates_what_the_installed_format_checkers_accept():
+    from sampling.grammar.formats import FORMATS
+
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    for fmt in FORMATS:
+        g = compile_grammar({"type": "string", "format": fmt}, VOCAB)
+        rng = random.Random(fmt)
+        for _ in range(30):
+            value = json.loads(drive(g, rng, budget=None)[0])
+            assert checker.conforms(value, fmt), (fmt, value)
