@@ -66,7 +66,7 @@ class Intake:
     def _grammar_matcher(self, request: Request) -> Any:
         schema = None if request.json_schema is None else dict(request.json_schema)
         try:
-            matcher = compile_grammar(schema, self.vocabulary).matcher()
+            matcher = compile_grammar(schema, self.vocabulary, open_objects=request.open_objects).matcher()
         except SchemaError as exc:
             raise InvalidParameterError(f"json_schema: {exc}", field="json_schema") from exc
         needed = matcher.min_tokens_to_complete()

@@ -53,6 +53,9 @@ class Request:
     # "json" constrains the output to JSON: to `json_schema` when given, else to any object.
     format: str = "raw"
     json_schema: Mapping[str, Any] | None = None
+    # What an absent `additionalProperties` means in json_schema: False (the default, as in
+    # OpenAI's strict mode) allows no members beyond the named ones; True follows JSON Schema.
+    open_objects: bool = False
     logprobs: int = 0  # with n > 0, each generated token's logprob and the n most likely
     # Seconds from submission after which the request finishes with TIMEOUT, whatever its
     # state (waiting, prefilling, decoding, preempted), keeping what it has generated.
@@ -88,6 +91,11 @@ class Request:
             if not isinstance(self.json_schema, Mapping):
                 raise InvalidParameterError("json_schema must be a JSON object", field="json_schema")
             object.__setattr__(self, "format", "json")
+        if not isinstance(self.open_objects, bool):
+            raise InvalidParameterError(f"open_objects must be true or false, got {self.open_objects!r}",
+                                        field="open_objects")
+        if self.open_objects and self.json_schema is None:
+            raise InvalidParameterError("open_objects applies to a json_schema; none was given", field="open_objects")
         if self.format == "json" and stop:
             raise InvalidParameterError("stop strings cannot be combined with JSON output: they would cut it", field="stop")
         if self.timeout is not None:

@@ -22,6 +22,9 @@ Fields (all but `prompt` optional):
   stop                string or list of strings        (default none; not with format "json")
   seed                integer >= 0 or null             (default null: random)
   stream              boolean                          (default false; not with logprobs)
+  open_objects        boolean                          (default false: an absent additionalProperties
+                                                        allows no other members; true: any, as JSON
+                                                        Schema says; needs a json_schema)
   ignore_eos          boolean                          (default false; true: generate past
                                                         end-of-generation tokens until max_tokens,
                                                         as llama-server and vLLM allow; benchmarks)
@@ -76,6 +79,7 @@ def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: dict[str, Any]) 
         "timeout": fields.number("timeout", None, minimum=0.0, exclusive_minimum=True,
                                  maximum=MAX_TIMEOUT_S, nullable=True),
         "ignore_eos": fields.boolean("ignore_eos", False, nullable=True),
+        "open_objects": fields.boolean("open_objects", False, nullable=True),
     }
 
 
@@ -94,6 +98,9 @@ def check_combinations(sampling: dict[str, Any], *, stream: bool, wants_logprobs
             "output ends when the document is complete",
             param="ignore_eos",
         )
+    if sampling["open_objects"] and (structured_output is None or structured_output.schema is None):
+        raise BadRequest("'open_objects' applies to a JSON Schema ('json_schema', or 'response_format' of type "
+                         "json_schema); none was given", param="open_objects")
     if stream and wants_logprobs:
         raise BadRequest(
             f"'{logprobs_param}' is not supported with \"stream\": true; send the request without streaming",

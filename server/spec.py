@@ -37,6 +37,7 @@ class GenerationSpec:
     extra_stops: tuple[str, ...] = field(default=())  # added by the chat fallback format
     timeout: float | None = None  # seconds from submission, after which it ends with "timeout"
     ignore_eos: bool = False  # generate past end-of-generation tokens (benchmarks; not with JSON)
+    open_objects: bool = False  # an absent additionalProperties allows any members (JSON Schema's reading)
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for Engine.submit (besides the prompt)."""
@@ -60,6 +61,8 @@ class GenerationSpec:
             options["timeout"] = self.timeout
         if self.ignore_eos:
             options["ignore_eos"] = True
+        if self.open_objects:
+            options["open_objects"] = True
         if self.want_logprobs:
             # The engine records logprobs only when asked for at least one alternative.
             options["logprobs"] = max(1, self.logprobs)

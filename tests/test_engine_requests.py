@@ -99,7 +99,7 @@ def test_generation_stops_at_the_context_limit(model_path):
     "options,needle",
     [({"max_tokens": 0}, "max_tokens"), ({"temperature": -0.5}, "temperature"),
      ({"stop": [""]}, "stop"), ({"priority": "urgent"}, "priority"), ({"bogus": 1}, "bogus"),
-     ({"logit_bias": {999_999: 1.0}}, "logit_bias"), ({"json_schema": {"type": "object", "maxProperties": -1}},
+     ({"logit_bias": {999_999: 1.0}}, "logit_bias"), ({"open_objects": True}, "open_objects"), ({"json_schema": {"type": "object", "maxProperties": -1}},
                                                       "json_schema")],
 )
 def test_bad_options_are_rejected_and_change_nothing(engine, options, needle):

@@ -210,3 +210,20 @@ def test_ignore_eos_errors(http):
     assert error["param"] == "ignore_eos"
     error = _error(http.post("/generate", json={"prompt": "x", "format": "json", "ignore_eos": True}), 400)
     assert error["param"] == "ignore_eos" and "JSON output" in error["message"]
+
+
+# ---- open_objects -------------------------------------------------------------------------------
+
+def test_open_objects_follows_json_schema_on_absent_additional_properties(http):
+    # Only 'name' is named; requiring 'age' needs extra members, which the default does not allow.
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}},
+              "required": ["name", "age"]}
+    body = {"prompt": "A person as JSON:", "format": "json", "json_schema": schema, "max_tokens": 60,
+            "temperature": 0}
+    response = http.post("/generate", json={**body, "open_objects": True})
+    assert response.status_code == 200, response.text
+    document = json.loads(response.json()["text"])
+    jsonschema.validate(document, schema)
+    assert "age" in document
+    error = _error(http.post("/generate", json={"prompt": "x", "open_objects": True}), 400)
+    assert error["param"] == "open_objects"
