@@ -1,4 +1,8 @@
-"""JSON Schema coverage on JSONSchemaBench: compiled / refused / errors / timeouts and compile time per category, generated documents validated, test instances walked; llguidance alongside.
+"""JSON Schema coverage on JSONSchemaBench: compiled / refused / errors / timeouts and compile
+time per category, generated documents validated, test instances walked; llguidance alongside.
+
+(Over 300 lines on purpose: the four measurements share one pass over the dataset and one
+report; split apart, each would reload and recompile every schema.)
 
 For every schema of the dataset (a local copy: `--dataset DIR` holding JSONSchemaBench's
 `maskbench/data/*.json` records `{"schema", "tests": [{"data", "valid"}]}`, or bare schema

@@ -10,6 +10,7 @@ import numpy as np
 from . import dfa, distance
 from .errors import SchemaError
 from .frames import U16_INF, Frame, walk
+from .matcher import GrammarMatcher
 from .nfa import NFA
 from .schema import SchemaCompiler
 from .vocab_index import VocabIndex
@@ -22,7 +23,9 @@ MAX_STACKS = 512
 
 
 class CompiledGrammar:
-    """Immutable once built, except for caches (guarded by a lock; safe to share)."""
+    """Immutable once built, except for caches, so safe to share between threads: the mask and
+    frame caches sit behind a lock; the transition rows (`row`) do not need it, since threads
+    racing to fill one store equal lists."""
 
     def __init__(self, schema: object, idx: VocabIndex, *, open_objects: bool = False,
                  frame_cache: int = 256, mask_cache: int = 64) -> None:
@@ -96,8 +99,7 @@ class CompiledGrammar:
                     seen.add(q)
                     todo.extend(graph.get(q, ()))
 
-    def matcher(self) -> "GrammarMatcher":
-        from .matcher import GrammarMatcher
+    def matcher(self) -> GrammarMatcher:
         return GrammarMatcher(self)
 
     # ------------------------------------------------------------ stack simulation

@@ -1,10 +1,17 @@
 """GrammarMatcher: one request's position in a CompiledGrammar."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from .compiled import INF, CompiledGrammar, StateSet
+from . import distance
 from .frames import U16_INF
+
+if TYPE_CHECKING:  # compiled.py builds matchers, so it imports this module, not the reverse
+    from .compiled import CompiledGrammar, StateSet
+
+INF = int(distance.INF)
 
 
 class GrammarMatcher:
@@ -46,14 +53,11 @@ class GrammarMatcher:
         if remaining_tokens is None or remaining_tokens - 1 >= longest:
             return shared  # the budget excludes nothing: the cached, read-only mask
         best = g.best(self._S)
-        if remaining_tokens is None:
-            mask = best != U16_INF
-        else:
-            mask = best <= max(min(remaining_tokens - 1, int(U16_INF) - 1), -1)
-            if not mask.any() and not self.is_complete:
-                mask = best == best.min()
-                if best.min() == U16_INF:
-                    mask[:] = False
+        mask = best <= max(min(remaining_tokens - 1, int(U16_INF) - 1), -1)
+        if not mask.any() and not self.is_complete:
+            mask = best == best.min()
+            if best.min() == U16_INF:
+                mask[:] = False
         if g.is_complete(self._S):
             mask[g.idx.eog] = True
         return mask

@@ -10,13 +10,12 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 from urllib.parse import unquote
 
 import jsonschema
 import referencing.exceptions
 
-from . import ir, jsonstr, numeric, utf8
+from . import ir, jsonstr, numeric
 from .allof import merge_all_of
 from .errors import SchemaError, UnsupportedSchemaError, unsupported
 from .formats import FORMATS, REFUSED_FORMATS
