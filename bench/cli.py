@@ -14,6 +14,7 @@ BENCHMARKS = {
     "prefix-sharing": "bench.prefix_sharing",
     "schemas": "bench.schema_coverage",
     "sequential": "bench.sequential",
+    "shared-cpu": "bench.shared_cpu",
     "structured": "bench.structured",
 }
 
