@@ -13,7 +13,7 @@ from ray import serve
 
 from server.cluster.ingress import ClusterIngress
 from server.cluster.replica import EngineReplica
-from server.cluster.routing import DEFAULT_IMBALANCED_THRESHOLD, PREFIX, router_config
+from server.cluster.routing import DEFAULT_IMBALANCED_THRESHOLD, PREFIX, router_config, tree_actor_namespace
 
 log = logging.getLogger("cobatch.cluster")
 
@@ -72,6 +72,17 @@ def build_application(
         graceful_shutdown_timeout_s=drain_timeout + 20.0,
     ).bind(engine, model_path, replicas, drain_timeout, model_id, stats_interval)
     return ingress
+
+
+def remove_app(app_name: str) -> None:
+    """Delete one application and its prefix router's tree actor (detached: Serve would keep it,
+    and the logical CPU it holds, until serve.shutdown())."""
+    serve.delete(app_name)
+    name, namespace = tree_actor_namespace(app_name, ENGINE_DEPLOYMENT)
+    try:
+        ray.kill(ray.get_actor(name, namespace=namespace))
+    except ValueError:  # no such actor: not a prefix-routed app
+        pass
 
 
 def init_ray(address: str | None, replicas: int, replica_cpus: float) -> None:
