@@ -177,7 +177,8 @@ def render(trials: list[dict], args: argparse.Namespace) -> tuple[str, dict]:
     ])
     summary = markdown_table(["routing (median of trials)", "hit rate %", "TTFT p50 ms", "TTFT p90 ms", "tok/s",
                               "max replica share"], summary_rows)
-    settings = (f"{args.replicas} replicas x {args.threads or 'cores/replicas'} threads, n_ctx {args.n_ctx} each; "
+    settings = (f"{args.replicas} replicas x {args.threads or 'cores/replicas'} threads, n_ctx {args.n_ctx} each "
+                f"(idle prefix cache up to {args.cache_max_fraction:.0%} of it); "
                 f"{args.tenants} tenants x {args.users} users x {args.turns} turns, system prompts {args.system_tokens} "
                 f"tokens, {args.in_flight} in flight, max_tokens {args.max_tokens}, temperature 0; "
                 f"imbalanced_threshold {args.imbalanced_threshold}; {os.cpu_count()} logical cores")
@@ -200,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="per replica (default: cores / replicas)")
     parser.add_argument("--n-ctx", type=int, default=4096, help="KV cells per replica")
+    parser.add_argument("--cache-max-fraction", type=float, default=0.5,
+                        help="share of a replica's KV cells idle cached prefixes may keep (default 0.5: about "
+                             "4 of the 8 system prompts per replica)")
     parser.add_argument("--tenants", type=int, default=8)
     parser.add_argument("--users", type=int, default=4)
     parser.add_argument("--turns", type=int, default=6)
@@ -232,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     init_ray(args.ray_address, args.replicas, args.replica_cpus)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     engine_options = dict(n_ctx=args.n_ctx, n_threads=args.threads, max_batch=16, step_token_budget=256,
-                          flash_attn=True)  # as `cobatch serve` runs by default
+                          flash_attn=True,  # as `cobatch serve` runs by default
+                          cache_max_fraction=args.cache_max_fraction)
     with Model(resolve_model(args.model)) as model:
         convs = conversations(model, args.tenants, args.users, args.system_tokens)
     try:
