@@ -24,7 +24,11 @@ setup(
     ],
     extras_require={
         # matplotlib: the quick-mode test also draws each plottable run, so plotting cannot rot.
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "openai>=1.30", "matplotlib>=3.8"],
+        # ray: CI runs the cluster tests too (they skip where Ray is missing).
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "openai>=1.30", "matplotlib>=3.8",
+                 "ray[serve]==2.60.0"],
+        # `cobatch serve --replicas N` and `cobatch bench cluster`: engines on Ray Serve (server/cluster/).
+        "ray": ["ray[serve]==2.60.0"],
         # llguidance: the structured-output benchmark's reference mask computation.
         # jsonschema[format-nongpl]: the format checkers `bench schemas` validates documents with.
         "bench": ["matplotlib>=3.8", "llguidance>=1.9", "jsonschema[format-nongpl]"],

@@ -1,4 +1,5 @@
-"""`cobatch serve` (the HTTP server) and `cobatch bench` (delegated to bench.cli)."""
+"""`cobatch serve` (the HTTP server; with --replicas, a Ray Serve cluster of engines: see
+server/cluster/) and `cobatch bench` (delegated to bench.cli)."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--interactive-batch-rows must be >= 0, got {options.interactive_batch_rows}")
     if not 0.0 <= options.cache_max_fraction <= 1.0:
         parser.error(f"--cache-max-fraction must be between 0 and 1, got {options.cache_max_fraction}")
+    if options.replicas is not None or options.ray_address is not None:
+        return serve_cluster(parser, options)
     return serve(options)
 
 
@@ -47,9 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve_cmd.add_argument("--n-ctx", type=int, default=defaults.n_ctx, help="KV cache cells shared by all requests")
     serve_cmd.add_argument("--max-batch", type=int, default=defaults.max_batch, help="sequences generating at once")
-    serve_cmd.add_argument("--step-token-budget", type=int, default=defaults.step_token_budget, help="tokens per decode step")
-    serve_cmd.add_argument("--threads", type=int, default=defaults.n_threads, help="CPU threads")
-    serve_cmd.add_argument("--max-waiting", type=int, default=defaults.max_waiting, help="queued batch requests before 429")
+    serve_cmd.add_argument("--step-token-budget", type=int, default=defaults.step_token_budget,
+                           help="tokens per decode step")
+    serve_cmd.add_argument("--threads", type=int, default=None,
+                           help="CPU threads (default: all cores; with --replicas N, the node's cores / N per replica)")
+    serve_cmd.add_argument("--max-waiting", type=int, default=defaults.max_waiting,
+                           help="queued batch requests before 429")
     serve_cmd.add_argument("--max-waiting-interactive", type=int, default=defaults.max_waiting_interactive,
                            help="queued interactive requests before 429")
     serve_cmd.add_argument("--batch-min-share", type=float, default=defaults.batch_min_share,
@@ -79,6 +85,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve_cmd.add_argument("--model-id", default=None, help="name to serve the model as (default: file stem)")
     serve_cmd.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    cluster = serve_cmd.add_argument_group("several engines (Ray Serve; needs the extra: pip install 'cobatch[ray]')")
+    cluster.add_argument("--replicas", type=int, default=None,
+                         help="run N engine replicas behind one ingress on Ray Serve (default: one engine, no Ray)")
+    cluster.add_argument("--ray-address", default=None,
+                         help="join this Ray cluster (e.g. 10.0.0.1:6379, after `ray start --head` there); "
+                              "default: start a local Ray instance")
+    cluster.add_argument("--routing", choices=["prefix", "round-robin", "power-of-two"], default="prefix",
+                         help="how a replica is chosen: Ray's prefix-cache affinity router (default), or "
+                              "its cache-blind round-robin or power-of-two choices")
+    cluster.add_argument("--imbalanced-threshold", type=float, default=4,
+                         help="prefix routing yields to load balancing when replicas' requests in flight "
+                              "differ by more than this (default 4)")
+    cluster.add_argument("--replica-cpus", type=float, default=1.0,
+                         help="Ray logical CPUs each engine replica reserves (default 1)")
     return parser
 
 
@@ -95,11 +115,13 @@ def _model_spec_problem(spec: str | None) -> str | None:
 
 def engine_options_from(options: argparse.Namespace) -> dict[str, Any]:
     """The Engine keyword arguments that `cobatch serve`'s flags select."""
+    from engine.config import EngineConfig
+
     return dict(
         n_ctx=options.n_ctx,
         max_batch=options.max_batch,
         step_token_budget=options.step_token_budget,
-        n_threads=options.threads,
+        n_threads=options.threads or EngineConfig().n_threads,
         max_waiting=options.max_waiting,
         max_waiting_interactive=options.max_waiting_interactive,
         batch_min_share=options.batch_min_share,
@@ -110,6 +132,19 @@ def engine_options_from(options: argparse.Namespace) -> dict[str, Any]:
         cache_max_fraction=options.cache_max_fraction,
         flash_attn=options.flash_attn == "on",
     )
+
+
+def serve_cluster(parser: argparse.ArgumentParser, options: argparse.Namespace) -> int:
+    options.replicas = 1 if options.replicas is None else options.replicas
+    if options.replicas < 1:
+        parser.error(f"--replicas must be at least 1, got {options.replicas}")
+    try:
+        from server.cluster.deploy import serve_cluster as run
+    except ImportError as exc:
+        parser.error(f"--replicas needs Ray Serve ({exc}); install it with: pip install 'cobatch[ray]'")
+    logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine_options = {**engine_options_from(options), "n_threads": options.threads}  # None: per replica
+    return run(options, engine_options)
 
 
 def serve(options: argparse.Namespace) -> int:

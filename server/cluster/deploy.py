@@ -1,0 +1,124 @@
+"""Building cobatch's Serve application, and running it for `cobatch serve --replicas N`."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import serve
+
+from server.cluster.ingress import ClusterIngress
+from server.cluster.replica import EngineReplica
+from server.cluster.routing import DEFAULT_IMBALANCED_THRESHOLD, PREFIX, router_config, tree_actor_namespace
+
+log = logging.getLogger("cobatch.cluster")
+
+APP_NAME = "cobatch"
+ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT = "cobatch-engine", "cobatch-ingress"
+# The directory holding engine/, server/, ...: replicas import the same code as the driver.
+CODE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def replica_capacity(engine_options: dict[str, Any]) -> int:
+    """Requests one replica takes at once: all its running slots and both queues, so that
+    cobatch's two priority tiers order the work, not Ray's FIFO in front of the replica."""
+    from engine import EngineConfig
+
+    cfg = EngineConfig(**{k: v for k, v in engine_options.items() if v is not None})
+    return cfg.max_batch + cfg.max_waiting + cfg.max_waiting_interactive
+
+
+def build_application(
+    model_path: str | None,
+    engine_options: dict[str, Any],
+    *,
+    replicas: int,
+    routing: str = PREFIX,
+    imbalanced_threshold: float = DEFAULT_IMBALANCED_THRESHOLD,
+    drain_timeout: float = 30.0,
+    model_id: str | None = None,
+    replica_cpus: float = 1.0,
+    stats_interval: float = 1.0,
+) -> Any:
+    """The Serve application: an ingress over `replicas` engine replicas. engine_options are
+    Engine keyword arguments; n_threads=None means the replica's node cores / replicas."""
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    capacity = replica_capacity(engine_options)
+    engine = serve.deployment(
+        EngineReplica,
+        name=ENGINE_DEPLOYMENT,
+        num_replicas=replicas,
+        max_ongoing_requests=capacity,
+        ray_actor_options={"num_cpus": replica_cpus},
+        request_router_config=router_config(routing, replica_tokens=engine_options.get("n_ctx") or 8192,
+                                            imbalanced_threshold=imbalanced_threshold),
+        # Serve waits this long for a stopping replica's requests before calling __del__.
+        graceful_shutdown_timeout_s=drain_timeout + 5.0,
+        health_check_period_s=5.0,
+        # The ingress polls every replica's stats each second: one access log line per poll.
+        logging_config={"enable_access_log": False},
+    ).bind(model_path, engine_options, drain_timeout, replicas)
+    ingress = serve.deployment(
+        serve.ingress()(ClusterIngress),
+        name=INGRESS_DEPLOYMENT,
+        num_replicas=1,
+        max_ongoing_requests=replicas * capacity,
+        ray_actor_options={"num_cpus": 0},
+        graceful_shutdown_timeout_s=drain_timeout + 20.0,
+    ).bind(engine, model_path, replicas, drain_timeout, model_id, stats_interval)
+    return ingress
+
+
+def remove_app(app_name: str) -> None:
+    """Delete one application and its prefix router's tree actor (detached: Serve would keep it,
+    and the logical CPU it holds, until serve.shutdown())."""
+    serve.delete(app_name)
+    name, namespace = tree_actor_namespace(app_name, ENGINE_DEPLOYMENT)
+    try:
+        ray.kill(ray.get_actor(name, namespace=namespace))
+    except ValueError:  # no such actor: not a prefix-routed app
+        pass
+
+
+def init_ray(address: str | None, replicas: int, replica_cpus: float) -> None:
+    """Join a running Ray cluster, or start a local one big enough for the replicas plus the
+    prefix router's tree actor (which needs a logical CPU of its own)."""
+    if ray.is_initialized():
+        return
+    env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (CODE_ROOT, os.environ.get("PYTHONPATH")) if p)}}
+    if address:
+        ray.init(address=address, runtime_env=env)
+    else:
+        cpus = max(os.cpu_count() or 1, int(replicas * replica_cpus + 0.999) + 2)
+        # Loopback only: a local instance has no business on the machine's other addresses.
+        ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=env, _node_ip_address="127.0.0.1")
+
+
+def serve_cluster(options: Any, engine_options: dict[str, Any]) -> int:
+    """`cobatch serve --replicas N`: deploy, serve until SIGTERM/SIGINT, then drain and stop."""
+    init_ray(options.ray_address, options.replicas, options.replica_cpus)
+    serve.start(http_options={"host": options.host, "port": options.port})
+    app = build_application(
+        options.model, engine_options, replicas=options.replicas, routing=options.routing,
+        imbalanced_threshold=options.imbalanced_threshold, drain_timeout=options.drain_timeout,
+        model_id=options.model_id, replica_cpus=options.replica_cpus,
+    )
+    serve.run(app, name=APP_NAME, route_prefix="/")
+    log.info("serving %d engine replicas on http://%s:%d (routing: %s)", options.replicas, options.host,
+             options.port, options.routing)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    # Serve stops the ingress first-come with the replicas; each waits for its running requests
+    # (graceful_shutdown_timeout_s), and the ingress's app drains as `cobatch serve` does.
+    log.info("draining (up to %.0f s)", options.drain_timeout)
+    serve.delete(APP_NAME)
+    serve.shutdown()
+    ray.shutdown()
+    return 0

@@ -1,0 +1,83 @@
+"""The cluster's pieces that need no Ray: what crosses Ray pickles, routing keys, stats sums,
+and `cobatch serve` without --replicas never importing ray."""
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import EngineClosedError, FinishReason, GenerationResult, InvalidParameterError, PromptTooLongError
+from engine import QueueFullError, RequestMetrics
+from engine.engine import EngineStats, TierStats
+from engine.kv_cache import KvCacheStats
+from engine.logprobs import TokenLogprob
+from server.cluster.messages import Accepted, EngineCall, Rejected, route_key
+from server.cluster.replica_stats import ReplicaCounters, ReplicaSnapshot, sum_stats
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _stats(running: int, hits: int) -> EngineStats:
+    kv = KvCacheStats(blocks_total=128, blocks_used=running, blocks_cached=3, blocks_free=125 - running,
+                      block_size=16, prefix_lookups=10, prefix_hits=4, prefix_hit_tokens=hits, evictions=1)
+    tiers = {"interactive": TierStats(0, running, 5, 0, 4), "batch": TierStats(2, 0, 1, 1, 1)}
+    return EngineStats(running=running, waiting={"interactive": 0, "batch": 2}, kv_cells_used=running * 20,
+                       kv_cells_total=2048, kv=kv, tokens_prefilled=100, preemptions=1, steps=50,
+                       steps_interrupted=0, tiers=tiers)
+
+
+def test_everything_that_crosses_ray_pickles():
+    metrics = RequestMetrics(prompt_tokens=7, tokens_generated=2, queue_time_ms=1.0, ttft_ms=2.0,
+                             generation_time_ms=3.0, latency_ms=4.0, tokens_per_second=5.0, cached_tokens=3)
+    result = GenerationResult("r1", '{"a": 1}', (5, 6), FinishReason.STOP, metrics, structured_data={"a": 1},
+                              logprobs=(TokenLogprob(5, -0.1, ((5, -0.1), (9, -2.0))),))
+    snapshot = ReplicaSnapshot("abc", 12, 1 << 20, _stats(1, 32), ReplicaCounters(accepted=3, cached_tokens=32))
+    call = EngineCall.of([2, 818, 5279], "r1", {"max_tokens": 4, "json_schema": {"type": "object"}})
+    for value in (result, snapshot, call, Accepted("abc", 7), Rejected("QueueFullError", "full")):
+        assert pickle.loads(pickle.dumps(value)) == value
+    assert pickle.loads(pickle.dumps(result)).finish_reason is FinishReason.STOP
+
+
+def test_rejections_come_back_as_the_engines_own_errors():
+    for exc in (InvalidParameterError("bad top_p"), PromptTooLongError("too long"), QueueFullError("full"),
+                EngineClosedError("closing")):
+        again = pickle.loads(pickle.dumps(Rejected.of(exc))).error()
+        assert type(again) is type(exc) and str(again) == str(exc)
+
+
+def test_route_keys_are_never_empty_and_one_character_per_token():
+    assert route_key("hello") == "hello"
+    assert route_key("") == "\x00"  # the router divides by the key's length
+    assert route_key([]) == "\x00"
+    key = route_key([2, 818, 262143])
+    assert len(key) == 3 and key.startswith(route_key([2, 818]))
+    assert not any(0xD800 <= ord(c) <= 0xDFFF for c in key)  # no surrogates
+    assert route_key([-1, 2]) == "\x00" + route_key([2])  # invalid ids (the engine refuses them) don't crash routing
+
+
+def test_cluster_stats_are_the_field_wise_sum_of_the_replicas():
+    total = sum_stats([_stats(1, 32), _stats(3, 64)])
+    assert total.running == 4 and total.kv_cells_used == 80 and total.kv_cells_total == 4096
+    assert total.waiting == {"interactive": 0, "batch": 4} and total.steps == 100
+    assert total.kv.prefix_hit_tokens == 96 and total.kv.blocks_total == 256 and total.kv.block_size == 16
+    assert total.tiers["interactive"].running == 4 and total.tiers["batch"].preemptions == 2
+    with pytest.raises(ValueError):
+        sum_stats([])
+
+
+def test_single_process_serve_never_imports_ray():
+    code = (
+        "import sys\n"
+        "from server import cli\n"
+        "from server.app import create_app\n"
+        "import server.cluster, bench.cli\n"
+        "options = cli._parser().parse_args(['serve', '--threads', '1'])\n"
+        "cli.engine_options_from(options)\n"
+        "create_app(lambda: None)\n"
+        "try:\n    cli.main(['serve', '--replicas', '0'])\n"  # refused before anything loads
+        "except SystemExit as e:\n    assert e.code == 2\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code + "print('ray' in sys.modules)"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip().endswith("False"), done.stderr
