@@ -1,5 +1,8 @@
 """HTTP load sweep over concurrency: req/s, tok/s, TTFT, latency; side by side with a llama.cpp server if given.
 
+(Over 300 lines for now: it also holds the HTTP targets and the server launchers that
+bench/shared_cpu.py reuses; they belong in a module of their own, bench/http_targets.py, next.)
+
 For each concurrency C, C client workers (asyncio + httpx, one process) pull a fixed number of
 requests from a shared queue and send each as soon as their previous one finished (a closed
 loop). Every request is a streamed generation of `--tokens` tokens from one of bench/prompts.py's
