@@ -9,7 +9,7 @@ import pytest
 
 from engine import EngineClosedError, FinishReason, GenerationResult, InvalidParameterError, PromptTooLongError
 from engine import QueueFullError, RequestMetrics
-from engine.engine import EngineStats, TierStats
+from engine import EngineStats, TierStats
 from engine.kv_cache import KvCacheStats
 from engine.logprobs import TokenLogprob
 from server.cluster.messages import Accepted, EngineCall, Rejected, route_key
@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def _stats(running: int, hits: int) -> EngineStats:
     kv = KvCacheStats(blocks_total=128, blocks_used=running, blocks_cached=3, blocks_free=125 - running,
                       block_size=16, prefix_lookups=10, prefix_hits=4, prefix_hit_tokens=hits, evictions=1)
-    tiers = {"interactive": TierStats(0, running, 5, 0, 4), "batch": TierStats(2, 0, 1, 1, 1)}
+    tiers = {"interactive": TierStats(0, running, 5, 0, 0, 4), "batch": TierStats(2, 0, 1, 2, 1, 1)}
     return EngineStats(running=running, waiting={"interactive": 0, "batch": 2}, kv_cells_used=running * 20,
-                       kv_cells_total=2048, kv=kv, tokens_prefilled=100, preemptions=1, steps=50,
+                       kv_cells_total=2048, kv=kv, tokens_prefilled=100, suspensions=2, preemptions=1, steps=50,
                        steps_interrupted=0, tiers=tiers)
 
 
@@ -40,6 +40,8 @@ def test_everything_that_crosses_ray_pickles():
 
 
 def test_rejections_come_back_as_the_engines_own_errors():
+    named = pickle.loads(pickle.dumps(Rejected.of(InvalidParameterError("bad top_p", field="top_p")))).error()
+    assert isinstance(named, InvalidParameterError) and named.field == "top_p"
     for exc in (InvalidParameterError("bad top_p"), PromptTooLongError("too long"), QueueFullError("full"),
                 EngineClosedError("closing")):
         again = pickle.loads(pickle.dumps(Rejected.of(exc))).error()

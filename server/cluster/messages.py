@@ -61,13 +61,16 @@ REJECTIONS: dict[str, type[Exception]] = {
 class Rejected:
     kind: str  # a key of REJECTIONS
     message: str
+    field: str | None = None  # InvalidParameterError's field, so the HTTP error names it
 
     @classmethod
     def of(cls, exc: Exception) -> "Rejected":
         kind = next((name for name, c in REJECTIONS.items() if type(exc) is c), None)
         if kind is None:
             kind = next(name for name, c in REJECTIONS.items() if isinstance(exc, c))
-        return cls(kind, str(exc))
+        return cls(kind, str(exc), getattr(exc, "field", None))
 
     def error(self) -> Exception:
+        if self.field is not None:
+            return REJECTIONS[self.kind](self.message, field=self.field)
         return REJECTIONS[self.kind](self.message)
