@@ -188,10 +188,12 @@ def test_a_killed_replica_fails_only_its_requests_and_is_replaced(cluster):
     for t in threads:
         t.join(240)
     statuses = sorted(status for status, _ in results)
-    assert len(results) == 6 and statuses[0] == 200 and statuses[-1] == 500, statuses
+    assert len(results) == 6 and statuses[0] == 200 and statuses[-1] >= 500, statuses
     for status, body in results:
         if status == 500:  # a clear error naming the cause, not a hang or a dropped connection
             assert body["error"]["code"] == "generation_failed" and "replica" in body["error"]["message"]
+        elif status == 503:  # sent to the replica as it died: refused at submit, never started
+            assert body["error"]["code"] == "engine_closed" and "replica" in body["error"]["message"]
         else:
             assert status == 200 and body["finish_reason"] in ("length", "stop")
     # Serve starts a new replica in its place; service resumes on both.

@@ -97,9 +97,9 @@ def test_openai_json_object_and_schema_errors(openai_client):
         model=MODEL, messages=[{"role": "user", "content": "Describe a dog as JSON."}], max_tokens=30,
         temperature=0, response_format={"type": "json_object"})
     assert isinstance(json.loads(chat.choices[0].message.content), dict)
-    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "minLength": 2,
-                                                                          "contentEncoding": "base64"}}}
-    with pytest.raises(openai.BadRequestError, match="contentEncoding") as info:
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 2,
+                                                                          "multipleOf": 3}}}
+    with pytest.raises(openai.BadRequestError, match="multipleOf") as info:
         openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
                                        response_format=bad)
     assert info.value.body["param"] == "response_format"
