@@ -6,6 +6,7 @@ import importlib
 import sys
 
 BENCHMARKS = {
+    "chat": "bench.chat",
     "cluster": "bench.cluster",  # needs the ray extra
     "decode-step": "bench.decode_step",
     "http-load": "bench.http_load",

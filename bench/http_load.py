@@ -1,7 +1,7 @@
 """HTTP load sweep over concurrency: req/s, tok/s, TTFT, latency; side by side with a llama.cpp server if given.
 
-(Over 300 lines for now: it also holds the HTTP targets and the server launchers that
-bench/shared_cpu.py reuses; they belong in a module of their own, bench/http_targets.py, next.)
+(Over 300 lines: a third is this description of what is measured and how; the targets and the
+launchers live in bench/http_targets.py.)
 
 For each concurrency C, C client workers (asyncio + httpx, one process) pull a fixed number of
 requests from a shared queue and send each as soon as their previous one finished (a closed
@@ -16,10 +16,9 @@ for both servers). Measured on the client:
 
 Generated tokens are the servers' own counts: `metrics.tokens_generated` of cobatch's final
 `event: done`, `tokens_predicted` of llama.cpp's final `stop: true` chunk. Both servers are
-asked to ignore end-of-generation (`ignore_eos`) only if cobatch's /generate accepts that field
-(probed once; it is then sent to both); otherwise neither is, a request may stop early at an
-end-of-generation token, and tok/s is computed from the real counts (the mean tokens per
-request of each side is printed under the table).
+asked to ignore end-of-generation (`ignore_eos`), so both generate exactly --tokens tokens;
+with --ignore-eos off a request may stop early and tok/s comes from the real counts (the mean
+tokens per request of each side is printed under the table).
 
 cobatch: POST {url}/generate with "stream": true (SSE `event: delta` / `event: done`). Without
 --url a cobatch server is started in this process (uvicorn on 127.0.0.1, a free port, a
@@ -55,142 +54,23 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import shlex
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Callable
 
 import httpx
 
 from bench.peer import find_tool, llama_server
 from bench.prompts import benchmark_prompts
 from bench.record import RunRecord, add_record_arguments, publish
-from bench.sse import Event, SseDecoder
+from bench.http_targets import Cobatch, InProcessServer, LlamaCpp, Sample, SpawnedServer, Target, wait_healthy
 from bench.stats import percentile
 from bench.table import markdown_table
 from engine.model_source import resolve_model
 
-SAMPLING = {"temperature": 0.7, "top_k": 40, "top_p": 0.9}
-# Neutral values sent explicitly: llama.cpp's own defaults are min_p 0.05 (and, in older
-# versions, repeat_penalty 1.1), cobatch's are 0 and 1.
-NEUTRAL = {"min_p": 0.0}
-
-
-# ---------------------------------------------------------------------------------------------
-# One request
-
-
-@dataclass
-class Sample:
-    ok: bool
-    ttft_s: float = 0.0
-    latency_s: float = 0.0
-    tokens: int = 0
-    error: str = ""
-
-
-async def sse_events(response: httpx.Response) -> AsyncIterator[Event]:
-    """(event name, data) pairs of a streamed response (see bench/sse.py)."""
-    decoder = SseDecoder()
-    async for line in response.aiter_lines():
-        if (event := decoder.feed(line)) is not None:
-            yield event
-    if (event := decoder.flush()) is not None:
-        yield event
-
-
-class Target:
-    """A server under test: how to ask it for one streamed generation and read the answer."""
-
-    name = ""
-
-    def __init__(self, url: str, tokens: int, ignore_eos: bool = False) -> None:
-        self.url = url.rstrip("/")
-        self.tokens = tokens
-        self.ignore_eos = ignore_eos
-
-    def request(self, prompt: str) -> tuple[str, dict]:
-        raise NotImplementedError
-
-    def read_event(self, event: str | None, data: Any) -> tuple[str, int | None, str]:
-        """(text of this event, generated tokens if this is the final event else None, error)."""
-        raise NotImplementedError
-
-    async def one(self, client: httpx.AsyncClient, prompt: str) -> Sample:
-        path, body = self.request(prompt)
-        start = time.perf_counter()
-        ttft = None
-        try:
-            async with client.stream("POST", self.url + path, json=body) as response:
-                if response.status_code != 200:
-                    text = (await response.aread()).decode("utf-8", "replace")
-                    return Sample(False, error=f"HTTP {response.status_code}: {text[:200]}")
-                async for event, raw in sse_events(response):
-                    if raw == "[DONE]":
-                        continue
-                    try:
-                        data = json.loads(raw)
-                    except ValueError:
-                        return Sample(False, error=f"not JSON: {raw[:200]}")
-                    text, final_tokens, error = self.read_event(event, data)
-                    if error:
-                        return Sample(False, error=error)
-                    if text and ttft is None:
-                        ttft = time.perf_counter() - start
-                    if final_tokens is not None:
-                        end = time.perf_counter()
-                        return Sample(True, end - start if ttft is None else ttft, end - start, final_tokens)
-        except httpx.HTTPError as exc:
-            return Sample(False, error=f"{type(exc).__name__}: {exc}")
-        return Sample(False, error="stream ended without a final event")
-
-
-class Cobatch(Target):
-    name = "cobatch"
-
-    def request(self, prompt: str) -> tuple[str, dict]:
-        body = {"prompt": prompt, "max_tokens": self.tokens, "stream": True, "repetition_penalty": 1.0,
-                **SAMPLING, **NEUTRAL}
-        if self.ignore_eos:
-            body["ignore_eos"] = True
-        return "/generate", body
-
-    def read_event(self, event: str | None, data: Any) -> tuple[str, int | None, str]:
-        if event == "error":
-            return "", None, json.dumps(data)[:300]
-        if event == "done":
-            # its text is the whole answer, already streamed as deltas: not a first token
-            return "", int(data["metrics"]["tokens_generated"]), ""
-        return data.get("text", ""), None, ""
-
-
-class LlamaCpp(Target):
-    name = "peer"
-
-    def request(self, prompt: str) -> tuple[str, dict]:
-        body = {"prompt": prompt, "n_predict": self.tokens, "stream": True, "cache_prompt": False,
-                "repeat_penalty": 1.0, **SAMPLING, **NEUTRAL}
-        if self.ignore_eos:
-            body["ignore_eos"] = True
-        return "/completion", body
-
-    def read_event(self, event: str | None, data: Any) -> tuple[str, int | None, str]:
-        if event == "error" or "error" in data:
-            return "", None, json.dumps(data)[:300]
-        text = data.get("content") or ""
-        if data.get("stop"):
-            n = data.get("tokens_predicted")
-            if n is None:
-                n = (data.get("timings") or {}).get("predicted_n", 0)
-            return text, int(n), ""
-        return text, None, ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,13 +124,6 @@ async def run_level(target: Target, client: httpx.AsyncClient, prompts: list[str
 # The sweep
 
 
-async def supports_ignore_eos(client: httpx.AsyncClient, url: str) -> bool:
-    """Whether cobatch's /generate accepts `ignore_eos` (it refuses unknown fields with 400)."""
-    r = await client.post(url.rstrip("/") + "/generate",
-                          json={"prompt": "Hello", "max_tokens": 1, "ignore_eos": True})
-    return r.status_code == 200
-
-
 @dataclass
 class LevelRuns:
     """Every trial of one concurrency level: cobatch's, the peer's, and the raw loop's tok/s."""
@@ -292,10 +165,7 @@ async def sweep(url: str, peer_url: str | None, levels: list[int], per_level: Ca
     timeout = httpx.Timeout(600.0, connect=30.0)
     limits = httpx.Limits(max_connections=max(levels) * 2, max_keepalive_connections=max(levels) * 2)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        if ignore_eos == "auto":
-            use_ignore = await supports_ignore_eos(client, url)
-        else:
-            use_ignore = ignore_eos == "on"
+        use_ignore = ignore_eos == "on"
         targets: list[Target] = [Cobatch(url, tokens, use_ignore)]
         if peer_url:
             targets.append(LlamaCpp(peer_url, tokens, use_ignore))
@@ -391,105 +261,6 @@ class RawLoopBaseline:
 
 
 # ---------------------------------------------------------------------------------------------
-# An in-process cobatch server
-
-
-class InProcessServer:
-    """cobatch's app on uvicorn, 127.0.0.1 and a free port, served from a daemon thread."""
-
-    def __init__(self, model: str | None, threads: int, max_batch: int, n_ctx: int) -> None:
-        import uvicorn
-
-        from server.app import create_app
-        from server.context import ServerSettings
-
-        def load_engine() -> Any:
-            from engine import Engine
-
-            return Engine(model, n_threads=threads, max_batch=max_batch, n_ctx=n_ctx,
-                          step_token_budget=max(256, max_batch))
-
-        self.app = create_app(load_engine, ServerSettings(drain_timeout=10.0))
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(self.app, lifespan="on", log_level="warning", timeout_graceful_shutdown=20)
-        self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True)
-
-    def start(self, timeout: float = 300.0) -> "InProcessServer":
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        wait_healthy(self.url, deadline - time.monotonic())
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self._thread.join(60)
-        self._sock.close()
-
-
-class SpawnedServer:
-    """`cobatch serve` in a child process (its own GIL, like any real deployment), stopped with
-    SIGINT (its graceful drain)."""
-
-    def __init__(self, model: str | None, threads: int, max_batch: int, n_ctx: int,
-                 extra_args: list[str] | None = None) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        self.command = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                        "--threads", str(threads), "--max-batch", str(max_batch), "--n-ctx", str(n_ctx),
-                        "--step-token-budget", str(max(256, max_batch)), "--log-level", "warning"]
-        if model:
-            self.command += ["--model", model]
-        self.command += extra_args or []
-        self.process: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 300.0) -> "SpawnedServer":
-        self.process = subprocess.Popen(self.command)
-        try:
-            wait_healthy(self.url, timeout, self.process)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-def wait_healthy(url: str, timeout: float, process: "subprocess.Popen | None" = None) -> None:
-    """Until GET {url}/health answers 200 (cobatch says 503 while the model loads)."""
-    deadline = time.monotonic() + timeout
-    last = ""
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"cobatch serve exited with status {process.returncode}")
-        try:
-            r = httpx.get(url.rstrip("/") + "/health", timeout=5.0)
-            if r.status_code == 200:
-                return
-            last = f"HTTP {r.status_code}: {r.text[:200]}"
-        except httpx.HTTPError as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not healthy within {timeout:.0f} s ({last})")
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -502,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default=None,
                         help="a running cobatch server (default: start one in this process)")
     parser.add_argument("--peer-url", default=None, help="a llama.cpp server (its /completion) to compare with")
-    parser.add_argument("--ignore-eos", choices=["auto", "on", "off"], default="auto",
-                        help="send ignore_eos to both (auto: if cobatch's /generate accepts it)")
+    parser.add_argument("--ignore-eos", choices=["on", "off"], default="on",
+                        help="send ignore_eos to both, so both generate exactly --tokens tokens")
     parser.add_argument("--spawn", action="store_true",
                         help="without --url: run `cobatch serve` in a child process instead of in this one")
     parser.add_argument("--serve-args", default="",

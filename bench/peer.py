@@ -49,12 +49,12 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def llama_server(binary: str, model: str, threads: int, slots: int, n_ctx: int,
-                 startup_timeout: float = 120.0) -> Iterator[str]:
+                 startup_timeout: float = 120.0, extra_args: list[str] | None = None) -> Iterator[str]:
     """Start llama-server on loopback with one unified KV cache shared by `slots` slots (as
     cobatch runs), wait until it answers /health, yield its URL, and stop it."""
     port = free_port()
     command = [binary, "-m", model, "-t", str(threads), "-np", str(slots), "-kvu", "-c", str(n_ctx),
-               "--host", "127.0.0.1", "--port", str(port)]
+               "--host", "127.0.0.1", "--port", str(port), *(extra_args or [])]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -28,7 +28,8 @@ from typing import Any
 
 import httpx
 
-from bench.http_load import Cobatch, LlamaCpp, SpawnedServer, run_level
+from bench.http_load import run_level
+from bench.http_targets import Cobatch, LlamaCpp, SpawnedServer
 from bench.neighbour import MODES, neighbour
 from bench.peer import find_tool, llama_server
 from bench.prompts import benchmark_prompts

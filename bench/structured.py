@@ -1,16 +1,15 @@
-"""Structured output overhead: constrained (JSON Schema) against unconstrained generation on the
-same prompts and sampling settings, in one run, at B = 1 and 8; grammar compile time (first and
-cached) and the sampler's time per step with and without masks.
+"""Structured output against free text: constrained (JSON Schema, jump-forward on and off) and
+unconstrained generation on the same prompts and sampling settings, in one run, at B = 1 and 8;
+grammar compile time (first and cached) and the mask time per token.
 
 The unconstrained baseline generates, for every prompt, exactly as many tokens as the latest
-constrained run did (ignoring end-of-generation). A JSON document ends when it
-is complete, so constrained requests finish at different steps and the last steps run with fewer
-rows; a baseline that always ran --tokens tokens would keep every row to the end and so batch
-better, which is not what a mask costs. With equal lengths both runs decode the same rows at
-every step, and the difference is the grammar's own work. Ratios are taken within each round
-(the machine's speed drifts), then their median. Because llama_decode's time swings by tens of
-percent between runs on a busy machine, the table also gives the engine's own time per step
-outside llama_decode, which is the only place a mask can add time.
+constrained run did (ignoring end-of-generation): a JSON document ends when it is complete, so
+constrained requests finish at different steps, and a baseline that always ran --tokens tokens
+would keep every row to the end and batch better. Throughput is tokens over wall time from
+submission to the last result, for every mode. With jump-forward, tokens the grammar forces are
+appended unsampled and fed in one chunk (engine/jump_forward.py); the table gives their share of
+the output and the tokens each step produced. Ratios are taken within each round, modes in an
+order that rotates between rounds (the machine's speed drifts), then their median.
 """
 from __future__ import annotations
 
@@ -35,22 +34,21 @@ SAMPLING = {"temperature": 0.7, "top_k": 40, "top_p": 0.9}
 
 def measure(engine: Engine, prompts: list[str], lengths: list[int], schema: dict | None) -> dict:
     """One round: with a schema, each prompt up to its length; without, exactly its length."""
-    engine.profile(reset=True)
     requests = [Request(prompt=p, max_tokens=n, sampling=SamplingParams(seed=3, **SAMPLING),
                         **({"format": "json", "json_schema": schema} if schema else {"ignore_eos": True}))
                 for p, n in zip(prompts, lengths)]
+    steps_before = engine.stats().steps
     start = time.perf_counter()
     results = [h.result() for h in engine.submit_many(requests)]
     wall = time.perf_counter() - start
-    decode = engine.profile()["decode"]
+    steps = engine.stats().steps - steps_before
+    tokens = sum(r.metrics.tokens_generated for r in results)
     return {
-        "tok_s": decode.tokens_per_second,
-        "sample_ms": decode.per_step_ms()["sample"],
-        # everything but llama_decode: scheduling, batch building, sampling with masks, grammar
-        # advance; the only time the grammar can add, since llama_decode never sees it
-        "engine_ms": sum(v for k, v in decode.per_step_ms().items() if k != "decode"),
-        "step_ms": decode.total_seconds * 1000 / max(decode.steps, 1),
-        "tokens": sum(r.metrics.tokens_generated for r in results),
+        "tok_s": tokens / wall,
+        "tokens": tokens,
+        "forced": sum(r.metrics.forced_tokens for r in results),
+        "steps": steps,
+        "tokens_per_step": tokens / max(steps, 1),
         "lengths": [r.metrics.tokens_generated for r in results],
         "wall_s": wall,
         "documents": [list(r.token_ids) for r in results] if schema else [],
@@ -80,53 +78,68 @@ def mask_time_rows(engine: Engine, documents: list[list[int]], max_tokens: int,
     return rows
 
 
+MODES = ("jump", "sampled", "free")  # constrained with jump-forward, constrained without, unconstrained
+
+
 def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, model: str | None,
         record: RunRecord | None = None) -> tuple[str, dict]:
-    with Engine(model, n_ctx=8192, max_batch=max(batch_sizes), n_threads=threads, step_token_budget=512) as engine:
+    settings = dict(n_ctx=8192, max_batch=max(batch_sizes), n_threads=threads, step_token_budget=512)
+    with Engine(model, **settings) as engine, Engine(model, jump_forward=False, **settings) as plain:
         start = time.perf_counter()
         compile_grammar(REVIEW, engine.vocabulary)
         first_compile = time.perf_counter() - start
         start = time.perf_counter()
         compile_grammar(REVIEW, engine.vocabulary)
         cached_compile = time.perf_counter() - start
-        rows = []
+        rows, headline = [], {}
+        documents: list[list[int]] = []
         for b in batch_sizes:
             prompts = [p + " Answer as a JSON product review." for p in benchmark_prompts(b)]
             budget = [max_tokens] * len(prompts)
-            lengths = measure(engine, prompts, budget, REVIEW)["lengths"]  # warm-up: fills the mask cache
-            free, bound, ratios = [], [], []
+            lengths = measure(engine, prompts, budget, REVIEW)["lengths"]  # warm-up: fills the caches
+            measure(plain, prompts, budget, REVIEW)
+            runs: dict[str, list[dict]] = {m: [] for m in MODES}
+            jump_ratio, sampled_ratio = [], []
             for i in range(rounds):
-                # alternate which mode goes first, so a drift in speed during a round cancels out
-                for constrained in ((True, False) if i % 2 == 0 else (False, True)):
-                    if constrained:
-                        bound.append(measure(engine, prompts, budget, REVIEW))
-                        lengths = bound[-1]["lengths"]
+                # rotate the order of the modes, so a drift in speed during a round cancels out
+                for mode in MODES[i % 3:] + MODES[: i % 3]:
+                    if mode == "jump":
+                        runs[mode].append(measure(engine, prompts, budget, REVIEW))
+                        lengths = runs[mode][-1]["lengths"]
+                    elif mode == "sampled":
+                        runs[mode].append(measure(plain, prompts, budget, REVIEW))
                     else:
-                        free.append(measure(engine, prompts, [max(n, 1) for n in lengths], None))
-                ratios.append(bound[-1]["tok_s"] / free[-1]["tok_s"])
+                        runs[mode].append(measure(engine, prompts, [max(n, 1) for n in lengths], None))
+                free = runs["free"][-1]["tok_s"]
+                jump_ratio.append(runs["jump"][-1]["tok_s"] / free)
+                sampled_ratio.append(runs["sampled"][-1]["tok_s"] / free)
                 if record is not None:
-                    record.trial(batch=b, unconstrained=free[-1], constrained=bound[-1], ratio=ratios[-1])
-            keys = ("tok_s", "step_ms", "engine_ms", "sample_ms")
-            f = {k: statistics.median(r[k] for r in free) for k in keys}
-            c = {k: statistics.median(r[k] for r in bound) for k in keys}
-            rows.append([b, f["tok_s"], c["tok_s"], statistics.median(ratios), f["step_ms"], c["step_ms"],
-                         f["engine_ms"], c["engine_ms"], (c["engine_ms"] - f["engine_ms"]) / f["step_ms"]])
-        documents = [d for run in bound for d in run["documents"]]
+                    record.trial(batch=b, **{m: {k: v for k, v in runs[m][-1].items() if k != "documents"}
+                                             for m in MODES},
+                                 ratio_jump=jump_ratio[-1], ratio_sampled=sampled_ratio[-1])
+            med = {m: {k: statistics.median(r[k] for r in runs[m]) for k in ("tok_s", "tokens_per_step")}
+                   for m in MODES}
+            share = sum(r["forced"] for r in runs["jump"]) / max(1, sum(r["tokens"] for r in runs["jump"]))
+            rows.append([b, med["free"]["tok_s"], med["sampled"]["tok_s"], med["jump"]["tok_s"],
+                         statistics.median(sampled_ratio), statistics.median(jump_ratio),
+                         med["sampled"]["tokens_per_step"], med["jump"]["tokens_per_step"], share])
+            headline[f"ratio_b{b}"] = round(statistics.median(jump_ratio), 3)
+            headline[f"ratio_no_jump_b{b}"] = round(statistics.median(sampled_ratio), 3)
+            headline[f"forced_share_b{b}"] = round(share, 3)
+            documents += [d for r in runs["jump"] for d in r["documents"]]
         masks = mask_time_rows(engine, documents, max_tokens, record)
     table = markdown_table(
-        ["B", "unconstrained tok/s (same lengths)", "constrained tok/s", "ratio (median of rounds)",
-         "step ms (free)", "step ms (JSON)", "engine ms/step (free)", "engine ms/step (JSON)",
-         "grammar's share of a step"], rows)
+        ["B", "unconstrained tok/s (same lengths)", "JSON tok/s, every token sampled", "JSON tok/s, jump-forward",
+         "ratio, sampled / free", "ratio, jump-forward / free", "tokens per step, sampled",
+         "tokens per step, jump-forward", "forced share of JSON tokens"], rows)
     mask_table = markdown_table(["mask computation", "steps timed", "p50 µs", "p99 µs", "notes"], masks)
     table = f"{table}\n\nMask time per token, replaying the constrained outputs above:\n\n{mask_table}"
-    headline = {f"ratio_b{r[0]}": round(r[3], 3) for r in rows}
-    headline.update({f"grammar_share_b{r[0]}": round(r[8], 4) for r in rows})
     headline["compile_first_ms"] = round(first_compile * 1000)
-    return (f"{rounds} round(s) per batch size, alternating which mode runs first; each unconstrained run "
-            f"generates exactly the token counts of the latest constrained run; figures are medians over "
-            f"rounds, the ratio the median of each round's ratio. Engine ms/step is the step's time outside "
-            f"llama_decode (schedule, build batch, sample with masks, grammar advance); the grammar's share "
-            f"is the difference over the unconstrained step.\n\n"
+    return (f"{rounds} round(s) per batch size; the three modes run in an order rotating between rounds; "
+            f"each unconstrained run generates exactly the token counts of the latest jump-forward run; "
+            f"tok/s is tokens over wall time from submission to the last result; figures are medians "
+            f"over rounds, each ratio the median of the rounds' ratios. Tokens per step include the "
+            f"prefill steps.\n\n"
             f"{table}\n\ngrammar compile (product-review schema, Gemma vocabulary): first "
             f"{first_compile * 1000:.0f} ms (includes the one-time vocabulary trie), cached "
             f"{cached_compile * 1000:.2f} ms"), headline

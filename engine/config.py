@@ -44,6 +44,9 @@ class EngineConfig:
     # (rows rotate, so every batch sequence progresses): an interactive token waits for one
     # step, whose time grows with its rows. None: no bound.
     interactive_batch_rows: int | None = 4
+    # Where a JSON grammar admits one continuation only, append its tokens unsampled and feed
+    # them in one chunk (engine/jump_forward.py).
+    jump_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.n_ctx < 64:

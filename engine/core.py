@@ -10,6 +10,7 @@ from typing import Any, Callable, Protocol
 
 from bindings import DecodeOutcome
 from engine.config import EngineConfig
+from engine.jump_forward import JumpForward
 from engine.kv_cache import KvCache
 from engine.outputs import append_token, flush_text
 from engine.profile import StepProfile
@@ -59,6 +60,9 @@ class EngineCore:
         )
         self.scheduler = Scheduler(self.kv_cache, cfg.max_batch, cfg.step_token_budget, cfg.scheduling_policy())
         self.sampler = BatchSampler(model.n_vocab)
+        self.jump = JumpForward(lambda text: model.tokenize(text, add_bos=False), model.token_bytes) \
+            if cfg.jump_forward else None
+        self.tokens_forced = 0  # appended by jump-forward, unsampled
         self.threads = ThreadGovernor(cfg.n_threads, runner.interrupter, adaptive=cfg.adaptive_threads)
         self.profiles = {"decode": StepProfile(), "mixed": StepProfile()}
         self.steps_run = 0  # llama_decode calls, interrupted ones included
@@ -72,6 +76,9 @@ class EngineCore:
     def add(self, seq: Sequence) -> None:
         seq.arrival_step = self.steps_run
         self.scheduler.add(seq)
+        reason = self._jump_forward(seq)  # a document's opening is often forced: it joins the prefill
+        if reason is not None:
+            self.finish(seq, reason)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -85,6 +92,7 @@ class EngineCore:
         if not plan.chunks:
             return False
         rows = self.runner.build_batch(plan)
+        kind = "decode" if all(c.seq.is_decoding for c in plan.chunks) else "mixed"
         self.runner.set_threads(self.threads.choose(plan.n_tokens + len(rows)))
         self.publish_stats()  # readers see this step's admissions while it decodes
         t2 = clock()
@@ -97,11 +105,12 @@ class EngineCore:
             self.kv_cache.computed(chunk.seq, chunk.length)
         sampled = sample_rows(self.sampler, self.runner.output_logits(), rows, self.n_ctx) if rows else None
         t4 = clock()
+        forced_before = self.tokens_forced
         if sampled is not None:
             self._apply(rows, sampled)
         t5 = clock()
-        kind = "decode" if plan.n_tokens == len(rows) else "mixed"
-        self.profiles[kind].record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, len(rows))
+        produced = len(rows) + self.tokens_forced - forced_before
+        self.profiles[kind].record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, produced)
         return True
 
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
@@ -143,11 +152,28 @@ class EngineCore:
                 seq.first_token_at, seq.first_token_step = now, self.steps_run
             try:
                 reason = append_token(seq, token, self.model.eog_tokens, self.n_ctx)
+                if reason is None:
+                    reason = self._jump_forward(seq)
             except Exception as exc:
                 self.finish(seq, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
                 continue
             if reason is not None:
                 self.finish(seq, reason)
+
+    def _jump_forward(self, seq: Sequence) -> FinishReason | None:
+        """Append the tokens the grammar forces next; why the sequence ends, if it does."""
+        if self.jump is None or seq.matcher is None or seq.logprobs is not None:
+            return None  # logprobs need the model's distribution at every position
+        for token in self.jump.forced_tokens(seq.matcher):
+            # The budget rule the sampler applies: the document must still close in time.
+            if not seq.matcher.is_allowed(token, min(seq.remaining_tokens, self.n_ctx + 1 - len(seq.tokens))):
+                break
+            seq.forced_tokens += 1
+            self.tokens_forced += 1
+            reason = append_token(seq, token, self.model.eog_tokens, self.n_ctx)
+            if reason is not None:
+                return reason
+        return None
 
     def _recover(self, outcome: DecodeOutcome) -> None:
         # llama.cpp rolls back a failed batch, so only the choice of who runs next changes.
@@ -182,6 +208,7 @@ class EngineCore:
             kv_cells_total=self.n_ctx,
             kv=self.kv_cache.stats(),
             tokens_prefilled=scheduler.tokens_prefilled,
+            tokens_forced=self.tokens_forced,
             suspensions=sum(t.suspensions for t in tiers.values()),
             preemptions=sum(t.preemptions for t in tiers.values()),
             steps=self.steps_run,

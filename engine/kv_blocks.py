@@ -263,23 +263,21 @@ class BlockLedger:
         one else references go back to the free list.
         """
         table = self._table(owner)
-        to_cache = () if cache_tokens is None else cache_tokens
-        plan = self._plan_caching(owner, table, to_cache, holder)
-        first_new = len(plan)
-        for i, (kind, entry) in enumerate(plan):
-            if kind == "new":
-                first_new = min(first_new, i)
-                self._ref[entry.block] += 1  # the cache's own reference
-                self._entries[entry.block] = entry
-                self._buckets.setdefault(entry.key, []).append(entry)
-                if entry.parent is not None:
-                    entry.parent.children.add(entry)
-            self._touch(entry)
+        kept = self._apply_caching(self._plan_caching(owner, table, () if cache_tokens is None else cache_tokens, holder))
         for b in table:
             self._decref(b)
         del self._tables[owner], self._n_tokens[owner]
-        bs = self.block_size
-        return range(first_new * bs, len(plan) * bs)
+        return kept
+
+    def publish(self, owner: int, cache_tokens: Sequence[int], holder: object) -> range:
+        """Put the full blocks of `cache_tokens` in the prefix cache while `owner` keeps them:
+        as `release` does, without the release. Returns the positions newly cached under
+        `holder` (the engine tags those cells with it, so they outlive the owner)."""
+        plan = self._plan_caching(owner, self._table(owner), cache_tokens, holder)
+        # Only a chain the owner holds from its root: an entry under another owner's (duplicate)
+        # block would stay referenced while its idle parent could not be evicted.
+        own = next((i for i, (kind, _) in enumerate(plan) if kind == "duplicate"), len(plan))
+        return self._apply_caching(plan[:own])
 
     # ---- introspection -------------------------------------------------------------------
 
@@ -403,6 +401,20 @@ class BlockLedger:
             if entry.parent is parent and entry.tokens == tokens:
                 return entry
         return None
+
+    def _apply_caching(self, plan: list[tuple[str, _Entry]]) -> range:
+        first_new = len(plan)
+        for i, (kind, entry) in enumerate(plan):
+            if kind == "new":
+                first_new = min(first_new, i)
+                self._ref[entry.block] += 1  # the cache's own reference
+                self._entries[entry.block] = entry
+                self._buckets.setdefault(entry.key, []).append(entry)
+                if entry.parent is not None:
+                    entry.parent.children.add(entry)
+            self._touch(entry)
+        bs = self.block_size
+        return range(first_new * bs, len(plan) * bs)
 
     def _plan_caching(
         self, owner: int, table: list[int], cache_tokens: Sequence[int], holder: object

@@ -96,11 +96,33 @@ class KvCache:
         seq.seq_id = seq_id
         seq.n_computed = match.n_tokens if match is not None else 0
         self._shared[seq_id] = seq.n_computed
-        self._owners[seq_id] = seq
         self._shared_blocks[seq_id] = match.blocks if match is not None else ()
+        if self.prefix_cache:
+            seq.n_computed += self._borrow(seq)
+        self._owners[seq_id] = seq
         if seq.cached_tokens is None:
             seq.cached_tokens = seq.n_computed
         return True
+
+    def _borrow(self, seq: Sequence) -> int:
+        """Tag cells a live sequence computed for the same tokens, past the cached blocks, with
+        seq's id too (token-granular: the partial block at a shared prompt's end, or blocks not
+        published yet); returns how many. seq's own blocks already reserve room for them, so the
+        ledger stays safe whoever finishes first; cells_held counts them under both."""
+        start, limit = seq.n_computed, len(seq.tokens) - 1  # the last token is always computed
+        best, donor = 0, None
+        for other in self._owners.values():
+            n = min(other.n_computed, limit)
+            if n <= start + best or other.tokens[:start] != seq.tokens[:start]:
+                continue
+            common = start
+            while common < n and other.tokens[common] == seq.tokens[common]:
+                common += 1
+            if common - start > best:
+                best, donor = common - start, other
+        if donor is not None:
+            self._memory.seq_cp(donor.seq_id, seq.seq_id, start, start + best)  # type: ignore[arg-type]
+        return best
 
     def try_reserve(self, seq: Sequence, n_tokens_total: int) -> bool:
         """Make sure seq's blocks cover n_tokens_total tokens (evicting idle cached blocks)."""
@@ -117,6 +139,26 @@ class KvCache:
         """llama_decode has put the next n_tokens of seq into its cells."""
         assert seq.seq_id is not None and seq.n_computed + n_tokens <= len(seq.tokens)
         seq.n_computed += n_tokens
+        if self.prefix_cache and seq.n_computed - n_tokens < seq.n_prompt <= seq.n_computed:
+            self._publish_prompt(seq)
+
+    def _publish_prompt(self, seq: Sequence) -> None:
+        # A prompt's blocks are shareable as soon as they are computed, not only once the
+        # sequence ends: requests that arrived with it can start from them a step later.
+        holder = self._take_holder()
+        if holder is None:
+            return
+        seq_id = seq.seq_id
+        kept = self.ledger.publish(seq_id, seq.tokens[: seq.n_prompt], holder)
+        if not len(kept):
+            self._free_holders.append(holder)
+            return
+        self._memory.seq_cp(seq_id, holder, kept.start, kept.stop)
+        self._holder_blocks[holder] = len(kept) // self.block_size
+        if kept.start <= self._shared[seq_id]:
+            # Its leading cells are all holders' now: count them once, under the holders.
+            self._shared[seq_id] = kept.stop
+            self._shared_blocks[seq_id] = self.ledger.table(seq_id)[: kept.stop // self.block_size]
 
     def release(self, seq: Sequence, keep_prefix: bool = True) -> None:
         """Free seq's id and blocks; its computed full blocks may stay behind as cached prefix.

@@ -180,15 +180,15 @@ class TwoTierPolicy(SchedulingPolicy):
         order = sorted(view.running, key=lambda s: 0 if s.request.priority is INTERACTIVE else 1)
         if self._interactive_prefilling(view) and self._batch_may_wait(self._steps_without_batch):
             # The prompts alone: a short step, as on an idle engine.
-            order = [s for s in order if s.request.priority is INTERACTIVE and s.n_pending > 1]
-        wants = any(s.request.priority is BATCH and s.n_pending > 1 for s in order)
+            order = [s for s in order if s.request.priority is INTERACTIVE and not s.is_decoding]
+        wants = any(s.request.priority is BATCH and not s.is_decoding for s in order)
         layout = StepLayout(order, self.batch_tokens if wants else 0)
         cap = self.interactive_batch_rows
-        if cap is not None and any(s.request.priority is INTERACTIVE and s.n_pending == 1 for s in order):
+        if cap is not None and any(s.request.priority is INTERACTIVE and s.is_decoding for s in order):
             # Batch rows rotate: the least advanced go first, so all progress at the same pace.
-            decoding = [s for s in order if s.request.priority is BATCH and s.n_pending == 1]
+            decoding = [s for s in order if s.request.priority is BATCH and s.is_decoding]
             chosen = set(sorted(decoding, key=lambda s: (s.n_generated, s.arrival))[:cap])
-            layout.order = [s for s in order if s.request.priority is INTERACTIVE or s in chosen or s.n_pending > 1]
+            layout.order = [s for s in order if s.request.priority is INTERACTIVE or s in chosen or not s.is_decoding]
             layout.batch_prefill_reserve = 0
             layout.batch_tokens_left = cap - len(chosen)
         return layout
@@ -205,7 +205,7 @@ class TwoTierPolicy(SchedulingPolicy):
         # answer holds for the whole step.
         return (
             self.interrupt_steps and not self._interactive_prefilling(view)
-            and all(c.length == 1 for c in plan.chunks) and self._batch_may_wait(waited)
+            and all(c.seq.is_decoding for c in plan.chunks) and self._batch_may_wait(waited)
             and self._interactive_slot_free(view)
         )
 
@@ -224,7 +224,7 @@ class TwoTierPolicy(SchedulingPolicy):
         return view.n_running(INTERACTIVE) < view.max_running - min(self.batch_slots, batch_demand)
 
     def _interactive_prefilling(self, view: QueueView) -> bool:
-        return any(s.request.priority is INTERACTIVE and s.n_pending > 1 for s in view.running)
+        return any(s.request.priority is INTERACTIVE and not s.is_decoding for s in view.running)
 
     def _batch_may_wait(self, waited: int) -> bool:
         """Batch work may be held back (or its step put at risk of interruption) unless it has

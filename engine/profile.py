@@ -8,12 +8,12 @@ PHASES = ("schedule", "build_batch", "decode", "sample", "postprocess")
 
 @dataclass
 class StepProfile:
-    """Totals over steps of one kind: 'decode' steps (every row a generating sequence) or
-    'mixed' steps (carrying prompt chunks too)."""
+    """Totals over steps of one kind: 'decode' steps (every chunk a generating sequence's new
+    tokens: one sampled, and any forced after it) or 'mixed' steps (carrying prompt chunks too)."""
 
     steps: int = 0
     tokens: int = 0  # tokens fed to llama_decode
-    sampled: int = 0  # tokens produced
+    sampled: int = 0  # tokens produced: sampled, and forced by jump-forward
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     def record(self, phase_seconds: tuple[float, ...], tokens: int, sampled: int) -> None:

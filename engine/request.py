@@ -133,6 +133,7 @@ class RequestMetrics:
     ttft_steps: int | None = None
     preemptions: int = 0  # times it gave up its KV cells and recomputed them
     suspensions: int = 0  # times it gave up its slot to an interactive request, keeping its KV
+    forced_tokens: int = 0  # of tokens_generated, appended unsampled where the grammar allowed one continuation
 
 
 @dataclass(frozen=True)

@@ -167,7 +167,7 @@ class Scheduler:
                 blocked.add(seq.request.priority)
 
     def _try_admit(self, seq: Sequence) -> bool:
-        if self._budget_ahead_of(seq) <= 0:
+        if self._budget_ahead_of(seq) <= 0 or self._awaits_leader(seq):
             return False
         while True:
             if len(self.running) >= self.max_running:
@@ -195,10 +195,29 @@ class Scheduler:
 
     def _budget_ahead_of(self, seq: Sequence) -> int:
         """Step tokens left for `seq` after the work that comes before it in this step."""
-        decode_rows = sum(1 for s in self.running if s.n_pending == 1)
+        decoding = sum(s.n_pending for s in self.running if s.is_decoding)
         prefill = sum(s.n_pending for s in self.running
-                      if s.n_pending > 1 and self.policy.ranks_before(s, seq))
-        return self.step_token_budget - decode_rows - prefill
+                      if not s.is_decoding and self.policy.ranks_before(s, seq))
+        return self.step_token_budget - decoding - prefill
+
+    def _awaits_leader(self, seq: Sequence) -> bool:
+        """A running sequence is computing prompt blocks that `seq` starts with and the cache
+        lacks: `seq` waits the few steps until they are published rather than compute them too.
+        A leader that is cancelled or preempted leaves `running`, and with it the wait."""
+        if not self.kv.prefix_cache or seq.state is SequenceState.SUSPENDED:
+            return False
+        bs = self.kv.block_size
+        usable = (len(seq.tokens) - 1) // bs  # a lookup never covers the last token
+        for leader in self.running:
+            if leader.n_computed >= leader.n_prompt:
+                continue  # its prompt is published: admission finds it in the cache
+            blocks = min(usable, leader.n_prompt // bs)
+            shared = 0
+            while shared < blocks and seq.tokens[shared * bs:(shared + 1) * bs] == leader.tokens[shared * bs:(shared + 1) * bs]:
+                shared += 1
+            if shared * bs > (leader.cached_tokens or 0):
+                return True
+        return False
 
     # ---- growth -------------------------------------------------------------------------------
     def _make_room_for_growth(self) -> None:
@@ -216,15 +235,18 @@ class Scheduler:
         layout = self.policy.lay_out(self)
         plan = StepPlan()
         budget = self.step_token_budget
-        # Decoding rows first, so a long prefill never stalls sequences that are generating.
+        # Decoding rows first, so a long prefill never stalls sequences that are generating. Each
+        # has one row for sure; tokens forced after its sampled one come out of what is left.
+        decoding = [s for s in layout.order if s.is_decoding]
+        spare = budget - len(decoding)
+        for seq in decoding:
+            n = 1 + max(0, min(seq.n_pending - 1, spare))
+            plan.chunks.append(Chunk(seq, seq.n_computed, n))
+            spare -= n - 1
+            budget -= n
+            self.tokens_prefilled += max(0, seq.n_prompt - seq.n_computed)  # the prompt's last token
         for seq in layout.order:
-            if seq.n_pending == 1:
-                plan.chunks.append(Chunk(seq, seq.n_computed, 1))
-                budget -= 1
-                if seq.n_generated == 0:  # the last prompt token, not a sampled one
-                    self.tokens_prefilled += 1
-        for seq in layout.order:
-            if seq.n_pending > 1 and budget > 0:
+            if not seq.is_decoding and budget > 0:
                 n = min(seq.n_pending, layout.prefill_room(seq, budget))
                 if n <= 0:
                     continue

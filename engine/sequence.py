@@ -55,6 +55,7 @@ class Sequence:
         self.first_token_at: float | None = None
         self.preemptions = 0  # times it gave up its KV cells (and recomputed them)
         self.suspensions = 0  # times it gave up its slot for an interactive request, keeping its KV
+        self.forced_tokens = 0  # output tokens appended by jump-forward, unsampled
         self.arrival = 0  # the scheduler's arrival order, for FIFO
         self.deadline = None if request.timeout is None else self.submitted_at + request.timeout
         self.arrival_step: int | None = None  # engine step count when the scheduler got it
@@ -73,6 +74,12 @@ class Sequence:
     @property
     def n_pending(self) -> int:
         return len(self.tokens) - self.n_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        """Its pending tokens are its newest output (a sampled token, and any forced after it),
+        not a prompt or a recompute."""
+        return self.n_pending == 1 or self.n_computed >= self.n_prompt
 
     @property
     def remaining_tokens(self) -> int:
@@ -102,6 +109,7 @@ class Sequence:
             else self.first_token_step - self.arrival_step,
             preemptions=self.preemptions,
             suspensions=self.suspensions,
+            forced_tokens=self.forced_tokens,
         )
         assert self.finish_reason is not None
         return GenerationResult(

@@ -24,6 +24,7 @@ class EngineStats:
     kv_cells_total: int
     kv: KvCacheStats
     tokens_prefilled: int
+    tokens_forced: int  # output tokens jump-forward appended unsampled (the grammar allowed nothing else)
     suspensions: int
     preemptions: int
     steps: int  # llama_decode calls, interrupted ones included

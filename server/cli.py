@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--no-adaptive-threads", action="store_true",
                            help="always use --threads; by default each step uses the thread count measured "
                                 "fastest, which drops to fewer threads while other processes load the cores")
+    serve_cmd.add_argument("--no-jump-forward", action="store_true",
+                           help="sample every token of a JSON document, even where the schema allows "
+                                "one continuation only")
     serve_cmd.add_argument("--no-prefix-cache", action="store_true",
                            help="do not keep finished requests' prompt blocks for reuse")
     # On by default, as in llama-server: llama.cpp's CPU kernel skips the cells a row's mask hides,
@@ -128,6 +131,7 @@ def engine_options_from(options: argparse.Namespace) -> dict[str, Any]:
         priority_scheduling=not options.no_priority,
         interactive_batch_rows=options.interactive_batch_rows or None,
         adaptive_threads=not options.no_adaptive_threads,
+        jump_forward=not options.no_jump_forward,
         prefix_cache=not options.no_prefix_cache,
         cache_max_fraction=options.cache_max_fraction,
         flash_attn=options.flash_attn == "on",

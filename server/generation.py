@@ -174,4 +174,5 @@ def metrics_payload(result: GenerationResult) -> dict[str, Any]:
         "prompt_tokens": m.prompt_tokens,
         "tokens_generated": m.tokens_generated,
         "cached_tokens": m.cached_tokens,
+        "forced_tokens": m.forced_tokens,
     }

@@ -58,6 +58,7 @@ def health_payload(state: ServingState) -> dict[str, Any]:
         payload["suspensions"] = stats.suspensions
         payload["preemptions"] = stats.preemptions
         payload["steps"] = stats.steps
+        payload["tokens_forced"] = stats.tokens_forced
         payload["decode_threads"] = stats.decode_threads
         payload["thread_switches"] = stats.thread_switches
     return payload

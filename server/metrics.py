@@ -171,6 +171,10 @@ def _kv_block_metrics(stats: EngineStats) -> Iterable:
     family = CounterMetricFamily("cobatch_tokens_prefilled", "Prompt tokens computed (not served from cache)")
     family.add_metric([], stats.tokens_prefilled)
     yield family
+    forced = CounterMetricFamily("cobatch_tokens_forced", "Output tokens appended unsampled by jump-forward "
+                                 "(the JSON grammar allowed one continuation); counted in generated tokens too")
+    forced.add_metric([], stats.tokens_forced)
+    yield forced
     kv = stats.kv
     blocks = GaugeMetricFamily("cobatch_kv_blocks", "KV cache blocks by state", labels=["state"])
     for state in ("used", "cached", "free"):

@@ -23,7 +23,7 @@ def _stats(running: int, hits: int) -> EngineStats:
                       block_size=16, prefix_lookups=10, prefix_hits=4, prefix_hit_tokens=hits, evictions=1)
     tiers = {"interactive": TierStats(0, running, 5, 0, 0, 4), "batch": TierStats(2, 0, 1, 2, 1, 1)}
     return EngineStats(running=running, waiting={"interactive": 0, "batch": 2}, kv_cells_used=running * 20,
-                       kv_cells_total=2048, kv=kv, tokens_prefilled=100, suspensions=2, preemptions=1, steps=50,
+                       kv_cells_total=2048, kv=kv, tokens_prefilled=100, tokens_forced=0, suspensions=2, preemptions=1, steps=50,
                        steps_interrupted=0, tiers=tiers)
 
 

@@ -288,6 +288,27 @@ class LedgerMachine(RuleBasedStateMachine):
         table = self.tables.pop(owner)
         kept = self.ledger.release(owner, cache_tokens, holder=holder)
         del self.tokens[owner], self.n_shared[owner], self.prompt_len[owner]
+        self.expect_cached(table, cache_tokens, holder, kept)
+
+    @rule(owner=owners)
+    def publish_prompt(self, owner):
+        # A running sequence's computed prompt blocks enter the cache while it keeps them.
+        if owner not in self.tables:  # already drained
+            return
+        holder = ("published", owner, self.clock)
+        table = self.tables[owner]
+        cache_tokens = tuple(self.tokens[owner][: self.prompt_len[owner]])
+        # Published: the leading blocks that are its own (a block whose content another block
+        # holds in the cache ends the chain it can publish).
+        by_prefix = self.cached_by_prefix()
+        own = 0
+        while own < len(cache_tokens) // BS and by_prefix.get(cache_tokens[: (own + 1) * BS], table[own]) == table[own]:
+            own += 1
+        kept = self.ledger.publish(owner, cache_tokens, holder)
+        self.expect_cached(table, cache_tokens[: own * BS], holder, kept)
+
+    def expect_cached(self, table: list[int], cache_tokens: tuple[int, ...] | None, holder: object,
+                      kept: range) -> None:
         n_full = len(cache_tokens or ()) // BS
         expected_new = []
         for i in range(n_full):

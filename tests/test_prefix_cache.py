@@ -82,3 +82,39 @@ def test_preempted_sequence_resumes_with_its_output_kept(model_path):
         assert eng.stats().kv.blocks_used == 0
         held = eng.inspect(lambda r: [r.context.seq_pos_max(s) for s in range(3)])
         assert held == [-1, -1, -1]
+
+
+def _fresh_prefix(tag: str) -> str:
+    # A system prompt no earlier test has cached.
+    return f"[{tag}] " + SYSTEM
+
+
+def test_requests_arriving_together_compute_their_shared_prompt_once(engines):
+    cached, _ = engines
+    system = _fresh_prefix("together")
+    prompts = [system + f"Customer: question number {i} about bread?\nAssistant:" for i in range(8)]
+    shared = len(cached.tokenize(system))
+    suffixes = sum(len(cached.tokenize(p)) - shared for p in prompts)
+    before = cached.stats().tokens_prefilled
+    results = cached.generate(prompts, max_tokens=4, ignore_eos=True)
+    prefilled = cached.stats().tokens_prefilled - before
+    # One leader computes the system prompt; the others wait for its blocks, share them as soon
+    # as they are published, and borrow its cells past the last full block (the rest of the
+    # system prompt, and the start of the question they have in common).
+    assert prefilled <= 1.1 * (shared + suffixes), (prefilled, shared, suffixes)
+    assert all(r.metrics.cached_tokens >= shared for r in sorted(results, key=lambda r: r.metrics.cached_tokens)[1:])
+    assert all(r.metrics.tokens_generated == 4 for r in results)
+    assert cached.stats().kv.blocks_used == 0
+
+
+def test_followers_of_a_cancelled_leader_compute_for_themselves(engines):
+    cached, _ = engines
+    system = _fresh_prefix("cancelled leader")
+    handles = [cached.submit(system + f"Customer: order {i}?\nAssistant:", max_tokens=3, ignore_eos=True)
+               for i in range(4)]
+    handles[0].cancel()
+    results = [h.result(timeout=300) for h in handles]
+    assert results[0].finish_reason is FinishReason.CANCELLED
+    assert all(r.finish_reason is FinishReason.LENGTH and r.metrics.tokens_generated == 3 for r in results[1:])
+    stats = cached.stats()
+    assert stats.running == 0 and stats.kv.blocks_used == 0

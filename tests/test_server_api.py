@@ -10,7 +10,7 @@ from tests.server_fixtures import assert_engine_idle, generate_stream, metric, s
 
 METRIC_KEYS = {
     "latency_ms", "tokens_per_second", "queue_time_ms", "ttft_ms", "generation_time_ms",
-    "prompt_tokens", "tokens_generated", "cached_tokens",
+    "prompt_tokens", "tokens_generated", "cached_tokens", "forced_tokens",
 }
 
 
@@ -143,3 +143,16 @@ def test_kv_gauges_are_read_while_requests_run(http, live):
     assert metric(during, "cobatch_running_sequences") == 1
     assert metric(during, "cobatch_kv_cells_used") > 0
     assert 0 < metric(during, "cobatch_kv_usage_ratio") < 1
+
+
+def test_a_json_answer_reports_its_forced_tokens_in_metrics_and_prometheus(http, live):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
+    before = metric(scrape(http), "cobatch_tokens_forced_total")
+    response = http.post("/generate", json={"prompt": "A city as JSON:", "max_tokens": 24, "format": "json",
+                                            "json_schema": schema, "seed": 2})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert set(body["structured_data"]) == {"city"}
+    forced = body["metrics"]["forced_tokens"]
+    assert 0 < forced < body["metrics"]["tokens_generated"]  # `{"city` is forced; the name is sampled
+    assert metric(scrape(http), "cobatch_tokens_forced_total") - before == forced

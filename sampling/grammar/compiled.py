@@ -83,6 +83,8 @@ class CompiledGrammar:
         # its per-mask work (ids, additive bias) on the array, so reuse makes that work cached.
         self._masks: OrderedDict[StateSet, tuple[np.ndarray, int]] = OrderedDict()
         self._mask_cap = mask_cache
+        self._live: dict[int, tuple[int, ...]] = {}   # state -> bytes it has a transition on
+        self._forced: dict[tuple[StateSet, int], tuple[bytes, bool]] = {}
 
     @staticmethod
     def _check_left_recursion(aut: dfa.Automaton) -> None:
@@ -156,6 +158,39 @@ class CompiledGrammar:
             if not S:
                 break
         return S
+
+    def forced_bytes(self, S: StateSet, limit: int) -> tuple[bytes, bool]:
+        """(the bytes the grammar admits as the only continuation of S, at most `limit`; whether
+        they finish the document). None once S is complete: the document could end there."""
+        key = (S, limit)
+        hit = self._forced.get(key)
+        if hit is not None:
+            return hit
+        out = bytearray()
+        while len(out) < limit and not self.is_complete(S):
+            only = self._only_byte(S)
+            if only is None:
+                break
+            out.append(only)
+            S = self.step(S, only)
+        if len(self._forced) > 100_000:
+            self._forced.clear()
+        self._forced[key] = forced = (bytes(out), bool(out) and self.is_finished(S))
+        return forced
+
+    def _only_byte(self, S: StateSet) -> int | None:
+        only = None
+        for c in (S if not self.recursive else self.closure(S)):
+            g = c[-1]
+            live = self._live.get(g)
+            if live is None:
+                live = self._live[g] = tuple(np.flatnonzero(self.trans[g] != dfa.DEAD).tolist())
+            for b in live:
+                if only is None:
+                    only = b
+                elif b != only:
+                    return None
+        return only
 
     def distance(self, S: StateSet) -> int:
         U = self.U

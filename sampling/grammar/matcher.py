@@ -78,6 +78,11 @@ class GrammarMatcher:
             return False
         return bool(self.allowed_mask(remaining_tokens)[token])   # the rare over-budget fallback
 
+    def forced_bytes(self, limit: int = 64) -> tuple[bytes, bool]:
+        """(the next bytes the grammar allows as the only continuation, b"" when there is a
+        choice or the document may end here; whether those bytes finish the document)."""
+        return (b"", False) if self._ended else self._g.forced_bytes(self._S, limit)
+
     # ------------------------------------------------------------ updates
     def advance(self, token: int) -> None:
         """Consume `token`; ValueError if it is not allowed (state unchanged then)."""

@@ -1,0 +1,64 @@
+"""Jump-forward: where the grammar admits a single continuation, its tokens are appended unsampled.
+
+They are the model's own tokenization of the forced text, fed as one chunk of the next step with
+logits on its last row only: no step of their own and no output projection over the vocabulary.
+The tokenization's last token is left to sampling unless the text finishes the document, since it
+could merge with what the model writes next (`":"` then `"J...` may tokenize as `":` + `"J`).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence as Seq
+
+from sampling.grammar.matcher import GrammarMatcher
+
+_CACHE_LIMIT = 4096
+
+
+class JumpForward:
+    def __init__(self, tokenize: Callable[[str], list[int]], token_bytes: Seq[bytes], max_bytes: int = 64) -> None:
+        self._tokenize = tokenize
+        self._token_bytes = token_bytes
+        self._max_bytes = max_bytes
+        self._tokens: dict[tuple[bytes, bool], tuple[int, ...]] = {}
+
+    def forced_tokens(self, matcher: GrammarMatcher) -> tuple[int, ...]:
+        """Tokens the grammar forces next, in the model's canonical tokenization."""
+        data, finishes = matcher.forced_bytes(self._max_bytes)
+        whole = _whole_characters(data)
+        if not whole:
+            return ()
+        key = (whole, finishes and whole == data)
+        tokens = self._tokens.get(key)
+        if tokens is None:
+            tokens = self._tokenized(*key)
+            if len(self._tokens) >= _CACHE_LIMIT:
+                self._tokens.clear()
+            self._tokens[key] = tokens
+        return tokens
+
+    def _tokenized(self, data: bytes, finishes: bool) -> tuple[int, ...]:
+        tokens = self._tokenize(data.decode("utf-8"))
+        if not finishes:
+            tokens = tokens[:-1]
+        # Keep the tokens that spell the text's start exactly (a tokenizer may add a leading
+        # space or normalise): what the model is fed must be what the grammar checked.
+        kept, at = [], 0
+        for t in tokens:
+            piece = self._token_bytes[t]
+            if not piece or data[at : at + len(piece)] != piece:
+                break
+            kept.append(t)
+            at += len(piece)
+        return tuple(kept)
+
+
+def _whole_characters(data: bytes) -> bytes:
+    """`data` without a trailing incomplete UTF-8 character."""
+    for back in range(1, min(4, len(data)) + 1):
+        lead = data[-back]
+        if lead < 0x80:
+            return data  # ASCII: everything before it is whole too
+        if lead >= 0xC0:  # the lead byte of the last character
+            need = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+            return data if back >= need else data[:-back]
+    return data
