@@ -63,6 +63,7 @@ from typing import Callable
 
 import httpx
 
+from bench.neighbour import MODES, neighbour
 from bench.peer import find_tool, llama_server
 from bench.prompts import benchmark_prompts
 from bench.record import RunRecord, add_record_arguments, publish
@@ -291,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-raw-loop", action="store_true",
                         help="skip the raw llama_decode loop baseline (it runs on this machine: skip it "
                              "when --url points elsewhere)")
+    parser.add_argument("--neighbour", choices=MODES, default="none",
+                        help="a busy process on the machine for the whole sweep (bench/neighbour.py)")
     parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
     add_record_arguments(parser)
     args = parser.parse_args(argv)
@@ -333,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         peer = contextlib.nullcontext(args.peer_url)
         if binary:
             peer = llama_server(binary, str(resolve_model(args.model)), args.threads, max(levels), args.n_ctx)
-        with peer as peer_url:
+        with peer as peer_url, neighbour(args.neighbour):
             args.peer_url = peer_url
             results, notes = asyncio.run(sweep(url, peer_url, levels, per_level, args.tokens, args.ignore_eos,
                                                args.trials, raw_loop))
@@ -348,14 +351,16 @@ def main(argv: list[str] | None = None) -> int:
     where = url if local is None else (f"child process {args.serve_args}".strip() if args.spawn else "in-process")
     peer_name = f"llama-server ({binary})" if binary else args.peer_url
     header = (f"cobatch: {where}" + (f"; peer: {peer_name}" if args.peer_url else "")
-              + f"; {args.tokens} tokens per request; temperature 0.7, top-k 40, top-p 0.9\n")
+              + f"; {args.tokens} tokens per request; temperature 0.7, top-k 40, top-p 0.9; "
+              f"neighbour: {args.neighbour}\n")
     summary = header + "\n" + render(results, per_level, notes)
     record = RunRecord("http-load", args, args.model, argv)
     for runs in results:
         for name, side in runs.sides():
             for trial, level in enumerate(side):
                 record.trial(trial=trial, system=name, concurrency=level.concurrency, wall_s=level.wall_s,
-                             samples=[dataclasses.asdict(x) for x in level.samples])
+                             samples=[{k: v for k, v in dataclasses.asdict(x).items() if k not in ("text", "final")}
+                                      for x in level.samples])
         for trial, tok_s in enumerate(runs.raw_tok_s):
             record.trial(trial=trial, system="raw_loop", concurrency=runs.concurrency, tok_s=tok_s)
     top = results[-1]

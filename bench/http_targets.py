@@ -101,11 +101,17 @@ class Target:
 class Cobatch(Target):
     name = "cobatch"
 
+    def __init__(self, url: str, tokens: int, ignore_eos: bool = False, priority: str | None = None) -> None:
+        super().__init__(url, tokens, ignore_eos)
+        self.priority = priority  # "interactive" or "batch"; None: the server's default (batch)
+
     def request(self, prompt: str) -> tuple[str, dict]:
         body = {"prompt": prompt, "max_tokens": self.tokens, "stream": True, "repetition_penalty": 1.0,
                 **SAMPLING, **NEUTRAL}
         if self.ignore_eos:
             body["ignore_eos"] = True
+        if self.priority is not None:
+            body["priority"] = self.priority
         return "/generate", body
 
     def read_event(self, event: str | None, data: Any) -> tuple[str, int | None, str]:

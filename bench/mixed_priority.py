@@ -6,7 +6,8 @@ generations (default 24 x 256 tokens) submitted at once, and short interactive r
 on an engine with two-tier priority and on one with a single FIFO queue, in the same process,
 one after the other (alternating with --trials > 1). Reference: the same interactive requests on
 the idle engine, one at a time. Every request generates exactly its max_tokens (ignore_eos), so
-both modes do the same work.
+both modes do the same work. With --http, the same workload runs through HTTP against
+`cobatch serve` processes and llama-server, with and without a busy neighbour (bench/mixed_http.py).
 """
 from __future__ import annotations
 
@@ -205,6 +206,11 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--http" in argv:  # through HTTP against `cobatch serve` in its own process: bench/mixed_http.py
+        from bench import mixed_http
+
+        return mixed_http.main([a for a in argv if a != "--http"])
     parser = argparse.ArgumentParser(prog="cobatch bench mixed-priority", description=__doc__)
     parser.add_argument("--batch", type=int, default=24, help="batch requests in the flood")
     parser.add_argument("--batch-tokens", type=int, default=256)

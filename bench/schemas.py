@@ -11,3 +11,20 @@ REVIEW_SCHEMA = {
     },
     "required": ["rating", "pros", "cons", "summary"],
 }
+
+# A record whose structure outweighs its free text: fixed keys, enums, numbers and a boolean.
+ORDER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "integer", "minimum": 1, "maximum": 99999},
+        "status": {"enum": ["pending", "shipped", "delivered", "cancelled"]},
+        "country": {"enum": ["France", "Germany", "Italy", "Spain"]},
+        "express_delivery": {"type": "boolean"},
+        "quantity": {"type": "integer", "minimum": 1, "maximum": 9},
+        "gift_wrapped": {"type": "boolean"},
+    },
+    "required": ["order_id", "status", "country", "express_delivery", "quantity", "gift_wrapped"],
+}
+
+# For benchmarks that take --schema: name -> (schema, what the prompt asks for).
+NAMED = {"review": (REVIEW_SCHEMA, "a JSON product review"), "order": (ORDER_SCHEMA, "a JSON order record")}

@@ -19,7 +19,7 @@ import sys
 import time
 
 from bench.prompts import benchmark_prompts
-from bench.schemas import REVIEW_SCHEMA as REVIEW
+from bench.schemas import NAMED
 from bench.mask_timing import cobatch_mask_times, llguidance_mask_times
 from bench.stats import percentile
 from bench.record import RunRecord, add_common_arguments, publish
@@ -55,18 +55,18 @@ def measure(engine: Engine, prompts: list[str], lengths: list[int], schema: dict
     }
 
 
-def mask_time_rows(engine: Engine, documents: list[list[int]], max_tokens: int,
+def mask_time_rows(engine: Engine, schema: dict, documents: list[list[int]], max_tokens: int,
                    record: RunRecord | None) -> list[list[object]]:
     def row(name: str, times: list[float], note: str) -> list[object]:
         us = [t * 1e6 for t in times]
         return [name, len(us), percentile(us, 50), percentile(us, 99), note]
 
     vocab = engine.vocabulary
-    cold = cobatch_mask_times(REVIEW, vocab, documents, max_tokens, fresh=True)
-    warm = cobatch_mask_times(REVIEW, vocab, documents, max_tokens)
+    cold = cobatch_mask_times(schema, vocab, documents, max_tokens, fresh=True)
+    warm = cobatch_mask_times(schema, vocab, documents, max_tokens)
     rows = [row("cobatch, fresh grammar", cold, "per-state caches empty at the start"),
             row("cobatch, warm grammar", warm, "the shared grammar after the runs above")]
-    reference = llguidance_mask_times(REVIEW, vocab, documents)
+    reference = llguidance_mask_times(schema, vocab, documents)
     if reference is None:
         rows.append(["llguidance", 0, "-", "-", "not installed (pip install 'cobatch[bench]')"])
     else:
@@ -82,32 +82,33 @@ MODES = ("jump", "sampled", "free")  # constrained with jump-forward, constraine
 
 
 def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, model: str | None,
-        record: RunRecord | None = None) -> tuple[str, dict]:
+        record: RunRecord | None = None, schema_name: str = "review") -> tuple[str, dict]:
+    schema, asked_for = NAMED[schema_name]
     settings = dict(n_ctx=8192, max_batch=max(batch_sizes), n_threads=threads, step_token_budget=512)
     with Engine(model, **settings) as engine, Engine(model, jump_forward=False, **settings) as plain:
         start = time.perf_counter()
-        compile_grammar(REVIEW, engine.vocabulary)
+        compile_grammar(schema, engine.vocabulary)
         first_compile = time.perf_counter() - start
         start = time.perf_counter()
-        compile_grammar(REVIEW, engine.vocabulary)
+        compile_grammar(schema, engine.vocabulary)
         cached_compile = time.perf_counter() - start
         rows, headline = [], {}
         documents: list[list[int]] = []
         for b in batch_sizes:
-            prompts = [p + " Answer as a JSON product review." for p in benchmark_prompts(b)]
+            prompts = [f"{p} Answer as {asked_for}." for p in benchmark_prompts(b)]
             budget = [max_tokens] * len(prompts)
-            lengths = measure(engine, prompts, budget, REVIEW)["lengths"]  # warm-up: fills the caches
-            measure(plain, prompts, budget, REVIEW)
+            lengths = measure(engine, prompts, budget, schema)["lengths"]  # warm-up: fills the caches
+            measure(plain, prompts, budget, schema)
             runs: dict[str, list[dict]] = {m: [] for m in MODES}
             jump_ratio, sampled_ratio = [], []
             for i in range(rounds):
                 # rotate the order of the modes, so a drift in speed during a round cancels out
                 for mode in MODES[i % 3:] + MODES[: i % 3]:
                     if mode == "jump":
-                        runs[mode].append(measure(engine, prompts, budget, REVIEW))
+                        runs[mode].append(measure(engine, prompts, budget, schema))
                         lengths = runs[mode][-1]["lengths"]
                     elif mode == "sampled":
-                        runs[mode].append(measure(plain, prompts, budget, REVIEW))
+                        runs[mode].append(measure(plain, prompts, budget, schema))
                     else:
                         runs[mode].append(measure(engine, prompts, [max(n, 1) for n in lengths], None))
                 free = runs["free"][-1]["tok_s"]
@@ -127,7 +128,7 @@ def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, mode
             headline[f"ratio_no_jump_b{b}"] = round(statistics.median(sampled_ratio), 3)
             headline[f"forced_share_b{b}"] = round(share, 3)
             documents += [d for r in runs["jump"] for d in r["documents"]]
-        masks = mask_time_rows(engine, documents, max_tokens, record)
+        masks = mask_time_rows(engine, schema, documents, max_tokens, record)
     table = markdown_table(
         ["B", "unconstrained tok/s (same lengths)", "JSON tok/s, every token sampled", "JSON tok/s, jump-forward",
          "ratio, sampled / free", "ratio, jump-forward / free", "tokens per step, sampled",
@@ -135,12 +136,13 @@ def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, mode
     mask_table = markdown_table(["mask computation", "steps timed", "p50 µs", "p99 µs", "notes"], masks)
     table = f"{table}\n\nMask time per token, replaying the constrained outputs above:\n\n{mask_table}"
     headline["compile_first_ms"] = round(first_compile * 1000)
+    headline["schema"] = schema_name
     return (f"{rounds} round(s) per batch size; the three modes run in an order rotating between rounds; "
             f"each unconstrained run generates exactly the token counts of the latest jump-forward run; "
             f"tok/s is tokens over wall time from submission to the last result; figures are medians "
             f"over rounds, each ratio the median of the rounds' ratios. Tokens per step include the "
             f"prefill steps.\n\n"
-            f"{table}\n\ngrammar compile (product-review schema, Gemma vocabulary): first "
+            f"{table}\n\ngrammar compile ({schema_name} schema, Gemma vocabulary): first "
             f"{first_compile * 1000:.0f} ms (includes the one-time vocabulary trie), cached "
             f"{cached_compile * 1000:.2f} ms"), headline
 
@@ -150,13 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", default="1,8")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--schema", choices=sorted(NAMED), default="review",
+                        help="review: string-heavy (the product spec's); order: fixed keys, enums, numbers")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     if args.quick:
         sizes, args.tokens, args.rounds = [1, 2], 16, 1
     record = RunRecord("structured", args, args.model, argv)
-    publish(record, *run(sizes, args.tokens, args.rounds, args.threads, args.model, record))
+    publish(record, *run(sizes, args.tokens, args.rounds, args.threads, args.model, record, args.schema))
     return 0
 
 

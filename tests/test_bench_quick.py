@@ -35,6 +35,21 @@ def test_benchmark_runs_in_quick_mode_and_stores_its_run(name, capsys, tmp_path)
 PLOTTABLE = {"sequential", "mixed-priority", "http-load"}
 
 
+@pytest.mark.parametrize("name,options", [
+    ("mixed-priority", ["--http", "--neighbour", "nice19"]),  # cobatch serve processes, a busy neighbour
+    ("http-load", ["--spawn", "--neighbour", "nice19", "--no-raw-loop"]),
+])
+def test_benchmark_options_run_in_quick_mode(name, options, capsys, tmp_path):
+    assert main([name, *options, "--quick", "--results-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("|") > 10
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    trials = json.loads((folder / "trials.json").read_text())
+    assert trials and json.loads((folder / "manifest.json").read_text())["benchmark"] == name
+    if "--http" in options:
+        assert {t["server"] for t in trials} == {"priority", "fifo"}
+        assert all(t["neighbour"] == "nice19" and t["batch_tok_s"] > 0 for t in trials)
+
+
 def test_no_save_stores_nothing(tmp_path, capsys):
     assert main(["decode-step", "--quick", "--no-save", "--results-dir", str(tmp_path)]) == 0
     assert not list(tmp_path.iterdir())
