@@ -105,6 +105,13 @@ def test_pattern_and_format_with_length_bounds():
     assert accepts(g, "ab.c") and not accepts(g, "abcdef") and not accepts(g, "")
     g, _ = generated({"type": "string", "format": "uuid", "maxLength": 36, "minLength": 36})
     assert accepts(g, "123e4567-e89b-12d3-a456-426614174000")
+    # A repeated group that also matches "" (the JSON pointer format) under a minLength.
+    g, docs = generated({"type": "string", "format": "json-pointer", "minLength": 1})
+    assert accepts(g, "/a/b~0") and not accepts(g, "") and all(docs)
+    g, _ = generated({"type": "string", "pattern": "(?:ab|c)*", "minLength": 1})
+    assert accepts(g, "c") and accepts(g, "abc") and not accepts(g, "")
+    with pytest.raises(SchemaError, match="combined with minLength"):   # a group shorter than the bound
+        compile_grammar({"type": "string", "pattern": "(?:ab|c)*", "minLength": 2}, VOCAB)
 
 
 def test_pattern_properties():

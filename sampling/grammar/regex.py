@@ -216,6 +216,20 @@ def pattern_ir(pattern: str, where: str) -> object:
 _PATTERNS: dict[str, object] = {}
 
 
+def _nonempty_repeat(pattern: str, lo: int, hi: int | None, sre_parse) -> str | None:
+    """`(?:X)*` under a minLength only the empty match breaks (every X is at least `lo` long):
+    `(?:X)+`. Exact: only the zero-repetition match is dropped. The JSON pointer format is one."""
+    m = _STARRED_GROUP.fullmatch(pattern)
+    if m is None or hi is not None:
+        return None
+    try:
+        inner_min = sre_parse.parse(m.group(1)).getwidth()[0]
+    except (re.error, OverflowError, RecursionError):
+        return None   # the parentheses did not close where the match assumed
+    return f"(?:{m.group(1)})+" if inner_min >= lo else None
+
+
+_STARRED_GROUP = re.compile(r"\^?\(\?:(.*)\)\*\$?", re.S)
 _ATOM = r"(?:\[(?:\\.|[^\]\\])+\]|\\[dwsDWS.\-_/]|\.|[A-Za-z0-9 _/:@-])"
 _SINGLE = re.compile(rf"\^?((?:{_ATOM})*?)({_ATOM})(\*|\+|\{{(\d+)(?:,(\d*))?\}})\$?")
 
@@ -235,6 +249,9 @@ def length_bounded_pattern(pattern: str, lo: int, hi: int | None, cap: int) -> s
         return None
     if lo <= wmin and (hi is None or wmax <= hi):
         return pattern
+    nonempty = _nonempty_repeat(pattern, lo, hi, sre_parse)
+    if nonempty is not None:
+        return nonempty
     m = _SINGLE.fullmatch(pattern)
     if m is None:
         return None
