@@ -33,8 +33,8 @@ from typing import Any
 import httpx
 
 from bench.http_targets import Cobatch, LlamaCpp, Sample, SpawnedServer, Target
-from bench.peer import find_tool, llama_server
-from bench.record import RunRecord, add_record_arguments, publish
+from bench.peer import add_peer_arguments, llama_server, peer_binary
+from bench.record import RunRecord, add_common_arguments, publish
 from bench.stats import percentile
 from bench.table import markdown_table
 from engine.model_source import resolve_model
@@ -188,20 +188,15 @@ def shared_burst_bound(model: str | None, work: Workload) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cobatch bench chat", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--n-ctx", type=int, default=32768, help="KV cells, the same for both servers")
-    parser.add_argument("--model", default=None, help="GGUF path (default: the bundled model)")
-    parser.add_argument("--peer-bin", default=None, help="llama-server binary or folder (default: PATH)")
-    parser.add_argument("--no-peer", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
-    add_record_arguments(parser)
+    add_common_arguments(parser, trials=3)
+    add_peer_arguments(parser)
     args = parser.parse_args(argv)
     work = Workload()
     if args.quick:
         work = Workload(tenants=2, users=2, turns=2, answer_tokens=4, in_flight=2, system_words=60, burst=3)
         args.trials, args.n_ctx = 1, 4096
-    binary = None if args.no_peer or args.quick else find_tool("llama-server", args.peer_bin)
+    binary = peer_binary(args)
     model = str(resolve_model(args.model))
     record = RunRecord("chat", args, args.model, argv)
     n_shared, suffixes = shared_burst_bound(args.model, work)

@@ -31,8 +31,8 @@ import httpx
 from bench.http_targets import Cobatch, LlamaCpp, Sample, SpawnedServer, Target
 from bench.mixed_priority import QUESTIONS
 from bench.neighbour import MODES, neighbour
-from bench.peer import find_tool, llama_server
-from bench.record import RunRecord, add_record_arguments, publish
+from bench.peer import add_peer_arguments, llama_server, peer_binary
+from bench.record import RunRecord, add_common_arguments, publish
 from bench.stats import percentile
 from bench.table import markdown_table
 from engine.model_source import resolve_model
@@ -100,13 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=int, default=6, help="interactive requests for the idle reference")
     parser.add_argument("--flood-limit", type=float, default=300.0,
                         help="seconds after which a flood counts as collapsed and is cancelled")
-    parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", default=None, help="GGUF path (default: the bundled model)")
-    parser.add_argument("--peer-bin", default=None, help="llama-server binary or folder (default: PATH)")
-    parser.add_argument("--no-peer", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
-    add_record_arguments(parser)
+    add_common_arguments(parser, trials=3)
+    add_peer_arguments(parser)
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.neighbour.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
@@ -114,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.batch, args.batch_tokens, args.tokens, args.every, args.idle, args.trials = 2, 8, 4, 0.3, 1, 1
         modes = modes[:1]
-    binary = None if args.no_peer or args.quick else find_tool("llama-server", args.peer_bin)
+    binary = peer_binary(args)
     n_ctx = max(4096, (args.batch + 8) * (args.batch_tokens + 64))
     servers = {"priority": SpawnedServer(args.model, args.threads, 32, n_ctx),
                "fifo": SpawnedServer(args.model, args.threads, 32, n_ctx, ["--no-priority"])}

@@ -3,6 +3,7 @@ llama-server (the peer server), found on PATH or given as a path. Neither is bui
 build llama.cpp yourself (README, "Baselines") or skip these columns."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shutil
@@ -24,6 +25,17 @@ def find_tool(name: str, explicit: str | None = None) -> str | None:
             raise FileNotFoundError(f"{path} is not an executable {name}")
         return str(path)
     return shutil.which(name)
+
+
+def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
+    """--peer-bin and --no-peer, for benchmarks that start llama-server beside cobatch."""
+    parser.add_argument("--peer-bin", default=None, help="llama-server binary or folder (default: PATH)")
+    parser.add_argument("--no-peer", action="store_true", help="do not start a llama-server even if on PATH")
+
+
+def peer_binary(args: argparse.Namespace) -> str | None:
+    """The llama-server to start: none with --no-peer, nor in quick mode (tests stay hermetic)."""
+    return None if args.no_peer or args.quick else find_tool("llama-server", args.peer_bin)
 
 
 def batched_bench_tg(binary: str, model: str, batch_sizes: list[int], threads: int,

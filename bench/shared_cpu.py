@@ -31,9 +31,9 @@ import httpx
 from bench.http_load import run_level
 from bench.http_targets import Cobatch, LlamaCpp, SpawnedServer
 from bench.neighbour import MODES, neighbour
-from bench.peer import find_tool, llama_server
+from bench.peer import add_peer_arguments, llama_server, peer_binary
 from bench.prompts import benchmark_prompts
-from bench.record import RunRecord, add_record_arguments, publish
+from bench.record import RunRecord, add_common_arguments, publish
 from bench.table import markdown_table
 from engine.model_source import resolve_model
 
@@ -46,13 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--requests", type=int, default=32, help="requests per server, mode and trial")
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--trials", type=int, default=2)
-    parser.add_argument("--model", default=None, help="GGUF path (default: the bundled model)")
-    parser.add_argument("--peer-bin", default=None, help="llama-server binary or folder (default: PATH)")
-    parser.add_argument("--no-peer", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
-    add_record_arguments(parser)
+    add_common_arguments(parser, trials=2)
+    add_peer_arguments(parser)
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.neighbour.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -61,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         modes = [m for m in modes if m in ("none", "nice19")] or ["none"]
         args.concurrency, args.requests, args.tokens, args.trials = 2, 2, 4, 1
-    binary = None if args.no_peer or args.quick else find_tool("llama-server", args.peer_bin)
+    binary = peer_binary(args)
     servers = {
         "governor": SpawnedServer(args.model, args.threads, max(32, args.concurrency), 4096),
         "fixed": SpawnedServer(args.model, args.threads, max(32, args.concurrency), 4096, ["--no-adaptive-threads"]),
