@@ -10,6 +10,10 @@ one finished. Servers, all spawned as `cobatch serve` child processes with the s
   fixed     --no-adaptive-threads: always --threads (what cobatch did before the governor)
   peer      llama-server (`-t T -np C -kvu`), when one is found on PATH or given (--peer-bin)
 
+and, as the machine's own ceiling under the same neighbour (unless --no-raw-loop), the raw
+llama_decode loop (bench/raw_loop.py) decoding C sequences in this process, at --threads and at
+one thread: what any server built on llama.cpp could reach with that thread count there and then.
+
 Neighbour modes (bench/neighbour.py): `none`; `nice19` (same session, where nice is honoured);
 `nice19-session` (its own session: with sched_autogroup it competes at full weight whatever its
 nice value, as any other service or login on the machine does); `nice0`.
@@ -28,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from bench.http_load import run_level
+from bench.http_load import RawLoopBaseline, run_level
 from bench.http_targets import Cobatch, LlamaCpp, SpawnedServer
 from bench.neighbour import MODES, neighbour
 from bench.peer import add_peer_arguments, llama_server, peer_binary
@@ -46,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--requests", type=int, default=32, help="requests per server, mode and trial")
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--no-raw-loop", action="store_true", help="skip the raw llama_decode loop rows")
     add_common_arguments(parser, trials=2)
     add_peer_arguments(parser)
     args = parser.parse_args(argv)
@@ -64,9 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     prompts = benchmark_prompts(args.requests)
     results: dict[tuple[int, str, str], dict[str, Any]] = {}
     record = RunRecord("shared-cpu", args, args.model, argv)
+    raw_loops: dict[str, RawLoopBaseline] = {}
     try:
         for server in servers.values():
             server.start()
+        if not args.no_raw_loop:
+            raw_loops = {"raw loop": RawLoopBaseline(args.model, args.threads, args.concurrency, args.tokens),
+                         "raw loop, 1 thread": RawLoopBaseline(args.model, 1, args.concurrency, args.tokens)}
         peer = (llama_server(binary, str(resolve_model(args.model)), args.threads, args.concurrency, 4096)
                 if binary else contextlib.nullcontext(None))
         with peer as peer_url:
@@ -82,13 +91,19 @@ def main(argv: list[str] | None = None) -> int:
                                 row.update(_threads(servers[name].url))
                             results[(trial, mode, name)] = row
                             record.trial(trial=trial, neighbour=mode, server=name, **row)
+                        for name, raw_loop in raw_loops.items():
+                            row = {"tok_s": raw_loop(args.concurrency), "failed": 0}
+                            results[(trial, mode, name)] = row
+                            record.trial(trial=trial, neighbour=mode, server=name, **row)
     except (RuntimeError, OSError) as exc:
         print(f"shared-cpu: {exc}", file=sys.stderr)
         return 1
     finally:
         for server in servers.values():
             server.stop()
-    names = ["governor", "fixed"] + (["peer"] if binary else [])
+        for raw_loop in raw_loops.values():
+            raw_loop.close()
+    names = ["governor", "fixed"] + (["peer"] if binary else []) + list(raw_loops)
     summary, headline = _report(results, modes, names, args)
     publish(record, summary, headline)
     return 0
@@ -142,6 +157,12 @@ def _report(results: dict, modes: list[str], names: list[str], args: argparse.Na
             headline[f"governor_over_peer_{mode}"] = round(r, 2)
         if mode != "none" and (r := ratio(mode, "governor", "fixed")) is not None:
             headline[f"governor_over_fixed_{mode}"] = round(r, 2)
+        for raw in (n for n in names if n.startswith("raw loop")):
+            key = raw.replace("raw loop, 1 thread", "raw_1t").replace("raw loop", "raw")
+            if mode != "none" and (r := ratio(mode, raw, raw, "none")) is not None:
+                headline[f"{key}_{mode}_over_quiet"] = round(r, 2)
+            if (r := ratio(mode, "governor", raw)) is not None:
+                headline[f"governor_over_{key}_{mode}"] = round(r, 2)
     return header + "\n" + table, headline
 
 
