@@ -36,7 +36,9 @@ PLOTTABLE = {"sequential", "mixed-priority", "http-load"}
 
 
 @pytest.mark.parametrize("name,options", [
-    ("mixed-priority", ["--http", "--neighbour", "nice19"]),  # cobatch serve processes, a busy neighbour
+    # cobatch serve processes (one with another interactive batch-row bound), a busy neighbour
+    ("mixed-priority", ["--http", "--neighbour", "nice19", "--interactive-batch-rows", "2"]),
+    ("shared-cpu", ["--neighbour", "nice19"]),  # the raw loop measured beside the servers
     ("http-load", ["--spawn", "--neighbour", "nice19", "--no-raw-loop"]),
 ])
 def test_benchmark_options_run_in_quick_mode(name, options, capsys, tmp_path):
@@ -46,8 +48,12 @@ def test_benchmark_options_run_in_quick_mode(name, options, capsys, tmp_path):
     trials = json.loads((folder / "trials.json").read_text())
     assert trials and json.loads((folder / "manifest.json").read_text())["benchmark"] == name
     if "--http" in options:
-        assert {t["server"] for t in trials} == {"priority", "fifo"}
+        assert {t["server"] for t in trials} == {"priority", "priority rows=2", "fifo"}
         assert all(t["neighbour"] == "nice19" and t["batch_tok_s"] > 0 for t in trials)
+    if name == "shared-cpu":
+        servers = {t["server"] for t in trials}
+        assert {"governor", "fixed", "raw loop", "raw loop, 1 thread"} <= servers
+        assert all(t["tok_s"] > 0 for t in trials)
 
 
 def test_no_save_stores_nothing(tmp_path, capsys):
