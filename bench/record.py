@@ -50,6 +50,7 @@ class RunRecord:
         self.model_path = model_path
         self.command = "cobatch bench " + " ".join([benchmark, *(sys.argv[2:] if argv is None else argv)])
         self.started = datetime.datetime.now(datetime.timezone.utc)
+        self.git = git_state()   # the code the run starts with, even if the checkout moves on
         self.trials: list[dict[str, Any]] = []
 
     def trial(self, **data: Any) -> None:
@@ -91,7 +92,7 @@ class RunRecord:
             "arguments": {k: v for k, v in vars(self.args).items()},
             "started_utc": self.started.isoformat(timespec="seconds"),
             "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "git": git_state(),
+            "git": self.git,
             "model": {"path": str(model), "bytes": model.stat().st_size, "sha256": sha256_of(model)},
             "machine": machine(),
             "llama_cpp": {"llama_cpp_python": llama_cpp_version(), "system_info": system_info().strip()},
