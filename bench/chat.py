@@ -34,7 +34,7 @@ import httpx
 
 from bench.http_targets import Cobatch, LlamaCpp, Sample, SpawnedServer, Target
 from bench.peer import add_peer_arguments, llama_server, peer_binary
-from bench.record import RunRecord, add_common_arguments, publish
+from bench.record import RunRecord, add_common_arguments, publish_report
 from bench.stats import percentile
 from bench.table import markdown_table
 from engine.model_source import resolve_model
@@ -228,8 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, OSError) as exc:
         print(f"chat: {exc}", file=sys.stderr)
         return 1
-    summary, headline = report(sides, work, n_shared, suffixes)
-    publish(record, summary, headline)
+    publish_report(record, lambda: report(sides, work, n_shared, suffixes))
     return 0
 
 

@@ -32,7 +32,7 @@ from bench.http_targets import Cobatch, LlamaCpp, Sample, SpawnedServer, Target
 from bench.mixed_priority import QUESTIONS
 from bench.neighbour import MODES, neighbour
 from bench.peer import add_peer_arguments, llama_server, peer_binary
-from bench.record import RunRecord, add_common_arguments, publish
+from bench.record import RunRecord, add_common_arguments, publish_report
 from bench.stats import percentile
 from bench.table import markdown_table
 from engine.model_source import resolve_model
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for server in servers.values():
             server.stop()
-    publish(record, *report(rows, modes))
+    publish_report(record, lambda: report(rows, modes))
     return 0
 
 
@@ -182,7 +182,7 @@ def report(rows: list[dict[str, Any]], modes: list[str]) -> tuple[str, dict]:
             prio, fifo = get[(t, mode, variant)], get[(t, mode, "fifo")]
             ttft_x = prio["ttft_p95"] / prio["idle_ttft_p50"]
             e2e_x = prio["e2e_p95"] / prio["idle_e2e_p50"]
-            share = prio["batch_tok_s"] / fifo["batch_tok_s"]
+            share = prio["batch_tok_s"] / fifo["batch_tok_s"] if fifo["batch_tok_s"] > 0 else float("inf")
             missed = [what for what, bad in (("TTFT", not ttft_x <= 2.5), ("end-to-end", not e2e_x <= 3.0),
                                              ("flood", share < 0.85), ("collapsed", prio["collapsed"])) if bad]
             passed += not missed and variant == "priority"
@@ -190,7 +190,8 @@ def report(rows: list[dict[str, Any]], modes: list[str]) -> tuple[str, dict]:
                     f"flood {share:.2f}x FIFO's")
             if "llama-server" in names:
                 peer = get[(t, mode, "llama-server")]
-                line += f", {prio['batch_tok_s'] / peer['batch_tok_s']:.2f}x llama-server's"
+                if peer["batch_tok_s"] > 0:
+                    line += f", {prio['batch_tok_s'] / peer['batch_tok_s']:.2f}x llama-server's"
                 if peer["collapsed"]:
                     line += (f" (llama-server's flood collapsed: {peer['batch_done']} of its requests done "
                              f"in {peer['makespan_s']:.0f} s)")

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 INDEX_FIELDS = ["run", "utc", "benchmark", "commit", "model_sha256", "headline", "folder"]
 
@@ -153,6 +153,18 @@ def _memory_bytes() -> int | None:
 
 def _short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def publish_report(record: RunRecord, report: Callable[[], tuple[str, dict[str, Any]]]) -> None:
+    """publish(record, *report()), except that the measured trials are stored even when the
+    report fails: a long run is never lost to a bug in its summary."""
+    try:
+        summary, headline = report()
+    except Exception as exc:
+        record.save(f"The report failed ({type(exc).__name__}: {exc}); the trials are in trials.json.",
+                    {"report": "failed"})
+        raise
+    publish(record, summary, headline)
 
 
 def publish(record: RunRecord, summary: str, headline: dict[str, Any]) -> None:

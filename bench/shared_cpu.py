@@ -37,7 +37,7 @@ from bench.http_targets import Cobatch, LlamaCpp, SpawnedServer
 from bench.neighbour import MODES, neighbour
 from bench.peer import add_peer_arguments, llama_server, peer_binary
 from bench.prompts import benchmark_prompts
-from bench.record import RunRecord, add_common_arguments, publish
+from bench.record import RunRecord, add_common_arguments, publish_report
 from bench.table import markdown_table
 from engine.model_source import resolve_model
 
@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         for raw_loop in raw_loops.values():
             raw_loop.close()
     names = ["governor", "fixed"] + (["peer"] if binary else []) + list(raw_loops)
-    summary, headline = _report(results, modes, names, args)
-    publish(record, summary, headline)
+    publish_report(record, lambda: _report(results, modes, names, args))
     return 0
 
 

@@ -64,3 +64,17 @@ def test_no_save_stores_nothing(tmp_path, capsys):
 def test_unknown_benchmark_lists_the_names(capsys):
     assert main(["no-such-bench"]) == 2
     assert "decode-step" in capsys.readouterr().out
+
+
+def test_mixed_http_report_survives_a_peer_that_finished_nothing():
+    from bench.mixed_http import report
+
+    def row(server, tok_s, collapsed=False):
+        return {"trial": 0, "neighbour": "nice19-session", "server": server, "batch_tok_s": tok_s,
+                "idle_ttft_p50": 50.0, "ttft_p95": 100.0, "idle_e2e_p50": 600.0, "e2e_p95": 1500.0,
+                "collapsed": collapsed, "batch_done": 0 if collapsed else 24, "makespan_s": 240.0}
+
+    summary, headline = report([row("priority", 48.0), row("fifo", 60.0), row("llama-server", 0.0, True)],
+                               ["nice19-session"])
+    assert "llama-server's flood collapsed: 0 of its requests done in 240 s" in summary
+    assert "flood 0.80x FIFO's" in summary and headline["trials_met_nice19-session"] == "0/1"
