@@ -43,7 +43,7 @@ class EngineConfig:
     # While interactive sequences decode, each step carries at most this many batch tokens
     # (rows rotate, so every batch sequence progresses): an interactive token waits for one
     # step, whose time grows with its rows. None: no bound.
-    interactive_batch_rows: int | None = 4
+    interactive_batch_rows: int | None = 3
     # Where a JSON grammar admits one continuation only, append its tokens unsampled and feed
     # them in one chunk (engine/jump_forward.py).
     jump_forward: bool = True

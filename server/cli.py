@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
                            help="one FIFO queue: ignore request priority")
     serve_cmd.add_argument("--interactive-batch-rows", type=int, default=defaults.interactive_batch_rows or 0,
                            help="while interactive requests decode, batch tokens per step at most, so each "
-                                "interactive token waits for a short step (default 4; 0: no bound)")
+                                "interactive token waits for a short step (default 3; 0: no bound)")
     serve_cmd.add_argument("--no-adaptive-threads", action="store_true",
                            help="always use --threads; by default each step uses the thread count measured "
                                 "fastest, which drops to fewer threads while other processes load the cores")

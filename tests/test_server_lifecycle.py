@@ -141,7 +141,7 @@ def test_serve_flags_select_the_engine_options(capsys):
     defaults = cli.engine_options_from(cli._parser().parse_args(["serve"]))
     assert defaults["prefix_cache"] is True and defaults["cache_max_fraction"] == 0.25
     assert defaults["flash_attn"] is True
-    assert defaults["interactive_batch_rows"] == 4 and defaults["adaptive_threads"] is True
+    assert defaults["interactive_batch_rows"] == 3 and defaults["adaptive_threads"] is True
     unbounded = cli.engine_options_from(cli._parser().parse_args(
         ["serve", "--interactive-batch-rows", "0", "--no-adaptive-threads"]))
     assert unbounded["interactive_batch_rows"] is None and unbounded["adaptive_threads"] is False
