@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import statistics
 import sys
 import time
@@ -209,15 +208,14 @@ def main(argv: list[str] | None = None) -> int:
             trial_sides: dict[str, Side] = {}
             for name in names:
                 if name == "cobatch":
-                    server = SpawnedServer(args.model, args.threads, max(16, work.in_flight), args.n_ctx)
-                    context: Any = contextlib.closing(_Stopper(server.start()))
+                    context: Any = SpawnedServer(args.model, args.threads, max(16, work.in_flight), args.n_ctx)
                     make = lambda url: Cobatch(url, work.answer_tokens, ignore_eos=True)  # noqa: E731
                 else:
                     context = llama_server(binary, model, args.threads, work.in_flight, args.n_ctx,
                                            extra_args=["-fa", "on"])
                     make = lambda url: LlamaCpp(url, work.answer_tokens, ignore_eos=True, cache_prompt=True)  # noqa: E731
                 with context as handle:
-                    url = handle.url if isinstance(handle, _Stopper) else handle
+                    url = handle.url if isinstance(handle, SpawnedServer) else handle
                     trial_sides[name] = asyncio.run(run_side(make(url), work))
                 figures = trial_sides[name].figures()
                 record.trial(trial=trial, server=name, **figures)
@@ -230,17 +228,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     publish_report(record, lambda: report(sides, work, n_shared, suffixes))
     return 0
-
-
-class _Stopper:
-    """Gives a started SpawnedServer the close() that contextlib.closing calls."""
-
-    def __init__(self, server: SpawnedServer) -> None:
-        self.server = server
-        self.url = server.url
-
-    def close(self) -> None:
-        self.server.stop()
 
 
 def report(sides: list[dict[str, Side]], work: Workload, n_shared: int, suffixes: int) -> tuple[str, dict]:

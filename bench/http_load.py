@@ -245,12 +245,14 @@ class RawLoopBaseline:
         self.rows = max(512, sum(len(p) for p in self.prompts))  # every prompt prefills in one batch
         self.context = None
 
-    def __call__(self, concurrency: int) -> float:
+    def __call__(self, concurrency: int, threads: int | None = None) -> float:
+        """tok/s at B = concurrency, with `threads` (default: the constructor's) for this run."""
         from bench.raw_loop import raw_loop_context, run_raw_loop
 
         if self.context is None:
             self.context = raw_loop_context(self.model, self.top, self.threads,
                                             n_ctx=max(4096, self.top * (self.tokens + 64)), batch_rows=self.rows)
+        self.context.set_threads(threads or self.threads)
         run = run_raw_loop(self.model, self.prompts[:concurrency], max(self.tokens, 2), context=self.context,
                            batch_rows=self.rows)
         return concurrency * run.steps / run.decode_seconds

@@ -219,6 +219,12 @@ class SpawnedServer:
             raise
         return self
 
+    def __enter__(self) -> "SpawnedServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return

@@ -125,11 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     record = RunRecord("mixed-priority", args, args.model, ["--http", *(sys.argv[2:] if argv is None else argv)])
     rows: list[dict[str, Any]] = []
     try:
-        for server in servers.values():
-            server.start()
-        peer = (llama_server(binary, str(resolve_model(args.model)), args.threads, 32, n_ctx,
-                             extra_args=["-fa", "on"]) if binary else contextlib.nullcontext(None))
-        with peer as peer_url:
+        with contextlib.ExitStack() as running:
+            for server in servers.values():
+                running.enter_context(server)
+            peer_url = running.enter_context(
+                llama_server(binary, str(resolve_model(args.model)), args.threads, 32, n_ctx, extra_args=["-fa", "on"])
+                if binary else contextlib.nullcontext(None))
             targets: dict[str, tuple[Target, Target]] = {
                 name: (Cobatch(server.url, args.batch_tokens, True, "batch"),
                        Cobatch(server.url, args.tokens, True, "interactive"))
@@ -157,9 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, OSError) as exc:
         print(f"mixed-priority --http: {exc}", file=sys.stderr)
         return 1
-    finally:
-        for server in servers.values():
-            server.stop()
     publish_report(record, lambda: report(rows, modes))
     return 0
 

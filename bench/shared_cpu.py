@@ -69,16 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     prompts = benchmark_prompts(args.requests)
     results: dict[tuple[int, str, str], dict[str, Any]] = {}
     record = RunRecord("shared-cpu", args, args.model, argv)
-    raw_loops: dict[str, RawLoopBaseline] = {}
+    raw_loops = {} if args.no_raw_loop else {"raw loop": args.threads, "raw loop, 1 thread": 1}
     try:
-        for server in servers.values():
-            server.start()
-        if not args.no_raw_loop:
-            raw_loops = {"raw loop": RawLoopBaseline(args.model, args.threads, args.concurrency, args.tokens),
-                         "raw loop, 1 thread": RawLoopBaseline(args.model, 1, args.concurrency, args.tokens)}
-        peer = (llama_server(binary, str(resolve_model(args.model)), args.threads, args.concurrency, 4096)
+        with contextlib.ExitStack() as running:
+            for server in servers.values():
+                running.enter_context(server)
+            raw_loop = (running.enter_context(contextlib.closing(
+                RawLoopBaseline(args.model, args.threads, args.concurrency, args.tokens))) if raw_loops else None)
+            peer_url = running.enter_context(
+                llama_server(binary, str(resolve_model(args.model)), args.threads, args.concurrency, 4096)
                 if binary else contextlib.nullcontext(None))
-        with peer as peer_url:
             targets = {name: Cobatch(s.url, args.tokens, ignore_eos=True) for name, s in servers.items()}
             if peer_url:
                 targets["peer"] = LlamaCpp(peer_url, args.tokens, ignore_eos=True)
@@ -91,18 +91,13 @@ def main(argv: list[str] | None = None) -> int:
                                 row.update(_threads(servers[name].url))
                             results[(trial, mode, name)] = row
                             record.trial(trial=trial, neighbour=mode, server=name, **row)
-                        for name, raw_loop in raw_loops.items():
-                            row = {"tok_s": raw_loop(args.concurrency), "failed": 0}
+                        for name, threads in raw_loops.items():
+                            row = {"tok_s": raw_loop(args.concurrency, threads), "failed": 0}
                             results[(trial, mode, name)] = row
                             record.trial(trial=trial, neighbour=mode, server=name, **row)
     except (RuntimeError, OSError) as exc:
         print(f"shared-cpu: {exc}", file=sys.stderr)
         return 1
-    finally:
-        for server in servers.values():
-            server.stop()
-        for raw_loop in raw_loops.values():
-            raw_loop.close()
     names = ["governor", "fixed"] + (["peer"] if binary else []) + list(raw_loops)
     publish_report(record, lambda: _report(results, modes, names, args))
     return 0
