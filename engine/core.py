@@ -93,7 +93,7 @@ class EngineCore:
             return False
         rows = self.runner.build_batch(plan)
         kind = "decode" if all(c.seq.is_decoding for c in plan.chunks) else "mixed"
-        self.runner.set_threads(self.threads.choose(plan.n_tokens + len(rows)))
+        self.runner.set_threads(self.threads.choose(plan.n_tokens, len(rows)))
         self.publish_stats()  # readers see this step's admissions while it decodes
         t2 = clock()
         outcome = self._decode(plan.interruptible)

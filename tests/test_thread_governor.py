@@ -1,26 +1,38 @@
 """The thread governor against simulated step costs: it keeps the fastest thread count, finds
-the other one when a neighbour arrives or leaves, and aborts a losing probe early."""
+the other one when a neighbour arrives or leaves, aborts a losing probe early, and is not fooled
+by steps of another shape or by one odd step."""
 from __future__ import annotations
 
-from engine.thread_governor import ThreadGovernor
+import itertools
+
+from engine.thread_governor import ThreadGovernor, step_shape
 from tests.fake_backend import FakeInterrupter
+
+DECODE = (16, 16)  # 16 decode rows, each with logits
+PREFILL = (200, 4)  # prompt chunks: far cheaper per unit of work than decode rows
 
 
 class Machine:
-    """Seconds per unit of work for each thread count, changeable mid-run."""
+    """Seconds per unit of work of a decode step for each thread count, changeable mid-run;
+    prefill steps cost `prefill_discount` of that per unit."""
 
-    def __init__(self, cost: dict[int, float]) -> None:
+    def __init__(self, cost: dict[int, float], prefill_discount: float = 1.0) -> None:
         self.cost = cost
+        self.prefill_discount = prefill_discount
         self.now = 0.0
         self.interrupter = FakeInterrupter()
         self.governor = ThreadGovernor(2, self.interrupter, clock=lambda: self.now)
         self.used: list[int] = []
+        self.slow_next = 1.0  # multiplies the next step's cost once (a hiccup)
 
-    def step(self, work: int = 16) -> None:
-        threads = self.governor.choose(work)
+    def step(self, shape: tuple[int, int] = DECODE) -> None:
+        threads = self.governor.choose(*shape)
         self.used.append(threads)
         self.governor.begin()
-        took = self.cost[threads] * work
+        tokens, outputs = shape
+        per_unit = self.cost[threads] * (self.prefill_discount if tokens > outputs else 1.0)
+        took = per_unit * (tokens + outputs) * self.slow_next
+        self.slow_next = 1.0
         deadline = self.governor._deadline  # the watchdog's timer runs in real time; simulate it
         if deadline is not None and took > deadline:
             self.now += deadline
@@ -29,10 +41,11 @@ class Machine:
         self.now += took
         self.governor.end(completed=True)
 
-    def run(self, seconds: float) -> list[int]:
+    def run(self, seconds: float, shapes=itertools.repeat(DECODE)) -> list[int]:
         start, first = self.now, len(self.used)
+        shapes = iter(shapes)
         while self.now - start < seconds:
-            self.step()
+            self.step(next(shapes))
         return self.used[first:]
 
 
@@ -61,14 +74,34 @@ def test_a_neighbour_sends_it_to_one_thread_and_its_departure_back_to_two():
 
 def test_a_single_thread_count_never_probes():
     governor = ThreadGovernor(1, FakeInterrupter(), clock=lambda: 100.0)
-    assert governor.candidates == [1] and governor.choose(8) == 1
+    assert governor.candidates == [1] and governor.choose(4, 4) == 1
 
 
 def test_adaptive_off_keeps_the_configured_count():
     now = [0.0]
     governor = ThreadGovernor(2, FakeInterrupter(), adaptive=False, clock=lambda: now[0])
     for _ in range(100):
-        assert governor.choose(8) == 2
+        assert governor.choose(4, 4) == 2
         governor.begin()
         now[0] += 1.0
         governor.end(completed=True)
+
+
+def test_costs_are_compared_only_between_steps_of_the_same_shape():
+    assert step_shape(*DECODE) != step_shape(*PREFILL)
+    assert step_shape(16, 16) == step_shape(20, 20) != step_shape(3, 3)
+    # One thread is 1.6x slower on every step, but a one-thread prefill costs less per unit than
+    # a two-thread decode: weighing the one against the other would switch to the slower count.
+    m = Machine({2: 0.003, 1: 0.0048}, prefill_discount=0.4)
+    pattern = itertools.cycle([PREFILL] + [DECODE] * 5)
+    m.run(300.0, pattern)
+    assert m.governor.current == 2 and m.governor.switches == 0
+
+
+def test_one_slow_step_does_not_make_it_switch():
+    m = Machine({2: 0.003, 1: 0.0048})
+    for _ in range(60):
+        m.run(1.0)
+        m.slow_next = 5.0  # a lone hiccup at two threads, as any shared machine has
+    m.run(5.0)
+    assert m.governor.current == 2 and m.governor.switches == 0
