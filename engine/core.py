@@ -70,7 +70,7 @@ class EngineCore:
         self._finished = {p: 0 for p in Priority}
         self._watch = watch or _Unwatched()
         self._on_finished = on_finished
-        self._probe_lost = False
+        self._cut_by_governor = False
         self.stats = self._snapshot()  # replaced whole, never edited: readable from any thread
 
     def add(self, seq: Sequence) -> None:
@@ -137,7 +137,7 @@ class EngineCore:
         try:
             outcome = self.runner.decode()
         finally:
-            self._probe_lost = self.threads.end(outcome is DecodeOutcome.OK)
+            self._cut_by_governor = self.threads.end(outcome is DecodeOutcome.OK)
             self._watch.end(outcome is DecodeOutcome.OK)
             self.steps_run += 1
         return outcome
@@ -178,7 +178,7 @@ class EngineCore:
     def _recover(self, outcome: DecodeOutcome) -> None:
         # llama.cpp rolls back a failed batch, so only the choice of who runs next changes.
         if outcome is DecodeOutcome.ABORTED:
-            if not self._probe_lost:  # a lost thread-count probe is simply redone
+            if not self._cut_by_governor:  # a step the thread governor cut short is simply redone
                 self.steps_interrupted += 1
             self.scheduler.step_aborted()
         elif outcome is DecodeOutcome.KV_FULL:

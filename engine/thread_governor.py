@@ -6,9 +6,11 @@ for it at every barrier: on the 2-core machine a busy neighbour made two-thread 
 times slower, while one thread kept its whole core and its speed (README, "Serving on a shared
 machine"). No setting is right for both cases, so the governor measures: it runs one thread
 count, now and then probes another on a single step, and switches when the probe beat what the
-current count costs on steps of the same shape. A probe with more threads is aborted (and the
-step redone) as soon as it is slower than the current count would have been, so probing under
-a neighbour costs little.
+current count costs on steps of the same shape. Two kinds of step are cut short (aborted and
+redone): a probe with more threads once it is slower than the current count would have been, so
+probing under a neighbour costs little; and any step running several times its expected cost,
+which is how a neighbour's arrival shows, so the governor reacts within one short step instead
+of sitting out multi-second stalled ones.
 """
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ _RECENT = 3  # step costs kept per thread count and shape: their median shrugs o
 _SWITCH_MARGIN = 1.15  # a probe must be this much cheaper than the current count to switch
 _STALL = 2.0  # a step this many times its shape's median counts as stalled
 _STALLS_BEFORE_PROBE = 2  # stalled steps in a row (the median has moved) before probing at once
+# A step this many times its expected cost is cut short and the others probed at once. Hiccups on
+# a quiet or nice-19 machine stay under about 3.5x; a neighbour that takes a core makes 5-25x.
+_SEVERE_STALL = 4.0
 _FIRST_PROBE_S = 2.0  # seconds before the first probe, then between probes while they agree
 _MAX_PROBE_S = 30.0
 
@@ -51,7 +56,7 @@ class ThreadGovernor:
         self.candidates = sorted({max_threads, max(1, max_threads - 1), 1}) if adaptive else [max_threads]
         self.current = max_threads
         self.switches = 0  # times the running thread count changed
-        self.probes_aborted = 0
+        self.steps_cut = 0  # steps aborted by the governor (and redone)
         self._interrupter = interrupter
         self._clock = clock
         self._recent: dict[tuple[int, Shape], deque[float]] = {}  # seconds per unit of work
@@ -59,13 +64,13 @@ class ThreadGovernor:
         self._probe_every = _FIRST_PROBE_S
         self._started = clock()
         self._stalls = 0  # stalled current-count steps in a row
+        self._slowdown = 1.0  # how much slower than its medians the current count just ran
+        self._watchdog = _Watchdog(interrupter)
         self._threads = max_threads  # of the step in flight
         self._shape: Shape = (True, 0)
         self._began = 0.0
         self._work = 0
         self._deadline: float | None = None
-        self._step_id = 0
-        self._lock = threading.Lock()
 
     def choose(self, tokens: int, outputs: int) -> int:
         """The thread count for the next step: `tokens` batch rows, `outputs` of them with logits."""
@@ -73,43 +78,44 @@ class ThreadGovernor:
         self._shape = step_shape(tokens, outputs)
         self._threads, self._deadline = self.current, None
         expected = self._expected(self.current)
-        probe = self._due_probe() if expected is not None else None  # a probe needs a yardstick
-        if probe is not None and expected is not None:
+        if expected is None or len(self.candidates) == 1:
+            return self._threads  # nothing to compare with yet, or nothing to choose from
+        probe = self._due_probe()
+        if probe is None:
+            self._deadline = _SEVERE_STALL * expected * self._work
+        else:
             self._threads = probe
             if probe > self.current:
                 # More threads is a gamble under a neighbour: stop once it is clearly losing.
-                self._deadline = _SWITCH_MARGIN * expected * self._work
+                self._deadline = _SWITCH_MARGIN * self._slowdown * expected * self._work
         return self._threads
 
     def begin(self) -> None:
         """The step's llama_decode starts now."""
         self._began = self._clock()
-        with self._lock:
-            self._step_id += 1
-            step_id = self._step_id
         if self._deadline is not None:
-            timer = threading.Timer(self._deadline, self._abort_probe, args=(step_id,))
-            timer.daemon = True
-            timer.start()
+            self._watchdog.arm(self._deadline)
 
     def end(self, completed: bool) -> bool:
-        """The decode returned; True if it was this governor's probe that aborted it."""
+        """The decode returned; True if this governor aborted it (the step is simply redone)."""
         elapsed = self._clock() - self._began
-        with self._lock:
-            self._step_id += 1  # a late watchdog finds its step gone
+        self._watchdog.disarm()
         cost = elapsed / self._work
-        aborted_probe = not completed and self._deadline is not None and elapsed >= 0.999 * self._deadline
-        if not (completed or aborted_probe):
+        cut = not completed and self._deadline is not None and elapsed >= 0.999 * self._deadline
+        if not (completed or cut):
             return False  # aborted for an interactive arrival: it says nothing about speed
-        self.probes_aborted += aborted_probe
+        self.steps_cut += cut
         if self._threads == self.current:
             expected = self._expected(self.current)
-            stalled = expected is not None and cost > _STALL * expected
-            self._stalls = self._stalls + 1 if stalled else 0
+            ratio = cost / expected if expected is not None else 1.0
             self._record(self.current, cost)
+            if ratio >= _SEVERE_STALL:  # a cut step's cost is a lower bound: enough to act on
+                self._slowdown, self._stalls = ratio, _STALLS_BEFORE_PROBE
+            else:
+                self._stalls = self._stalls + 1 if ratio >= _STALL else 0
         else:
             self._judge_probe(self._threads, cost)  # an aborted probe's cost is a lower bound
-        return aborted_probe
+        return cut
 
     # ---- decisions ------------------------------------------------------------------------------
     def _expected(self, threads: int) -> float | None:
@@ -128,9 +134,11 @@ class ThreadGovernor:
         return min(stale, key=lambda t: abs(t - self.current), default=None)
 
     def _judge_probe(self, threads: int, cost: float) -> None:
+        # After a severe stall the current count's medians still describe the time before it.
         expected = self._expected(self.current)
+        expected = None if expected is None else expected * self._slowdown
         self._probed_at[threads] = self._clock()
-        self._stalls = 0
+        self._stalls, self._slowdown = 0, 1.0
         if expected is not None and cost * _SWITCH_MARGIN < expected:
             log.info("decode threads %d -> %d: %.2f ms against %.2f ms per unit of work",
                      self.current, threads, 1e3 * cost, 1e3 * expected)
@@ -143,7 +151,38 @@ class ThreadGovernor:
         else:  # the probe confirmed the current count
             self._probe_every = min(_MAX_PROBE_S, self._probe_every * 2)
 
-    def _abort_probe(self, step_id: int) -> None:
-        with self._lock:
-            if step_id == self._step_id:
+
+class _Watchdog:
+    """One daemon thread that interrupts the decode in flight once its deadline passes."""
+
+    def __init__(self, interrupter: Interrupter) -> None:
+        self._interrupter = interrupter
+        self._wake = threading.Condition()
+        self._due: float | None = None  # time.monotonic() of the armed deadline
+        self._thread: threading.Thread | None = None
+
+    def arm(self, seconds: float) -> None:
+        with self._wake:
+            self._due = time.monotonic() + seconds
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="cobatch-step-watchdog", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def disarm(self) -> None:
+        with self._wake:
+            self._due = None  # under the lock: a deadline passing now can no longer fire
+            self._wake.notify()
+
+    def _run(self) -> None:
+        with self._wake:
+            while True:
+                if self._due is None:
+                    self._wake.wait()
+                    continue
+                left = self._due - time.monotonic()
+                if left > 0:
+                    self._wake.wait(left)
+                    continue
+                self._due = None
                 self._interrupter.interrupt()

@@ -66,7 +66,7 @@ def test_a_neighbour_sends_it_to_one_thread_and_its_departure_back_to_two():
     assert m.governor.current == 1
     used = m.run(60.0)
     assert used.count(2) <= 6  # probes only, each cut short
-    assert m.governor.probes_aborted >= 1
+    assert m.governor.steps_cut >= 1
     m.cost[2] = 0.005  # it leaves
     m.run(40.0)
     assert m.governor.current == 2 and m.governor.switches == 2
@@ -102,6 +102,17 @@ def test_one_slow_step_does_not_make_it_switch():
     m = Machine({2: 0.003, 1: 0.0048})
     for _ in range(60):
         m.run(1.0)
-        m.slow_next = 5.0  # a lone hiccup at two threads, as any shared machine has
+        m.slow_next = 3.0  # a lone hiccup at two threads, as any shared machine has
     m.run(5.0)
     assert m.governor.current == 2 and m.governor.switches == 0
+
+
+def test_a_neighbour_arrival_costs_one_short_step_not_a_stalled_one():
+    m = Machine({2: 0.003, 1: 0.0048})
+    m.run(10.0)
+    m.cost[2] = 0.06  # a neighbour takes a core: each two-thread step would take ~2 s
+    cut_before, arrived = m.governor.steps_cut, m.now
+    while m.governor.current == 2:
+        m.step()
+    assert m.now - arrived < (4 * 0.003 + 0.0048) * 32 * 1.01  # one step cut at 4x its cost, one probe
+    assert m.governor.steps_cut == cut_before + 1
