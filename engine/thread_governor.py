@@ -32,6 +32,7 @@ _STALLS_BEFORE_PROBE = 2  # stalled steps in a row (the median has moved) before
 _SEVERE_STALL = 4.0
 _FIRST_PROBE_S = 2.0  # seconds before the first probe, then between probes while they agree
 _MAX_PROBE_S = 30.0
+_WATCHDOG_IDLE_S = 30.0  # the watchdog thread ends after this long without a step
 
 Shape = tuple[bool, int]
 
@@ -178,7 +179,10 @@ class _Watchdog:
         with self._wake:
             while True:
                 if self._due is None:
-                    self._wake.wait()
+                    # An engine that stopped stepping (or was dropped) must not keep a thread.
+                    if not self._wake.wait(_WATCHDOG_IDLE_S) and self._due is None:
+                        self._thread = None
+                        return
                     continue
                 left = self._due - time.monotonic()
                 if left > 0:

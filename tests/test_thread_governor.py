@@ -116,3 +116,26 @@ def test_a_neighbour_arrival_costs_one_short_step_not_a_stalled_one():
         m.step()
     assert m.now - arrived < (4 * 0.003 + 0.0048) * 32 * 1.01  # one step cut at 4x its cost, one probe
     assert m.governor.steps_cut == cut_before + 1
+
+
+def test_the_watchdog_cuts_a_late_step_and_leaves_no_thread_behind(monkeypatch):
+    import time
+
+    from engine import thread_governor
+
+    monkeypatch.setattr(thread_governor, "_WATCHDOG_IDLE_S", 0.2)
+    interrupter = FakeInterrupter()
+    watchdog = thread_governor._Watchdog(interrupter)
+    watchdog.arm(0.05)
+    thread = watchdog._thread
+    time.sleep(0.3)
+    assert interrupter.interrupted  # the deadline passed with the step still running
+    interrupter.reset()
+    watchdog.arm(10.0)
+    watchdog.disarm()  # the step ended in time
+    assert not interrupter.interrupted
+    time.sleep(0.5)
+    assert thread is not None and not thread.is_alive()
+    watchdog.arm(0.05)  # and a later step gets a new one
+    time.sleep(0.3)
+    assert interrupter.interrupted
