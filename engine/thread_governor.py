@@ -49,7 +49,7 @@ class Interrupter(Protocol):
 
 
 class ThreadGovernor:
-    """Engine thread only, except the probe watchdog, which only interrupts."""
+    """Engine thread only, except the step watchdog, which only interrupts."""
 
     def __init__(self, max_threads: int, interrupter: Interrupter, adaptive: bool = True,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -58,7 +58,6 @@ class ThreadGovernor:
         self.current = max_threads
         self.switches = 0  # times the running thread count changed
         self.steps_cut = 0  # steps aborted by the governor (and redone)
-        self._interrupter = interrupter
         self._clock = clock
         self._recent: dict[tuple[int, Shape], deque[float]] = {}  # seconds per unit of work
         self._probed_at: dict[int, float] = {}
