@@ -32,6 +32,9 @@ _STALLS_BEFORE_PROBE = 2  # stalled steps in a row (the median has moved) before
 _SEVERE_STALL = 4.0
 _FIRST_PROBE_S = 2.0  # seconds before the first probe, then between probes while they agree
 _MAX_PROBE_S = 30.0
+# Below the most threads, probes back off only to this: a losing probe with more threads is cut
+# short, so probing often is cheap, while missing a neighbour's departure costs half the speed.
+_MAX_PROBE_UP_S = 8.0
 _WATCHDOG_IDLE_S = 30.0  # the watchdog thread ends after this long without a step
 
 Shape = tuple[bool, int]
@@ -149,7 +152,8 @@ class ThreadGovernor:
             self.switches += 1
             self._probe_every = _FIRST_PROBE_S  # conditions changed: look again soon
         else:  # the probe confirmed the current count
-            self._probe_every = min(_MAX_PROBE_S, self._probe_every * 2)
+            longest = _MAX_PROBE_S if self.current == self.max_threads else _MAX_PROBE_UP_S
+            self._probe_every = min(longest, self._probe_every * 2)
 
 
 class _Watchdog:
