@@ -157,12 +157,16 @@ class ThreadGovernor:
 
 
 class _Watchdog:
-    """One daemon thread that interrupts the decode in flight once its deadline passes."""
+    """One daemon thread that interrupts the decode in flight once its deadline passes.
+
+    Waking it costs a core that ggml's threads are using mid-decode, so it is woken only when it
+    would otherwise sleep past the new deadline; else it re-reads the deadline when it wakes."""
 
     def __init__(self, interrupter: Interrupter) -> None:
         self._interrupter = interrupter
         self._wake = threading.Condition()
         self._due: float | None = None  # time.monotonic() of the armed deadline
+        self._sleeps_until: float | None = None  # when the thread wakes by itself; None: idle
         self._thread: threading.Thread | None = None
 
     def arm(self, seconds: float) -> None:
@@ -171,17 +175,18 @@ class _Watchdog:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="cobatch-step-watchdog", daemon=True)
                 self._thread.start()
-            self._wake.notify()
+            elif self._sleeps_until is None or self._sleeps_until > self._due:
+                self._wake.notify()
 
     def disarm(self) -> None:
         with self._wake:
             self._due = None  # under the lock: a deadline passing now can no longer fire
-            self._wake.notify()
 
     def _run(self) -> None:
         with self._wake:
             while True:
                 if self._due is None:
+                    self._sleeps_until = None
                     # An engine that stopped stepping (or was dropped) must not keep a thread.
                     if not self._wake.wait(_WATCHDOG_IDLE_S) and self._due is None:
                         self._thread = None
@@ -189,6 +194,7 @@ class _Watchdog:
                     continue
                 left = self._due - time.monotonic()
                 if left > 0:
+                    self._sleeps_until = self._due
                     self._wake.wait(left)
                     continue
                 self._due = None

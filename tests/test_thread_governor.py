@@ -134,11 +134,19 @@ def test_the_watchdog_cuts_a_late_step_and_leaves_no_thread_behind(monkeypatch):
     time.sleep(0.3)
     assert interrupter.interrupted  # the deadline passed with the step still running
     interrupter.reset()
-    watchdog.arm(10.0)
+    watchdog.arm(0.3)
     watchdog.disarm()  # the step ended in time
-    assert not interrupter.interrupted
+    time.sleep(0.4)
+    assert not interrupter.interrupted  # its deadline passed, disarmed
     time.sleep(0.5)
     assert thread is not None and not thread.is_alive()
     watchdog.arm(0.05)  # and a later step gets a new one
+    time.sleep(0.3)
+    assert interrupter.interrupted
+    interrupter.reset()
+    watchdog.arm(5.0)
+    time.sleep(0.05)  # the thread now sleeps until that deadline
+    watchdog.disarm()
+    watchdog.arm(0.05)  # earlier than the thread's own wake-up: it must be woken for it
     time.sleep(0.3)
     assert interrupter.interrupted
