@@ -102,7 +102,7 @@ def test_formats(fmt, check):
 ])
 def test_patterns(pattern):
     for v in _generate_valid({"type": "string", "pattern": pattern}, n=10, budget=40):
-        assert re.fullmatch(pattern, v), (pattern, v)
+        assert re.search(pattern, v), (pattern, v)
 
 
 def test_string_escapes_and_lengths():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import jsonschema
 import pytest
@@ -186,3 +187,50 @@ def test_every_format_generates_what_the_installed_format_checkers_accept():
         for _ in range(30):
             value = json.loads(drive(g, rng, budget=None)[0])
             assert checker.conforms(value, fmt), (fmt, value)
+
+
+@pytest.mark.parametrize("bounds", [
+    {"minimum": 0.5}, {"exclusiveMinimum": 0.5}, {"maximum": 2.25}, {"exclusiveMaximum": 2.25},
+    {"minimum": -2.5}, {"exclusiveMaximum": -1.5}, {"minimum": 0.1, "maximum": 0.9},
+    {"exclusiveMinimum": -0.9, "exclusiveMaximum": -0.1}, {"exclusiveMinimum": 0, "maximum": 0.5},
+    {"minimum": 1.05, "exclusiveMaximum": 3.5}, {"minimum": -0.25, "maximum": 0.75},
+])
+def test_decimal_bounds_are_exact_on_short_decimals(bounds):
+    # Every decimal with up to 3 fraction digits near the bounds: accepted exactly when valid
+    # (a bound inside a unit interval used to drop that whole interval, e.g. 0.5 >= 0.5).
+    schema = {"type": "number", **bounds}
+    g, _ = generated(schema, n=15)
+    validator = jsonschema.Draft202012Validator(schema)
+    for thousandths in range(-4000, 4001, 7):
+        for value in (thousandths / 1000, round(thousandths / 100, 2), round(thousandths / 10, 1)):
+            assert accepts(g, value) == validator.is_valid(value), (bounds, value)
+
+
+def test_pattern_matches_anywhere_unless_anchored():
+    rng = random.Random(0)
+    for pattern, good, bad in [(r"\.km[xp]$", ["example.kmx", ".kmp"], ["example.kmx.zip"]),
+                               ("[0-9]{2},", ["at 12, then", "12,"], ["1,2"]), ("^ab", ["abc"], ["cab"])]:
+        g = compile_grammar({"type": "string", "pattern": pattern}, VOCAB)
+        assert all(accepts(g, v) for v in good) and not any(accepts(g, v) for v in bad)
+        for _ in range(10):   # with a budget: the free text around the match is unbounded
+            assert re.search(pattern, json.loads(drive(g, rng, budget=40)[0]))
+
+
+def test_open_objects_reads_an_absent_type_as_any_type():
+    schema = {"properties": {"a": {"type": "integer"}}, "minLength": 2}
+    strict = compile_grammar(schema, VOCAB)
+    assert accepts(strict, {"a": 1}) and accepts(strict, "xyz") and not accepts(strict, 3)
+    assert not accepts(strict, [None])
+    spec = compile_grammar(schema, VOCAB, open_objects=True)
+    assert accepts(spec, {"a": 1}) and accepts(spec, "xyz") and accepts(spec, 3) and accepts(spec, [None])
+    assert not accepts(spec, {"a": "s"}) and not accepts(spec, "x")
+
+
+def test_extra_keys_may_hold_escapes_unless_a_declared_name_could_be_written_with_them():
+    g, _ = generated({"type": "object", "additionalProperties": True, "properties": {"a/b": {"type": "integer"}}},
+                     open_objects=True)
+    assert accepts(g, {"a/b": 1, "Vendor\\Name\\": "src/", "say \"hi\"\n": 1})
+    assert not accepts(g, {"a/b": "x"})
+    g, _ = generated({"type": "object", "additionalProperties": {"type": "integer"},
+                      "properties": {"a\\b": {"type": "string"}}})
+    assert accepts(g, {"a\\b": "x"}) and not accepts(g, {"a\\b": 1}) and not accepts(g, {"x\\y": 1})

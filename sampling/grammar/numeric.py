@@ -1,6 +1,7 @@
 """Byte IR for JSON numbers: plain integers, exact integer ranges, bounded decimals."""
 from __future__ import annotations
 
+import decimal
 import functools
 import math
 
@@ -106,4 +107,75 @@ def bounded_number(lo: float | None, lo_excl: bool, hi: float | None, hi_excl: b
         parts.append(ir.seq(ir.lit(b"-"), _non_negative(nlo, nhi), frac))
     if hi_excl and hi is not None and hi <= 0 and hi == math.floor(hi) and (lo is None or int(hi) - 1 >= lo):
         parts.append(ir.seq(ir.lit(b"-" + str(-int(hi)).encode()), _NONZERO_FRAC))
+    parts.extend(_fractional_bounds(lo, lo_excl, hi, hi_excl))
     return ir.alt(*parts)
+
+
+def _fractional_bounds(lo, lo_excl, hi, hi_excl) -> list[object]:
+    """`I.F` in the unit intervals holding a non-integer bound (0.5 <= 0.75 under minimum 0.5),
+    compared digit by digit. Worked on magnitudes: the negative side mirrors the bounds. At
+    most 15 significant digits, so that decimal order is float order after parsing."""
+    parts = []
+    if hi is None or hi >= 0:
+        low = (lo, lo_excl) if lo is not None and lo >= 0 else (None, False)
+        parts.extend(_unit_pieces(b"", *low, hi, hi_excl))
+    if lo is None or lo < 0:
+        low = (-hi, hi_excl) if hi is not None and hi <= 0 else (None, False)
+        parts.extend(_unit_pieces(b"-", *low, None if lo is None else -lo, lo_excl))
+    return parts
+
+
+def _unit_pieces(sign: bytes, mlo, mlo_x: bool, mhi, mhi_x: bool) -> list[object]:
+    """Magnitudes in [mlo, mhi] (None = no bound) lying in the unit interval of a non-integer bound."""
+    a = None if mlo is None or mlo == math.floor(mlo) else math.floor(mlo)
+    b = None if mhi is None or mhi == math.floor(mhi) else math.floor(mhi)
+    if a is not None and a == b:
+        return [_piece(sign, a, _decimal(mlo), mlo_x, _decimal(mhi), mhi_x)]
+    pieces = []
+    if a is not None:
+        pieces.append(_piece(sign, a, _decimal(mlo), mlo_x, None, False))
+    if b is not None:
+        pieces.append(_piece(sign, b, None, mlo is not None and mlo == b and mlo_x, _decimal(mhi), mhi_x))
+    return pieces
+
+
+def _decimal(x: float) -> str:
+    """Fraction digits of the shortest repr of x >= 0, without trailing zeros."""
+    return format(decimal.Decimal(repr(x)), "f").partition(".")[2].rstrip("0")
+
+
+def _piece(sign: bytes, whole: int, low: str | None, low_x: bool, high: str | None, high_x: bool) -> object:
+    """`sign whole . F` with 0.low <= 0.F <= 0.high (None: no bound; `_x`: strictly)."""
+    width = 15 - len(str(whole))
+    if max(len(low or ""), len(high or "")) > width:
+        return ir.NEVER
+    # F has at most `width` digits: "> x" is ">= x plus one unit in the last place".
+    a = int((low or "").ljust(width, "0")) + (1 if low_x else 0)
+    b = (int(high.ljust(width, "0")) if high is not None else 10 ** width - 1) - (1 if high_x else 0)
+    if a > b or a >= 10 ** width or b < 0:
+        return ir.NEVER
+    frac = _digits_between(str(a).zfill(width), str(b).zfill(width), 0, True, True)
+    return ir.seq(ir.lit(sign + str(whole).encode() + b"."), frac)
+
+
+def _digits_between(a: str, b: str, i: int, tight_low: bool, tight_high: bool) -> object:
+    """Digits F (1 to len(a) of them) after a[:i] / b[:i], with a <= F padded with zeros <= b."""
+    width = len(a)
+    if i == width:
+        return ir.EMPTY
+    options = []
+    if i and (not tight_low or a[i:] == "0" * (width - i)):
+        options.append(ir.EMPTY)          # F ends here: the zeros that follow are >= a's rest
+    first = int(a[i]) if tight_low else 0
+    last = int(b[i]) if tight_high else 9
+    if tight_low and tight_high and first == last:
+        options.append(ir.seq(ir.lit(a[i].encode()), _digits_between(a, b, i + 1, True, True)))
+    else:
+        if tight_low:
+            options.append(ir.seq(ir.lit(a[i].encode()), _digits_between(a, b, i + 1, True, False)))
+        if tight_high:
+            options.append(ir.seq(ir.lit(b[i].encode()), _digits_between(a, b, i + 1, False, True)))
+        free_lo, free_hi = first + tight_low, last - tight_high
+        if free_lo <= free_hi:
+            options.append(ir.seq(_digit(free_lo, free_hi), ir.Repeat(_D, 0, width - i - 1)))
+    return ir.alt(*options)

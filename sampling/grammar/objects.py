@@ -7,13 +7,14 @@ their dependent properties or schema along): the variants are disjoint, so anyOf
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 
 from . import ir, utf8
 from .errors import SchemaError, unsupported
 from .keywords import count_keyword, dump_json, escape_pointer
-from .regex import pattern_ir
+from .regex import pattern_ir, search_pattern
 
 MAX_TRIGGERS = 4          # 2**4 variants at most
 _RAW = [(0x20, 0x21), (0x23, 0x5B), (0x5D, utf8.MAX_CP)]   # characters JSON lets us write unescaped
@@ -100,6 +101,21 @@ def literal_prefix(pattern: str) -> str | None:
     return None if m is None else re.sub(r"\\(.)", r"\1", m.group(1))
 
 
+def _raw(word: str) -> bool:
+    return all(any(lo <= ord(c) <= hi for lo, hi in _RAW) for c in word)
+
+
+@functools.lru_cache(maxsize=2)
+def _free_key(escapes: bool) -> object:
+    """Key characters after the key has left the names' trie. The escapes decode to characters
+    that cannot be written raw (not `\\/`, not `\\u`), so they are offered only when every
+    name is raw: a key holding one then differs from them all."""
+    raw = ir.chars(_RAW)
+    if escapes:
+        raw = ir.alt(raw, ir.seq(ir.lit(b"\\"), ir.Bytes(ir.byte_mask(b'"\\bfnrt'))))
+    return ir.Repeat(raw, 0, None)
+
+
 def key_not_in(names: list[str], prefixes: tuple[str, ...] = ()) -> object:
     """A quoted key of unescaped characters that differs from every name and starts with none
     of the prefixes (so an extra member never repeats a declared one, nor falls under a
@@ -107,7 +123,7 @@ def key_not_in(names: list[str], prefixes: tuple[str, ...] = ()) -> object:
     names whose every other byte falls into one shared "any further characters" automaton."""
     from .nfa import leaf_dfa
 
-    free_edges, free_accept = leaf_dfa(ir.Repeat(ir.chars(_RAW), 0, None))
+    free_edges, free_accept = leaf_dfa(_free_key(all(_raw(w) for w in (*names, *prefixes))))
     # states: 0 = before the opening quote, 1 = after the closing quote, then the free
     # automaton's states (offset 2), then trie nodes.
     edges: list[dict[int, int]] = [{}, {}] + [{} for _ in free_edges]
@@ -133,7 +149,7 @@ def key_not_in(names: list[str], prefixes: tuple[str, ...] = ()) -> object:
     edges[0][quote] = root
     kinds = {}
     for word, kind in [(n, "name") for n in names] + [(p, "prefix") for p in prefixes]:
-        if not all(any(lo <= ord(c) <= hi for lo, hi in _RAW) for c in word):
+        if not _raw(word):
             continue      # it could never be written unescaped, so no key can repeat it
         node, data = root, word.encode("utf-8")
         for j, b in enumerate(data):
@@ -158,17 +174,6 @@ def key_not_in(names: list[str], prefixes: tuple[str, ...] = ()) -> object:
             by_target[t] = by_target.get(t, 0) | (1 << b)
         out_edges.append(tuple((m, t) for t, m in sorted(by_target.items())))
     return ir.Table(tuple(out_edges), tuple(accept))
-
-
-def _unanchored(pattern: str) -> str:
-    """A pattern whose full matches are strings that `pattern` matches anywhere (JSON Schema's
-    search semantics), e.g. '^x-' -> 'x-.*' (our patterns otherwise match whole strings)."""
-    core, head, tail = pattern, ".*", ".*"
-    if core.startswith("^"):
-        core, head = core[1:], ""
-    if core.endswith("$") and not core.endswith("\\$"):
-        core, tail = core[:-1], ""
-    return f"{head}(?:{core}){tail}"
 
 
 class ObjectRules:
@@ -234,7 +239,7 @@ class ObjectRules:
         # The key may match the other patterns too: its value must satisfy all their schemas.
         schemas = [patterns[i][1]] + [s for j, (_, s) in enumerate(patterns) if j != i]
         try:
-            key = pattern_ir(_unanchored(pattern), where)
+            key = pattern_ir(search_pattern(pattern), where)
             value = self.node(schemas[0] if len(schemas) == 1 else {"allOf": schemas}, where)
         except SchemaError:
             return None

@@ -3,10 +3,10 @@
 Supported: literals, `.`, classes `[...]` with ranges and negation, `\\d \\w \\s \\D \\W \\S`,
 escapes (`\\n \\t \\r \\f \\v \\xHH \\uHHHH`, escaped punctuation), groups `(...)`, `(?:...)`,
 named groups, alternation `|`, quantifiers `? * + {m} {m,} {m,n}` (lazy forms too, same
-language). The pattern must match the WHOLE string (a leading `^` / trailing `$` are accepted and
-implied anyway): this is a subset of JSON Schema's unanchored search semantics, so output is
-always valid. Lookarounds, backreferences, word boundaries, inline flags and anchors in the
-middle are rejected.
+language). pattern_ir matches the WHOLE string (a leading `^` / trailing `$` are accepted and
+implied); search_pattern rewrites a pattern for JSON Schema's unanchored search semantics.
+Lookarounds, backreferences, word boundaries, inline flags and anchors in the middle are
+rejected.
 
 Validators (Python `re`) use Unicode classes; positive `\\d \\w \\s` here are their ASCII subsets
 (sound), while negated forms use the exact Unicode sets so complements never over-accept.
@@ -192,6 +192,20 @@ class _Parser:
             else:
                 ranges.append((lo, lo))
         return utf8.complement(ranges) if negated else utf8.normalize(ranges)
+
+
+def search_pattern(pattern: str) -> str:
+    """A pattern whose full matches are the strings `pattern` matches somewhere (JSON Schema's
+    search semantics): '^x-' -> '(?:x-).*', 'a$' -> '.*(?:a)'. `.` leaves out line breaks, so
+    this is a subset when the match could be surrounded by them (sound)."""
+    if not isinstance(pattern, str):
+        return pattern        # pattern_ir reports it
+    core, head, tail = pattern, ".*", ".*"
+    if core.startswith("^"):
+        core, head = core[1:], ""
+    if core.endswith("$") and not core.endswith("\\$"):
+        core, tail = core[:-1], ""
+    return f"{head}(?:{core}){tail}"
 
 
 def pattern_ir(pattern: str, where: str) -> object:

@@ -21,7 +21,7 @@ from .errors import SchemaError, UnsupportedSchemaError, unsupported
 from .formats import FORMATS, REFUSED_FORMATS
 from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json
 from .objects import ObjectRules
-from .regex import length_bounded_pattern, pattern_ir
+from .regex import length_bounded_pattern, pattern_ir, search_pattern
 
 # Length-bounded strings are unrolled one character at a time: bounds above this are
 # tightened to it (maxLength) or refused (minLength), to keep compile time bounded.
@@ -62,9 +62,11 @@ def _normal(v):
 
 
 class SchemaCompiler(ObjectRules):
-    """`open_objects`: what an ABSENT `additionalProperties` means. False (the default, as in
-    OpenAI's strict mode): no members besides those named by properties / required /
-    patternProperties. True: JSON Schema's meaning, any further member (of any value)."""
+    """`open_objects`: how to read what the schema leaves unsaid. False (the default, as in
+    OpenAI's strict mode): an absent `additionalProperties` allows no members besides those
+    named by properties / required / patternProperties, and an absent `type` only the types
+    the other keywords name. True: JSON Schema's meaning, any further member (of any value)
+    and any type."""
 
     def __init__(self, root: object, *, open_objects: bool = False) -> None:
         self.root = root
@@ -225,9 +227,12 @@ class SchemaCompiler(ObjectRules):
 
     def _types(self, schema: dict, keys: set[str], ptr: str) -> list[str]:
         t = schema.get("type")
-        if t is None:   # infer from the keywords present; none at all = any type
-            ts = [ty for ty in JSON_TYPES if ty != "integer" and keys & TYPE_KEYWORDS.get(ty, set())]
-            return ts or [ty for ty in JSON_TYPES if ty != "integer"]
+        if t is None:
+            # JSON Schema: any type, each constrained by its own keywords. By default, only the
+            # types the keywords name (`properties` asks for an object, not for any value).
+            every = [ty for ty in JSON_TYPES if ty != "integer"]
+            ts = [ty for ty in every if keys & TYPE_KEYWORDS.get(ty, set())]
+            return every if self.open_objects or not ts else ts
         ts = t if isinstance(t, list) else [t]
         if not ts or any(not isinstance(x, str) or x not in JSON_TYPES for x in ts) or len(set(ts)) != len(ts):
             raise SchemaError(f"invalid 'type' at {ptr or '/'}: {t!r}")
@@ -341,10 +346,13 @@ class SchemaCompiler(ObjectRules):
             if pattern is not None and fmt is not None:
                 raise unsupported("pattern", ptr, "pattern together with format")
             keyword = "pattern" if pattern is not None else "format"
-            if fmt is not None:
-                pattern = FORMATS[fmt]
+            # Formats match whole strings; a pattern matches anywhere in the string (JSON
+            # Schema), unless only its whole-string reading (a subset) can be length-bounded.
+            choices = [FORMATS[fmt]] if fmt is not None else [search_pattern(pattern), pattern]
+            pattern = choices[0]
             if lo or hi is not None:
-                bounded = length_bounded_pattern(pattern, lo, hi, MAX_COUNTED)
+                bounded = next((b for b in (length_bounded_pattern(c, lo, hi, MAX_COUNTED) for c in choices)
+                                if b is not None), None)
                 if bounded is None:
                     raise unsupported(keyword, ptr, "combined with minLength/maxLength")
                 pattern = bounded
