@@ -20,6 +20,8 @@ Design
    matched, lower entries are return states). Non-recursive schemas always have exactly one
    stack of height one, i.e. a plain DFA state; ambiguity between recursive branches keeps
    several stacks alive until the bytes disambiguate (like a GLR parser).
+   A string whose length bound exceeds 32 keeps a counter beside its automaton state
+   (counting.py): the stack entry is then `state + n_states * count`.
 4. distance.py computes, per state, U = tokens needed to finish the rule (exact shortest path
    over a budget token set that includes every single-byte token) — see its docstring for why
    a mask "U(after token) <= remaining - 1" can never get stuck and always completes in time.

@@ -8,6 +8,7 @@ from collections import OrderedDict
 import numpy as np
 
 from . import dfa, distance
+from .counting import Counting
 from .errors import SchemaError
 from .frames import U16_INF, Frame, walk
 from .matcher import GrammarMatcher
@@ -40,13 +41,14 @@ class CompiledGrammar:
                 gc.enable()
 
     def _build(self, schema: object, idx: VocabIndex, open_objects: bool, frame_cache: int, mask_cache: int) -> None:
-        comp = SchemaCompiler(schema, open_objects=open_objects)
-        rules = comp.compile()
-        nfa = NFA()
-        frags = [nfa.build(r) for r in rules]
-        aut = dfa.build(nfa, frags)
+        single = np.zeros(256, dtype=bool)
+        single[list(idx.single_byte)] = True
+        try:
+            comp, aut, counting = self._automaton(schema, open_objects, single, count_strings=True)
+        except dfa.CountConflict:    # rare: alternatives with different length bounds at one place
+            comp, aut, counting = self._automaton(schema, open_objects, single, count_strings=False)
         self._check_left_recursion(aut)
-        U = distance.token_distances(aut, distance.budget_tokens(idx, comp.literals))
+        U = distance.token_distances(aut, distance.budget_tokens(idx, comp.literals), counting)
         if U[aut.rule_start[0]] >= INF:
             raise SchemaError("no document satisfying this schema can be written with this vocabulary")
         if (U[U < INF] >= int(U16_INF)).any():
@@ -70,8 +72,10 @@ class CompiledGrammar:
         boundary = np.array([1 if c else 0 for c in self.calls], dtype=np.uint8)
         boundary |= (aut.accept & (aut.rule_of > 0)).astype(np.uint8) * 2
         self.boundary = boundary
-        self.recursive = len(rules) > 1
+        self.recursive = len(aut.rule_start) > 1
         self.n_states = aut.n_states
+        self.counting = counting if counting.any else None
+        self._U64 = np.asarray(U, dtype=np.int64)
         self.start: StateSet = frozenset([(aut.rule_start[0],)])
         self._lock = threading.Lock()
         self._frames: OrderedDict[int, Frame] = OrderedDict()
@@ -85,6 +89,15 @@ class CompiledGrammar:
         self._mask_cap = mask_cache
         self._live: dict[int, tuple[int, ...]] = {}   # state -> bytes it has a transition on
         self._forced: dict[tuple[StateSet, int], tuple[bytes, bool]] = {}
+
+    @staticmethod
+    def _automaton(schema: object, open_objects: bool, single: np.ndarray, count_strings: bool):
+        comp = SchemaCompiler(schema, open_objects=open_objects, count_strings=count_strings)
+        rules = comp.compile()
+        nfa = NFA()
+        frags = [nfa.build(r) for r in rules]
+        aut = dfa.build(nfa, frags)
+        return comp, aut, Counting(aut, single)
 
     @staticmethod
     def _check_left_recursion(aut: dfa.Automaton) -> None:
@@ -124,6 +137,8 @@ class CompiledGrammar:
                 continue
             out.add(s)
             g = s[-1]
+            if g >= self.n_states:     # a counted string's configuration: no calls, no return
+                continue
             for q, ret in self.calls[g]:
                 todo.append(s[:-1] + (ret, self.rule_start[q]))
             if len(s) > 1 and self.accept[g]:
@@ -140,8 +155,13 @@ class CompiledGrammar:
         if r is not None:
             return r
         out = set()
+        counting = self.counting
         for c in (S if not self.recursive else self.closure(S)):
-            n = self.row(c[-1])[b]
+            x = c[-1]
+            if counting is None:
+                n = self.row(x)[b]
+            else:
+                n = counting.step(x, self.row(x % self.n_states)[b])
             if n:
                 out.add(c[:-1] + (n,))
         if len(out) > MAX_STACKS:
@@ -181,11 +201,14 @@ class CompiledGrammar:
     def _only_byte(self, S: StateSet) -> int | None:
         only = None
         for c in (S if not self.recursive else self.closure(S)):
-            g = c[-1]
+            x = c[-1]
+            g = x % self.n_states
             live = self._live.get(g)
             if live is None:
                 live = self._live[g] = tuple(np.flatnonzero(self.trans[g] != dfa.DEAD).tolist())
             for b in live:
+                if self.counting is not None and not self.counting.step(x, self.row(g)[b]):
+                    continue
                 if only is None:
                     only = b
                 elif b != only:
@@ -193,8 +216,16 @@ class CompiledGrammar:
         return only
 
     def distance(self, S: StateSet) -> int:
-        U = self.U
-        return min((sum(U[g] for g in s) for s in S), default=INF)
+        if self.counting is None:
+            U = self.U
+            return min((sum(U[g] for g in s) for s in S), default=INF)
+        return min((sum(self._u(x) for x in s) for s in S), default=INF)
+
+    def _u(self, x: int) -> int:
+        """Distance of one stack entry (a state, or a counted string's state and count)."""
+        if x < self.n_states:
+            return self.U[x]
+        return min(self.counting.u(x % self.n_states, x // self.n_states, self.U), INF)
 
     def is_complete(self, S: StateSet) -> bool:
         return self.distance(S) == 0
@@ -203,7 +234,7 @@ class CompiledGrammar:
         if not self.is_complete(S):
             return False
         configs = self.closure(S) if self.recursive else S
-        return not any(self.has_out[c[-1]] for c in configs)
+        return not any(self.has_out[c[-1] % self.n_states] for c in configs)
 
     # ------------------------------------------------------------ token tables
     def frame(self, g: int) -> Frame:
@@ -212,17 +243,35 @@ class CompiledGrammar:
             if f is not None:
                 self._frames.move_to_end(g)
                 return f
-        f = walk(self.idx, self.trans_flat, g, self.u16, self.boundary)
+        f = walk(self.idx, self.trans_flat, g, self.u16, self.boundary, self.counting, self._U64)
         with self._lock:
             self._frames[g] = f
             while len(self._frames) > self._frame_cap:
                 self._frames.popitem(last=False)
         return f
 
+    def _canonical(self, S: StateSet) -> StateSet:
+        """S with each counted string's count replaced by its lower bound where the count makes
+        no difference to any token (lo <= k <= hi - the most one token adds): masks and tables
+        are then shared along a long string instead of rebuilt per character."""
+        if self.counting is None:
+            return S
+        N = self.n_states
+        out = set()
+        for s in S:
+            x = s[-1]
+            if x >= N:
+                g, k = x % N, x // N
+                if self.frame(g).steady(self.counting, g, k):
+                    s = s[:-1] + (g + N * int(self.counting.lo[g]),)
+            out.add(s)
+        return frozenset(out)
+
     def unbudgeted_mask(self, S: StateSet) -> tuple[np.ndarray, int]:
         """(read-only bool[vocab] of the tokens allowed after S, EOG included when S is complete;
         the largest finite distance among them, -1 if none): the mask whenever the remaining
         token budget exceeds that distance."""
+        S = self._canonical(S)
         with self._lock:
             hit = self._masks.get(S)
             if hit is not None:
@@ -244,13 +293,20 @@ class CompiledGrammar:
     def cached_frame(self, g: int) -> Frame | None:
         return self._frames.get(g)
 
+    def _values(self, x: int) -> tuple[Frame, np.ndarray]:
+        """(frame of x's state, uint16 [vocab] U after each token from configuration x)."""
+        g = x % self.n_states
+        f = self.frame(g)
+        return f, f.u_end if f.inside is None else f.values(self.counting, g, x // self.n_states)
+
     def best(self, S: StateSet) -> np.ndarray:
         """uint16 [vocab]: U of the state set after each token (65535 = not allowed)."""
+        S = self._canonical(S)
         if len(S) == 1:
             (s,) = S
-            if len(s) == 1 and not self.calls[s[0]]:
-                f = self.frame(s[0])
-                if not f.cand_call.size:
+            if len(s) == 1 and not self.calls[s[0] % self.n_states]:
+                f = self.frame(s[0] % self.n_states)
+                if not f.cand_call.size and f.inside is None:
                     return f.u_end          # the common case: the table alone is exact
         with self._lock:
             hit = self._best.get(S)
@@ -260,10 +316,10 @@ class CompiledGrammar:
         best = None
         cands: set[int] = set()
         for c in self.closure(S):
-            rest = sum(self.U[g] for g in c[:-1])
-            f = self.frame(c[-1])
-            val = f.u_end.astype(np.int64)
-            val[f.u_end == U16_INF] = INF
+            rest = sum(self._u(x) for x in c[:-1])
+            f, u = self._values(c[-1])
+            val = u.astype(np.int64)
+            val[u == U16_INF] = INF
             val += rest
             best = val if best is None else np.minimum(best, val)
             cands.update(f.cand_call.tolist())
@@ -284,9 +340,9 @@ class CompiledGrammar:
             return INF
         if len(S) == 1:
             (s,) = S
-            if len(s) == 1 and not self.calls[s[0]]:
+            if len(s) == 1 and s[0] < self.n_states and not self.calls[s[0]]:
                 f = self.cached_frame(s[0])
-                if f is not None and not f.cand_call.size:
+                if f is not None and not f.cand_call.size and f.inside is None:
                     v = int(f.u_end[t])
                     return INF if v == int(U16_INF) else v
         hit = self._best.get(S)

@@ -16,6 +16,11 @@ from .nfa import NFA
 DEAD = 0
 
 
+class CountConflict(Exception):
+    """One automaton state would need two different string counters (alternatives holding
+    length-bounded strings at the same position): the caller unrolls the counts instead."""
+
+
 @dataclass
 class Automaton:
     trans: np.ndarray            # int32 [n_states, 256]
@@ -23,6 +28,8 @@ class Automaton:
     calls: list[tuple[tuple[int, int], ...]]  # per state: (rule, return state) pairs
     rule_start: list[int]
     rule_of: np.ndarray          # int32 [n_states]
+    count_tag: np.ndarray        # int32 [n_states]: 0, or 1 + index into count_tags (counted string states)
+    count_tags: list[tuple[int, int | None, bool]]   # (lo, hi, at a character boundary)
 
     @property
     def n_states(self) -> int:
@@ -58,6 +65,19 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
     rule_of: list[int] = [-1]
     calls_raw: list[dict[int, int]] = [{}]
     sets: list[frozenset[int]] = [frozenset()]
+    count_tag: list[int] = [0]
+    tag_ids: dict[tuple, int] = {}
+    counted = nfa.counted
+
+    def tag_of(st: frozenset[int]) -> int:
+        found = {counted[x] for x in st if x in counted} if counted else ()
+        if not found:
+            return 0
+        if len(found) > 1:
+            raise CountConflict()
+        (tag,) = found
+        return tag_ids.setdefault(tag, len(tag_ids) + 1)
+
     starts = []
     for r, (s, e) in enumerate(rules):
         todo = []
@@ -76,6 +96,7 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
                 rule_of.append(r)
                 calls_raw.append({})
                 sets.append(st)
+                count_tag.append(tag_of(st))
                 todo.append(g)
             return g
 
@@ -115,14 +136,16 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
             calls_raw[g] = {q: intern(closure(ts)) for q, ts in cmoves.items()}
     table = np.stack(rows).astype(np.int32)
     aut = _trim(table, np.array(accept), calls_raw, starts, np.array(rule_of, dtype=np.int32))
-    aut = _minimize(*aut)
-    table, acc, calls_raw, starts, rule_of = aut
+    tags = np.array(count_tag, dtype=np.int32)
+    table, acc, calls_raw, starts, rule_of, tags = _minimize(*aut, tags)
     return Automaton(
         trans=np.ascontiguousarray(table[:, classes]),
         accept=acc,
         calls=[tuple(sorted(c.items())) for c in calls_raw],
         rule_start=starts,
         rule_of=rule_of,
+        count_tag=tags,
+        count_tags=sorted(tag_ids, key=tag_ids.get),
     )
 
 
@@ -199,18 +222,19 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return offs + np.arange(total)
 
 
-def _minimize(table, accept, calls, starts, rule_of, max_rounds: int = 400):
-    """Moore partition refinement; call edges are extra columns (one per rule). If it does not
-    converge within `max_rounds` (very long chains, e.g. big maxLength), the unminimised
-    automaton is kept: any partial refinement would be unsound."""
+def _minimize(table, accept, calls, starts, rule_of, tags, max_rounds: int = 400):
+    """Moore partition refinement; call edges are extra columns (one per rule); states with
+    different counter tags are never merged. If it does not converge within `max_rounds`
+    (very long chains), the unminimised automaton is kept: any partial refinement would be
+    unsound."""
     n, n_rules = table.shape[0], len(starts)
     callcols = np.zeros((n, n_rules), dtype=np.int32)
     for g, c in enumerate(calls):
         for q, ret in c.items():
             callcols[g, q] = ret
     full = np.concatenate([table, callcols], axis=1)
-    key = np.stack([rule_of, accept.astype(np.int32)], axis=1)
-    key[DEAD] = (-2, 0)
+    key = np.stack([rule_of, accept.astype(np.int32), tags], axis=1)
+    key[DEAD] = (-2, 0, 0)
     _, block = np.unique(key, axis=0, return_inverse=True)
     block = block.ravel()
     count = block.max() + 1
@@ -227,11 +251,11 @@ def _minimize(table, accept, calls, starts, rule_of, max_rounds: int = 400):
             break
         block, count = nb, nb.max() + 1
     else:
-        return table, accept, calls, starts, rule_of
+        return table, accept, calls, starts, rule_of, tags
     rep0 = np.zeros(count, dtype=np.int64)
     rep0[block[::-1]] = np.arange(n)[::-1]
     if not (block[full] == block[full[rep0[block]]]).all():
-        return table, accept, calls, starts, rule_of
+        return table, accept, calls, starts, rule_of, tags
     # Renumber so that DEAD's block is 0.
     order = np.arange(count)
     order[[0, block[DEAD]]] = order[[block[DEAD], 0]]
@@ -240,4 +264,4 @@ def _minimize(table, accept, calls, starts, rule_of, max_rounds: int = 400):
     rep[block[::-1]] = np.arange(n)[::-1]      # first state of each block
     new_table = block[table[rep]].astype(np.int32)
     new_calls = [{q: int(block[ret]) for q, ret in calls[r].items()} for r in rep]
-    return new_table, accept[rep], new_calls, [int(block[s]) for s in starts], rule_of[rep]
+    return new_table, accept[rep], new_calls, [int(block[s]) for s in starts], rule_of[rep], tags[rep]

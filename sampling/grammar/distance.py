@@ -7,7 +7,8 @@ over real tokens, it is *achievable*: from any state with U = u there is a token
 state with U = u - 1. So a mask that only allows tokens whose successor has U <= remaining - 1
 can never strand the generator, and the document always completes within the budget. U is an
 upper bound on the true minimum (tokens outside T, or crossing a call boundary, might do
-better); with T = the whole vocabulary (small vocabularies) and no recursion it is exact.
+better); with T = the whole vocabulary (small vocabularies), no recursion and no counted
+string (counting.py: its formula writes one character per token) it is exact.
 
 Computed with a bucket-queue Dijkstra over unit token edges plus the call hyperedges
 (Knuth's generalisation: a hyperedge fires once both of its inputs are final).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .counting import Counting
 from .dfa import DEAD, Automaton
 from .vocab_index import VocabIndex
 
@@ -55,8 +57,11 @@ def _vocab_budget(idx: VocabIndex, exact_limit: int) -> tuple[frozenset[bytes], 
     return texts, base
 
 
-def _token_edges(aut: Automaton, toks: list[bytes], chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
-    """Unique (src, dst) state pairs with some token in `toks` leading src -> dst (bytes only)."""
+def _token_edges(aut: Automaton, toks: list[bytes], counted: np.ndarray | None = None,
+                 chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """Unique (src, dst) state pairs with some token in `toks` leading src -> dst (bytes only).
+    With `counted` (states of length-bounded strings), paths that start in or pass through one
+    are left out: only a counted state's entry (its count then 0) may end a path."""
     toks = sorted(toks, key=len, reverse=True)
     lens = np.array([len(t) for t in toks], dtype=np.int64)
     width = int(lens[0]) if toks else 0
@@ -72,6 +77,8 @@ def _token_edges(aut: Automaton, toks: list[bytes], chunk: int = 2048) -> tuple[
         st = np.repeat(rows[:, None], len(toks), axis=1)
         for p in range(width):
             k = active[p]
+            if counted is not None:
+                st[:, :k] = np.where(counted[st[:, :k]], DEAD, st[:, :k])
             st[:, :k] = flat[st[:, :k] * 256 + mat[None, :k, p]]
         codes = np.unique((rows[:, None] * n + st)[st != DEAD])
         srcs.append(codes // n)
@@ -81,9 +88,17 @@ def _token_edges(aut: Automaton, toks: list[bytes], chunk: int = 2048) -> tuple[
     return np.concatenate(srcs), np.concatenate(dsts)
 
 
-def token_distances(aut: Automaton, toks: list[bytes]) -> np.ndarray:
+def token_distances(aut: Automaton, toks: list[bytes], counting: Counting | None = None) -> np.ndarray:
+    """U per state; a counted state's U is for a count of 0 (its formula: counting.py), set once
+    the state after its closing quote has its own."""
     n = aut.n_states
-    src, dst = _token_edges(aut, toks)
+    counts = counting is not None and counting.any
+    src, dst = _token_edges(aut, toks, counting.counted if counts else None)
+    by_exit: dict[int, np.ndarray] = {}
+    if counts:
+        cs = np.flatnonzero(counting.counted & (counting.exit != DEAD))
+        for q in np.unique(counting.exit[cs]):
+            by_exit[int(q)] = cs[counting.exit[cs] == q]
     order = np.argsort(dst, kind="stable")
     src = src[order]
     start = np.searchsorted(dst[order], np.arange(n + 1))
@@ -114,6 +129,13 @@ def token_distances(aut: Automaton, toks: list[bytes]) -> np.ndarray:
             for g, a, b in hyper[int(x)]:
                 if U[g] == INF and U[a] < INF and U[b] < INF:
                     buckets.setdefault(int(U[a] + U[b]), []).append(np.array([g]))
+        if by_exit:
+            for x in new:
+                strings = by_exit.get(int(x))
+                if strings is not None:
+                    vals = counting.u_many(strings, np.zeros(strings.size, dtype=np.int64), U.astype(np.int64))
+                    for v in np.unique(vals[vals < INF]):
+                        buckets.setdefault(int(v), []).append(strings[vals == v])
     return U
 
 

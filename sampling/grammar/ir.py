@@ -63,6 +63,15 @@ class Leaf:
 
 
 @dataclass(frozen=True)
+class Counted:
+    """The contents of a JSON string of `lo`..`hi` characters (None = no upper bound), matched
+    by one copy of the character automaton plus a counter kept beside the automaton state
+    (counting.py), instead of one copy of it per counted position."""
+    lo: int
+    hi: int | None
+
+
+@dataclass(frozen=True)
 class Table:
     """An explicit DFA: per state ((byte mask, target), ...), per state accepting; start 0."""
     edges: tuple

@@ -1,7 +1,7 @@
 """Thompson construction: IR -> NFA with byte-set edges, epsilon edges and call edges."""
 from __future__ import annotations
 
-from . import ir
+from . import ir, jsonstr
 
 Frag = tuple[int, int]  # (start state, end state)
 
@@ -11,6 +11,7 @@ class NFA:
         self.eps: list[list[int]] = []
         self.edges: list[list[tuple[int, int]]] = []   # (byte mask, target)
         self.calls: list[list[tuple[int, int]]] = []   # (rule, return target)
+        self.counted: dict[int, tuple[int, int | None, bool]] = {}   # state -> (lo, hi, at a character boundary)
 
     def new(self) -> int:
         self.eps.append([])
@@ -52,11 +53,24 @@ class NFA:
             return self._leaf(node, s)
         if isinstance(node, ir.Table):
             return self._copy(node.edges, node.accept, s)
+        if isinstance(node, ir.Counted):
+            return self._counted(node, s)
         raise TypeError(f"unknown IR node {node!r}")
 
     def _leaf(self, node: ir.Leaf, s: int) -> int:
         edges, accept = leaf_dfa(node.item)
         return self._copy(edges, accept, s)
+
+    def _counted(self, node: ir.Counted, s: int) -> int:
+        edges, accept = leaf_dfa(ir.Repeat(jsonstr.any_char(), 0, None))
+        # Minimal DFA of char*: the start is the only accepting state, entered exactly when a
+        # character is complete; the counter rides on that.
+        assert accept[0] and not any(accept[1:])
+        first = len(self.eps)
+        end = self._copy(edges, accept, s)
+        for i in range(len(edges)):
+            self.counted[first + i] = (node.lo, node.hi, i == 0)
+        return end
 
     def _copy(self, edges, accept, s: int) -> int:
         ids = [self.new() for _ in edges]

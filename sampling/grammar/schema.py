@@ -23,8 +23,9 @@ from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count
 from .objects import ObjectRules
 from .regex import length_bounded_pattern, pattern_ir, search_pattern
 
-# Length-bounded strings are unrolled one character at a time: bounds above this are
-# tightened to it (maxLength) or refused (minLength), to keep compile time bounded.
+# Length bounds up to this are unrolled one character at a time (exact distances); larger
+# ones use a counter beside the automaton (counting.py). Where a counter cannot be used
+# (dfa.CountConflict), larger bounds are tightened to this (maxLength) or refused (minLength).
 MAX_COUNTED = 32
 NULL, TRUE, FALSE = ir.lit(b"null"), ir.lit(b"true"), ir.lit(b"false")
 
@@ -68,9 +69,10 @@ class SchemaCompiler(ObjectRules):
     the other keywords name. True: JSON Schema's meaning, any further member (of any value)
     and any type."""
 
-    def __init__(self, root: object, *, open_objects: bool = False) -> None:
+    def __init__(self, root: object, *, open_objects: bool = False, count_strings: bool = True) -> None:
         self.root = root
         self.open_objects = open_objects
+        self.count_strings = count_strings
         self._validator = None
         self.rules: list[object | None] = [None]
         self.ref_rule: dict[str, int] = {}
@@ -357,6 +359,8 @@ class SchemaCompiler(ObjectRules):
                     raise unsupported(keyword, ptr, "combined with minLength/maxLength")
                 pattern = bounded
             return ir.seq(ir.lit(b'"'), ir.Leaf(pattern_ir(pattern, ptr)), ir.lit(b'"'))
+        if self.count_strings and (lo > MAX_COUNTED or (hi or 0) > MAX_COUNTED):
+            return ir.seq(ir.lit(b'"'), ir.Counted(lo, hi), ir.lit(b'"'))
         if lo > MAX_COUNTED:
             raise unsupported("minLength", ptr, f"above {MAX_COUNTED} characters")
         if hi is not None and hi > MAX_COUNTED:
