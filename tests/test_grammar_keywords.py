@@ -234,3 +234,18 @@ def test_extra_keys_may_hold_escapes_unless_a_declared_name_could_be_written_wit
     g, _ = generated({"type": "object", "additionalProperties": {"type": "integer"},
                       "properties": {"a\\b": {"type": "string"}}})
     assert accepts(g, {"a\\b": "x"}) and not accepts(g, {"a\\b": 1}) and not accepts(g, {"x\\y": 1})
+
+
+def test_pattern_extras_differ_from_the_declared_names_they_match():
+    schema = {"type": "object", "additionalProperties": False,
+              "properties": {"basic": {"type": "integer"}},
+              "patternProperties": {"^[a-z_]*$": {"type": ["integer", "string"]}}}
+    g, docs = generated(schema, n=30, seed=2)
+    assert accepts(g, {"basic": 1, "custom_label": "x"}) and accepts(g, {"other": 2})
+    assert not accepts(g, {"custom": 1, "basic": 2})       # a declared name comes first, once
+    with pytest.raises(ValueError):
+        g.matcher().advance_bytes(b'{"basic":1,"basic"')
+    assert any(set(d) - {"basic"} for d in docs)
+    with_slash = compile_grammar({**schema, "properties": {"a/b": {"type": "integer"}},
+                                  "patternProperties": {"^[a-z/]*$": {"type": "integer"}}}, VOCAB)
+    assert not accepts(with_slash, {"a/b": 1, "cd": 2})    # a\\/b would also spell a/b: no extras

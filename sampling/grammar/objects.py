@@ -116,6 +116,55 @@ def _free_key(escapes: bool) -> object:
     return ir.Repeat(raw, 0, None)
 
 
+def key_other_than(key: ir.Leaf, names: list[str], max_states: int = 20_000) -> ir.Table | None:
+    """Key contents matched by `key` other than the names, as a DFA (the key's automaton run
+    beside a trie of the names); None when a name has another spelling (an escape, `\\/`)
+    the trie would miss, or the product grows too large."""
+    from .nfa import leaf_dfa
+
+    if not all(_raw(n) and "/" not in n for n in names):
+        return None
+    edges, accept = leaf_dfa(key.item)
+    trie: list[dict[int, int]] = [{}]
+    ends = set()
+    for name in names:
+        node = 0
+        for b in name.encode("utf-8"):
+            nxt = trie[node].get(b)
+            if nxt is None:
+                nxt = trie[node][b] = len(trie)
+                trie.append({})
+            node = nxt
+        ends.add(node)
+    ids = {(0, 0): 0}
+    order = [(0, 0)]
+    out_edges: list[tuple] = []
+    i = 0
+    while i < len(order):
+        a, t = order[i]
+        by_target: dict[int, int] = {}
+        for mask, a2 in edges[a]:
+            rest = mask
+            if t >= 0:
+                for b, child in trie[t].items():
+                    if mask >> b & 1:
+                        rest &= ~(1 << b)
+                        target = ids.setdefault((a2, child), len(order))
+                        if target == len(order):
+                            order.append((a2, child))
+                        by_target[target] = by_target.get(target, 0) | (1 << b)
+            if rest:
+                target = ids.setdefault((a2, -1), len(order))
+                if target == len(order):
+                    order.append((a2, -1))
+                by_target[target] = by_target.get(target, 0) | rest
+        if len(order) > max_states:
+            return None
+        out_edges.append(tuple((m, tgt) for tgt, m in sorted(by_target.items())))
+        i += 1
+    return ir.Table(tuple(out_edges), tuple(accept[a] and t not in ends for a, t in order))
+
+
 def key_not_in(names: list[str], prefixes: tuple[str, ...] = ()) -> object:
     """A quoted key of unescaped characters that differs from every name and starts with none
     of the prefixes (so an extra member never repeats a declared one, nor falls under a
@@ -233,17 +282,20 @@ class ObjectRules:
         """Extra members whose key fully matches `pattern`; None when they cannot be generated
         safely (a declared name matches it, or its value schemas do not combine): generating
         fewer members than allowed keeps output valid."""
-        if any(re.search(pattern, n) for n in names):
-            return None
         where = f"{ptr}/patternProperties/{escape_pointer(pattern)}"
         # The key may match the other patterns too: its value must satisfy all their schemas.
         schemas = [patterns[i][1]] + [s for j, (_, s) in enumerate(patterns) if j != i]
         try:
-            key = pattern_ir(search_pattern(pattern), where)
+            key = ir.Leaf(pattern_ir(search_pattern(pattern), where))
             value = self.node(schemas[0] if len(schemas) == 1 else {"allOf": schemas}, where)
         except SchemaError:
             return None
-        return ir.seq(ir.lit(b'"'), ir.Leaf(key), ir.lit(b'":'), value)
+        declared = [n for n in names if re.search(pattern, n)]
+        if declared:        # an extra key may not repeat a declared name the pattern matches
+            key = key_other_than(key, declared)
+            if key is None:
+                return None
+        return ir.seq(ir.lit(b'"'), key, ir.lit(b'":'), value)
 
     def _counted_members(self, schema: dict, members: list, extras: list, ptr: str) -> object:
         lo = count_keyword(schema, "minProperties", ptr) or 0
