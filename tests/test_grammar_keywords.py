@@ -249,3 +249,17 @@ def test_pattern_extras_differ_from_the_declared_names_they_match():
     with_slash = compile_grammar({**schema, "properties": {"a/b": {"type": "integer"}},
                                   "patternProperties": {"^[a-z/]*$": {"type": "integer"}}}, VOCAB)
     assert not accepts(with_slash, {"a/b": 1, "cd": 2})    # a\\/b would also spell a/b: no extras
+
+
+def test_a_refused_recursive_ref_under_a_dropped_pattern_leaves_no_hole():
+    # Regression (whole-dataset run): the rule for the $ref stayed unfilled once its pattern's
+    # extra members were dropped, and compiling crashed with "unknown IR node None".
+    from sampling.grammar import UnsupportedSchemaError
+
+    rule = {"type": "object", "properties": {"k": {"$ref": "#/definitions/r"}}, "not": {"required": ["z"]}}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False,
+              "patternProperties": {"^x": {"$ref": "#/definitions/r"}}, "definitions": {"r": rule}}
+    g, _ = generated(schema, n=5)
+    assert accepts(g, {"a": 1}) and not accepts(g, {"a": 1, "xy": {}})
+    with pytest.raises(UnsupportedSchemaError, match="'not'"):
+        compile_grammar({**schema, "properties": {"a": {"$ref": "#/definitions/r"}}, "required": ["a"]}, VOCAB)

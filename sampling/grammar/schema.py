@@ -76,6 +76,7 @@ class SchemaCompiler(ObjectRules):
         self._validator = None
         self.rules: list[object | None] = [None]
         self.ref_rule: dict[str, int] = {}
+        self.ref_failed: dict[str, SchemaError] = {}
         self.inline_memo: dict[str, object] = {}
         self.literals: set[bytes] = {b"true", b"false", b"null", b"{}", b"[]", b'""'}
         self.recursive = self._recursive_refs()
@@ -143,11 +144,20 @@ class SchemaCompiler(ObjectRules):
         target = self._resolve_pointer(ref, ptr)
         where = "#" + unquote(ref[1:])
         if ref in self.recursive:
+            if ref in self.ref_failed:
+                raise self.ref_failed[ref]
             idx = self.ref_rule.get(ref)
             if idx is None:
                 idx = self.ref_rule[ref] = len(self.rules)
                 self.rules.append(None)
-                self.rules[idx] = self.node(target, where)
+                try:
+                    self.rules[idx] = self.node(target, where)
+                except SchemaError as e:
+                    # The caller may drop the part that used it (a pattern's extra members);
+                    # calls made meanwhile then match nothing, later uses raise again.
+                    self.rules[idx] = ir.NEVER
+                    self.ref_failed[ref] = e
+                    raise
             return ir.Call(idx)
         if ref not in self.inline_memo:
             self.inline_memo[ref] = self.node(target, where)
