@@ -242,9 +242,18 @@ def _minimize(table, accept, calls, starts, rule_of, tags, max_rounds: int = 400
     # row-wise unique); the result is verified below, so a collision can only cost the
     # minimisation, never correctness.
     weights = np.random.default_rng(12345).integers(1, 2**63, size=full.shape[1] + 1, dtype=np.uint64) | np.uint64(1)
+    # Only live edges enter the hash (most entries of the table are DEAD): a live target adds
+    # (its block + 1) * the column's weight, a DEAD one nothing.
+    src, col = np.nonzero(full != DEAD)
+    dst = full[src, col]
+    col_w = weights[1:][col]
+    has_edges = np.flatnonzero(np.diff(src, prepend=-1))    # first edge of each source
+    with_edges = src[has_edges]
     for _ in range(max_rounds):
         with np.errstate(over="ignore"):
-            h = block.astype(np.uint64) * weights[0] + (block[full].astype(np.uint64) * weights[1:]).sum(axis=1, dtype=np.uint64)
+            h = block.astype(np.uint64) * weights[0]
+            if src.size:
+                h[with_edges] += np.add.reduceat((block[dst].astype(np.uint64) + np.uint64(1)) * col_w, has_edges)
         _, nb = np.unique(h, return_inverse=True)
         nb = nb.ravel()
         if nb.max() + 1 == count:
