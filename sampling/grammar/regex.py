@@ -200,12 +200,50 @@ def search_pattern(pattern: str) -> str:
     this is a subset when the match could be surrounded by them (sound)."""
     if not isinstance(pattern, str):
         return pattern        # pattern_ir reports it
+    branches = _top_level_branches(pattern)
+    if len(branches) > 1 and any(b.startswith("^") or _ends_anchored(b) for b in branches):
+        return "|".join(f"(?:{search_pattern(b)})" for b in branches)     # '^a|b$': anchors per branch
     core, head, tail = pattern, ".*", ".*"
     if core.startswith("^"):
         core, head = core[1:], ""
-    if core.endswith("$") and not core.endswith("\\$"):
+    if _ends_anchored(core):
         core, tail = core[:-1], ""
     return f"{head}(?:{core}){tail}"
+
+
+def _ends_anchored(pattern: str) -> bool:
+    """Ends with a `$` that is not escaped (an odd number of backslashes before it escapes it)."""
+    if not pattern.endswith("$"):
+        return False
+    slashes = len(pattern) - 1 - len(pattern[:-1].rstrip("\\"))
+    return slashes % 2 == 0
+
+
+def _top_level_branches(pattern: str) -> list[str]:
+    """The pattern split at `|` outside groups, classes and escapes."""
+    out, start, depth, in_class, i = [], 0, 0, False, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern[i + 1:i + 2] == "]" or pattern[i + 1:i + 3] == "^]":   # a leading ] is literal
+                i += 2 if pattern[i + 1] == "]" else 3
+                continue
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            out.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    out.append(pattern[start:])
+    return out
 
 
 def pattern_ir(pattern: str, where: str) -> object:
