@@ -271,3 +271,19 @@ def test_a_refused_recursive_ref_under_a_dropped_pattern_leaves_no_hole():
     assert accepts(g, {"a": 1}) and not accepts(g, {"a": 1, "xy": {}})
     with pytest.raises(UnsupportedSchemaError, match="'not'"):
         compile_grammar({**schema, "properties": {"a": {"$ref": "#/definitions/r"}}, "required": ["a"]}, VOCAB)
+
+
+@pytest.mark.parametrize("schema,good,bad", [
+    ({"type": "string", "format": "date", "pattern": "^2024"}, ["2024-01-05"], ["2023-01-05", "2024-13-05"]),
+    ({"type": "string", "format": "email", "pattern": r"@example\.com$"}, ["a@example.com"], ["a@example.org", "example.com"]),
+    ({"type": "string", "format": "uuid", "pattern": "^[0-9a-f-]+$", "maxLength": 36},
+     ["123e4567-e89b-12d3-a456-426614174000"], ["123E4567-E89B-12D3-A456-426614174000"]),
+])
+def test_pattern_together_with_format_holds_both(schema, good, bad):
+    g = compile_grammar(schema, VOCAB)
+    assert all(accepts(g, v) for v in good) and not any(accepts(g, v) for v in bad)
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    rng = random.Random(0)
+    for _ in range(10):
+        value = json.loads(drive(g, rng, budget=60)[0])
+        assert validator.is_valid(value), (schema, value)

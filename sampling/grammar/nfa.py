@@ -224,6 +224,33 @@ def leaf_dfa(node) -> tuple[list[list[tuple[int, int]]], list[bool]]:
     return result
 
 
+def intersection(a, b, max_states: int = 20_000) -> ir.Table | None:
+    """A DFA for the byte strings both IRs (no calls, no objects) match: their leaf automata
+    run side by side from the start; None past `max_states` reachable pairs."""
+    edges_a, accept_a = leaf_dfa(a)
+    edges_b, accept_b = leaf_dfa(b)
+    ids = {(0, 0): 0}
+    order = [(0, 0)]
+    out: list[tuple] = []
+    i = 0
+    while i < len(order):
+        x, y = order[i]
+        by_target: dict[int, int] = {}
+        for mask_a, ta in edges_a[x]:
+            for mask_b, tb in edges_b[y]:
+                both = mask_a & mask_b
+                if both:
+                    target = ids.setdefault((ta, tb), len(order))
+                    if target == len(order):
+                        order.append((ta, tb))
+                    by_target[target] = by_target.get(target, 0) | both
+        if len(order) > max_states:
+            return None
+        out.append(tuple((m, t) for t, m in sorted(by_target.items())))
+        i += 1
+    return ir.Table(tuple(out), tuple(accept_a[x] and accept_b[y] for x, y in order))
+
+
 _LEAVES_BY_ID: dict[int, tuple[object, tuple]] = {}
 
 

@@ -20,6 +20,7 @@ from .allof import merge_all_of
 from .errors import SchemaError, UnsupportedSchemaError, unsupported
 from .formats import FORMATS, REFUSED_FORMATS
 from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json
+from .nfa import intersection
 from .objects import ObjectRules
 from .regex import length_bounded_pattern, pattern_ir, search_pattern
 
@@ -356,7 +357,7 @@ class SchemaCompiler(ObjectRules):
                 fmt = None      # an unknown format is an annotation (JSON Schema)
         if pattern is not None or fmt is not None:
             if pattern is not None and fmt is not None:
-                raise unsupported("pattern", ptr, "pattern together with format")
+                return self._pattern_and_format(pattern, fmt, lo, hi, ptr)
             keyword = "pattern" if pattern is not None else "format"
             # Formats match whole strings; a pattern matches anywhere in the string (JSON
             # Schema), unless only its whole-string reading (a subset) can be length-bounded.
@@ -379,6 +380,18 @@ class SchemaCompiler(ObjectRules):
         # automaton is unrolled once per counted character, so its size matters.
         char = jsonstr.any_char() if hi is None and lo == 0 else jsonstr.counted_char()
         return ir.seq(ir.lit(b'"'), ir.Leaf(_repeat(char, lo, hi)), ir.lit(b'"'))
+
+    def _pattern_and_format(self, pattern: str, fmt: str, lo: int, hi: int | None, ptr: str) -> object:
+        """Strings in the format that the pattern matches: both automata run side by side."""
+        whole = FORMATS[fmt]
+        if lo or hi is not None:
+            whole = length_bounded_pattern(whole, lo, hi, MAX_COUNTED)
+            if whole is None:
+                raise unsupported("format", ptr, "combined with pattern and minLength/maxLength")
+        both = intersection(pattern_ir(whole, ptr), pattern_ir(search_pattern(pattern), ptr))
+        if both is None:
+            raise unsupported("pattern", ptr, "together with format: too large an automaton")
+        return ir.seq(ir.lit(b'"'), both, ir.lit(b'"'))
 
     # ---------------------------------------------------------------- numbers
     def _number(self, schema: dict, t: str, ptr: str) -> object:
