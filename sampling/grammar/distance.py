@@ -133,7 +133,7 @@ def token_distances(aut: Automaton, toks: list[bytes], counting: Counting | None
             for x in new:
                 strings = by_exit.get(int(x))
                 if strings is not None:
-                    vals = counting.u_many(strings, np.zeros(strings.size, dtype=np.int64), U.astype(np.int64))
+                    vals = counting.u_many(strings, np.zeros(strings.size, dtype=np.int64), U)
                     for v in np.unique(vals[vals < INF]):
                         buckets.setdefault(int(v), []).append(strings[vals == v])
     return U

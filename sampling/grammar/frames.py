@@ -92,7 +92,7 @@ class _Counts:
 def walk(idx: VocabIndex, trans_flat: np.ndarray, start: int, u16: np.ndarray, boundary: np.ndarray,
          counting: Counting | None = None, U: np.ndarray | None = None) -> Frame:
     """`u16[g]` is U clipped to uint16 (65535 = unreachable); `boundary[g]` the flag bits.
-    With `counting` (the grammar has length-bounded strings; U: int64 distances), counts are
+    With `counting` (None unless the grammar has counted strings; U: int64 distances), counts are
     followed along each token; from a counted `start`, relative to its count (Frame.values).
 
     Each level is processed either densely (all trie nodes of the level, plain gathers through
@@ -102,7 +102,7 @@ def walk(idx: VocabIndex, trans_flat: np.ndarray, start: int, u16: np.ndarray, b
     node_f = np.zeros(idx.n_nodes + 1, dtype=np.uint8)
     depth_max = len(idx.parents)
     counts = None
-    if counting is not None and counting.any:
+    if counting is not None:
         node_st = np.zeros(idx.n_nodes + 1, dtype=np.int64)
         node_cnt = np.zeros(idx.n_nodes + 1, dtype=np.int64)
         node_phase = np.ones(idx.n_nodes + 1, dtype=np.uint8)
@@ -111,7 +111,7 @@ def walk(idx: VocabIndex, trans_flat: np.ndarray, start: int, u16: np.ndarray, b
     if depth_max:
         st = trans_flat[start * 256 + idx.bytes_[0]]
         fl = np.zeros(st.size, dtype=np.uint8)
-        if counting is not None and counting.any:
+        if counting is not None:
             counts = _Counts(counting, st.size, bool(counting.counted[start]))
             st = counts.advance(np.full(st.size, start), st, counts.take(slice(None)))
     for d in range(1, depth_max + 1):

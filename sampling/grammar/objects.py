@@ -120,11 +120,15 @@ def key_other_than(key: ir.Leaf, names: list[str], max_states: int = 20_000) -> 
     """Key contents matched by `key` other than the names, as a DFA (the key's automaton run
     beside a trie of the names); None when a name has another spelling (an escape, `\\/`)
     the trie would miss, or the product grows too large."""
-    from .nfa import leaf_dfa
+    from .nfa import intersection
 
     if not all(_raw(n) and "/" not in n for n in names):
         return None
-    edges, accept = leaf_dfa(key.item)
+    return intersection(key.item, _any_bytes_but(names), max_states)
+
+
+def _any_bytes_but(names: list[str]) -> ir.Table:
+    """Every byte string except the names' UTF-8: their trie, and one state for off the trie."""
     trie: list[dict[int, int]] = [{}]
     ends = set()
     for name in names:
@@ -136,33 +140,15 @@ def key_other_than(key: ir.Leaf, names: list[str], max_states: int = 20_000) -> 
                 trie.append({})
             node = nxt
         ends.add(node)
-    ids = {(0, 0): 0}
-    order = [(0, 0)]
-    out_edges: list[tuple] = []
-    i = 0
-    while i < len(order):
-        a, t = order[i]
-        by_target: dict[int, int] = {}
-        for mask, a2 in edges[a]:
-            rest = mask
-            if t >= 0:
-                for b, child in trie[t].items():
-                    if mask >> b & 1:
-                        rest &= ~(1 << b)
-                        target = ids.setdefault((a2, child), len(order))
-                        if target == len(order):
-                            order.append((a2, child))
-                        by_target[target] = by_target.get(target, 0) | (1 << b)
-            if rest:
-                target = ids.setdefault((a2, -1), len(order))
-                if target == len(order):
-                    order.append((a2, -1))
-                by_target[target] = by_target.get(target, 0) | rest
-        if len(order) > max_states:
-            return None
-        out_edges.append(tuple((m, tgt) for tgt, m in sorted(by_target.items())))
-        i += 1
-    return ir.Table(tuple(out_edges), tuple(accept[a] and t not in ends for a, t in order))
+    off, every = len(trie), (1 << 256) - 1
+    edges = []
+    for children in trie:
+        rest = every
+        for b in children:
+            rest &= ~(1 << b)
+        edges.append(tuple((1 << b, t) for b, t in children.items()) + ((rest, off),))
+    edges.append(((every, off),))
+    return ir.Table(tuple(edges), tuple(t not in ends for t in range(off + 1)))
 
 
 def key_not_in(names: list[str], prefixes: tuple[str, ...] = ()) -> object:
