@@ -2,6 +2,7 @@
 instances walked through the grammar are accepted or rejected as JSON Schema says."""
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -220,6 +221,17 @@ def test_pattern_matches_anywhere_unless_anchored():
 def test_anchors_apply_to_their_own_branch(pattern):
     g = compile_grammar({"type": "string", "pattern": pattern}, VOCAB)
     words = ["", "ab", "abc", "c", "cab", "a", "xb", "b", "y$", "zy$", "x", "|", "a|", "12", "123", "none", "nones"]
+    for w in words:
+        assert accepts(g, w) == bool(re.search(pattern, w)), (pattern, w)
+
+
+@pytest.mark.parametrize("pattern", [r"[a-c]{2,255}", r"xa+", r"ab*", r"(ab){2,}", r"a|b{2,3}", r"c\\*", r"^a{1,40}",
+                                     r"b{1,3}?", r"[a-c]{2,3}x"])
+def test_a_trailing_quantifier_of_an_unanchored_pattern_needs_only_its_least_count(pattern):
+    g = compile_grammar({"type": "string", "pattern": pattern}, VOCAB)
+    assert g.n_states < 40          # 'x{1,255}' is not unrolled 255 times
+    alphabet = "abcx\\"
+    words = ["".join(w) for n in range(6) for w in itertools.product(alphabet, repeat=n)][:4000]
     for w in words:
         assert accepts(g, w) == bool(re.search(pattern, w)), (pattern, w)
 

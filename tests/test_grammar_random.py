@@ -11,10 +11,12 @@ import random
 
 import jsonschema
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sampling.grammar import SchemaError, UnsupportedSchemaError, compile_grammar
+from sampling.grammar import CompiledGrammar, SchemaError, UnsupportedSchemaError, compile_grammar
+from sampling.grammar.vocab_index import index_for
 from tests.test_grammar_support import EOG, VOCAB, drive, standard
 
 NAMES = st.sampled_from(["a", "b", "id", "name", "rating", "x y", "é", 'q"', "中文"])
@@ -130,8 +132,8 @@ def _true_minimum(g) -> int:
     raise AssertionError("no complete document reachable")
 
 
-def _check_outputs(schema, seed, runs=4):
-    g = compile_grammar(schema, VOCAB, open_objects=seed % 2 == 1)
+def _check_outputs(schema, seed, runs=4, compile=compile_grammar):
+    g = compile(schema, VOCAB, open_objects=seed % 2 == 1)
     validator = jsonschema.Draft202012Validator(standard(schema) if schema is not None else {"type": "object"},
                                                 format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
     start = g.matcher().min_tokens_to_complete()
@@ -232,3 +234,84 @@ def test_long_strings_are_counted_not_unrolled():
     # longer strings are not generated, as before).
     g = compile_grammar({"anyOf": [{"type": "string", "maxLength": 40}, {"type": "string", "maxLength": 50}]}, VOCAB)
     assert g.counting is None and accepts(g, "x" * 32) and not accepts(g, "x" * 33)
+
+
+def _shared_use(schema):
+    """`schema` used from two properties and as the item of a long array: a shared rule."""
+    from sampling.grammar.schema import MAX_UNROLLED_ITEMS
+
+    return {"type": "object", "$defs": {"d": schema},
+            "properties": {"a": {"$ref": "#/$defs/d"},
+                           "b": {"type": "array", "items": {"$ref": "#/$defs/d"}, "maxItems": MAX_UNROLLED_ITEMS + 3}},
+            "required": ["a"]}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(SCHEMAS, st.integers(0, 2**32))
+def test_shared_parts_are_called_rules_accepting_what_inlining_accepts(schema, seed):
+    from unittest import mock
+
+    from sampling.grammar import schema as schema_module
+
+    def uncached(schema, vocab, open_objects):       # compile_grammar's cache ignores the patches
+        return CompiledGrammar(schema, index_for(vocab), open_objects=open_objects)
+
+    wrapped = _shared_use(schema)
+    try:
+        with mock.patch.object(schema_module, "SHARED_RULE_SIZE", 1):
+            g, _ = _check_outputs(wrapped, seed, runs=3, compile=uncached)
+        with mock.patch.object(schema_module, "SHARED_RULE_SIZE", 10**9), \
+                mock.patch.object(schema_module, "MAX_UNROLLED_ITEMS", 10**9):
+            inlined = uncached(wrapped, VOCAB, open_objects=seed % 2 == 1)
+    except UnsupportedSchemaError as e:
+        assert any(k in str(e) for k in ("'oneOf'", "'uniqueItems'", "'allOf'")), e
+        return
+    except SchemaError as e:
+        assert "no JSON document satisfies" in str(e) or "no document satisfying" in str(e), e
+        return
+    assert len(g.rule_start) > len(inlined.rule_start)
+    rng = random.Random(seed)
+    for source, other in ((g, inlined), (inlined, g)):
+        for _ in range(3):
+            out, _ = drive(source, rng, budget=source.matcher().min_tokens_to_complete() + 40)
+            m = other.matcher()
+            m.advance_bytes(out)
+            assert m.is_complete, out
+    _check_masks_brute_force(g, random.Random(seed), steps=30)
+
+
+def test_long_arrays_call_their_item_instead_of_unrolling_it():
+    from tests.test_grammar_keywords import accepts
+
+    item = {"type": "string", "pattern": "^[a-f0-9]{24}$"}
+    g = compile_grammar({"type": "array", "items": item, "minItems": 20, "maxItems": 1000}, VOCAB)
+    # Two states per counted item (a comma, a call) instead of a copy of the item's 26.
+    assert len(g.rule_start) == 2 and g.n_states < 2 * 1000 + 100
+    for n in (19, 20, 1000, 1001):
+        assert accepts(g, ["0123456789abcdef01234567"] * n) == (20 <= n <= 1000)
+    assert not accepts(g, ["0123456789abcdef0123456"] * 20)
+
+
+@pytest.mark.parametrize("schema", [RECURSIVE[0], {"type": "string", "minLength": 40},
+                                    {"type": "object", "properties": {"name": {"type": "string", "format": "date"},
+                                                                       "rating": {"enum": [1, "abc", None]}}}])
+def test_token_edges_walk_equals_every_state_times_every_token(schema):
+    from sampling.grammar import distance
+    from sampling.grammar.dfa import DEAD
+
+    single = np.ones(256, dtype=bool)
+    comp, aut, counting = CompiledGrammar._automaton(schema, False, single, count_strings=True)
+    toks = distance.budget_tokens(index_for(VOCAB), comp.literals)
+    counted = counting.counted if counting.any else np.zeros(aut.n_states, dtype=bool)
+    expected = set()
+    for s in range(1, aut.n_states):
+        for t in toks:
+            g = s
+            for b in t:
+                g = DEAD if counted[g] else int(aut.trans[g, b])
+                if g == DEAD:
+                    break
+            if g != DEAD:
+                expected.add((s, g))
+    src, dst = distance._token_edges(aut, toks, counting.counted if counting.any else None)
+    assert set(zip(src.tolist(), dst.tolist())) == expected and len(src) == len(expected)

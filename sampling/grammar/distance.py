@@ -57,35 +57,54 @@ def _vocab_budget(idx: VocabIndex, exact_limit: int) -> tuple[frozenset[bytes], 
     return texts, base
 
 
-def _token_edges(aut: Automaton, toks: list[bytes], counted: np.ndarray | None = None,
-                 chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+def _token_edges(aut: Automaton, toks: list[bytes], counted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Unique (src, dst) state pairs with some token in `toks` leading src -> dst (bytes only).
     With `counted` (states of length-bounded strings), paths that start in or pass through one
-    are left out: only a counted state's entry (its count then 0) may end a path."""
-    toks = sorted(toks, key=len, reverse=True)
-    lens = np.array([len(t) for t in toks], dtype=np.int64)
-    width = int(lens[0]) if toks else 0
-    mat = np.zeros((len(toks), width), dtype=np.int64)
-    for i, t in enumerate(toks):
-        mat[i, : len(t)] = np.frombuffer(t, dtype=np.uint8)
-    active = [int((lens > p).sum()) for p in range(width)]
-    flat = aut.trans.ravel().astype(np.int64)
+    are left out: only a counted state's entry (its count then 0) may end a path.
+
+    The tokens are walked as a trie, all states at once: a state leaves the walk at the first
+    byte it has no transition on, so the work follows the pairs still alive, not states x tokens."""
     n = aut.n_states
-    srcs, dsts = [], []
-    for lo in range(1, n, chunk):
-        rows = np.arange(lo, min(n, lo + chunk), dtype=np.int64)
-        st = np.repeat(rows[:, None], len(toks), axis=1)
-        for p in range(width):
-            k = active[p]
-            if counted is not None:
-                st[:, :k] = np.where(counted[st[:, :k]], DEAD, st[:, :k])
-            st[:, :k] = flat[st[:, :k] * 256 + mat[None, :k, p]]
-        codes = np.unique((rows[:, None] * n + st)[st != DEAD])
-        srcs.append(codes // n)
-        dsts.append(codes % n)
-    if not srcs:
+    if n <= 1 or not toks:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(srcs), np.concatenate(dsts)
+    by_byte = np.ascontiguousarray(aut.trans.T)          # [byte, state]
+    starts = np.arange(n, dtype=np.int64)
+    if counted is not None:
+        starts = starts[~counted]
+    starts = starts[starts != DEAD]
+    codes = []
+    # (prefix bytes, sources, current states): every node of the trie below the root.
+    todo = [(b"", starts, starts)]
+    children = _trie(toks)
+    while todo:
+        prefix, src, cur = todo.pop()
+        if counted is not None and prefix:
+            alive = ~counted[cur]
+            src, cur = src[alive], cur[alive]
+        for b, (is_token, has_children) in children.get(prefix, {}).items():
+            nxt = by_byte[b][cur]
+            alive = nxt != DEAD
+            if not alive.any():
+                continue
+            s, t = src[alive], nxt[alive].astype(np.int64)
+            if is_token:
+                codes.append(s * n + t)
+            if has_children:
+                todo.append((prefix + bytes([b]), s, t))
+    if not codes:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    pairs = np.unique(np.concatenate(codes))
+    return pairs // n, pairs % n
+
+
+def _trie(toks: list[bytes]) -> dict[bytes, dict[int, tuple[bool, bool]]]:
+    """prefix -> {next byte: (prefix + byte is a token, some token extends it)}."""
+    tokens = set(toks)
+    prefixes = {t[:i] for t in toks for i in range(1, len(t))}
+    out: dict[bytes, dict[int, tuple[bool, bool]]] = {}
+    for w in tokens | prefixes:
+        out.setdefault(w[:-1], {})[w[-1]] = (w in tokens, w in prefixes)
+    return out
 
 
 def token_distances(aut: Automaton, toks: list[bytes], counting: Counting | None = None) -> np.ndarray:

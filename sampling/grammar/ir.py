@@ -36,7 +36,8 @@ class Repeat:
 
 @dataclass(frozen=True)
 class Call:
-    """Match one instance of another rule (pushdown call); used only for recursive $refs."""
+    """Match one instance of another rule (pushdown call): recursive $refs, and large parts
+    used in many places."""
     rule: int
 
 
@@ -127,3 +128,23 @@ def chars(ranges: list[tuple[int, int]]) -> object:
     """One Unicode character from the code point ranges, as raw UTF-8."""
     seqs = utf8.sequences(ranges)
     return alt(*(Seq(tuple(Bytes(range_mask(lo, hi)) for lo, hi in s)) for s in seqs))
+
+
+def size(node: object, limit: int) -> int:
+    """The number of IR nodes under `node` (each shared subtree once), counting stops at `limit`."""
+    seen, todo, n = set(), [node], 0
+    while todo and n < limit:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        n += 1
+        if isinstance(x, (Seq, Alt)):
+            todo.extend(x.items)
+        elif isinstance(x, (Repeat, Leaf)):
+            todo.append(x.item)
+        elif isinstance(x, Obj):
+            todo.extend(m for m, _ in x.members)
+            if x.extra is not None:
+                todo.append(x.extra)
+    return n

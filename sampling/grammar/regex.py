@@ -208,7 +208,26 @@ def search_pattern(pattern: str) -> str:
         core, head = core[1:], ""
     if _ends_anchored(core):
         core, tail = core[:-1], ""
+    else:
+        core = _least_trailing_repeat(core)
     return f"{head}(?:{core}){tail}"
+
+
+_TRAILING_REPEAT = re.compile(r"(?:\*|\+|\?|\{(\d+)(?:,\d*)?\})\??$")
+
+
+def _least_trailing_repeat(core: str) -> str:
+    """A quantifier ending an unanchored pattern needs only its least count: 'x{1,255}' is
+    found somewhere exactly where 'x' is. (Unrolling the 255 would cost seconds to compile.)"""
+    m = _TRAILING_REPEAT.search(core)
+    if m is None:
+        return core
+    before = core[: m.start()]
+    slashes = len(before) - len(before.rstrip("\\"))
+    if slashes % 2 or not before or before.endswith(("(", "|")):
+        return core           # an escaped quantifier character, or nothing to repeat
+    least = {"*": "0", "?": "0", "+": "1"}.get(core[m.start()], m.group(1))
+    return f"{before}{{{least}}}"
 
 
 def _ends_anchored(pattern: str) -> bool:

@@ -1,7 +1,8 @@
-"""JSON Schema -> IR rules (rule 0 is the document; other rules are recursive $ref targets).
+"""JSON Schema -> IR rules (rule 0 is the document; the others are called from it).
 
-Non-recursive references are inlined. A `$ref` whose target can reach itself becomes a rule,
-and each use a `Call` (a pushdown call at match time). "Any JSON value" is a recursive rule too.
+A `$ref` whose target can reach itself becomes a rule, and each use a `Call` (a pushdown call
+at match time); so does a large target used more than once, and a large array item repeated
+many times. Other references are inlined. "Any JSON value" is a recursive rule too.
 Objects are in objects.py (ObjectRules); this file stays over 300 lines because the keyword
 dispatch (node) and the per-type rules call one another.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections import Counter
 from urllib.parse import unquote
 
 import jsonschema
@@ -28,6 +30,10 @@ from .regex import length_bounded_pattern, pattern_ir, search_pattern
 # ones use a counter beside the automaton (counting.py). Where a counter cannot be used
 # (dfa.CountConflict), larger bounds are tightened to this (maxLength) or refused (minLength).
 MAX_COUNTED = 32
+# A $ref target used more than once becomes a rule when its IR has at least SHARED_RULE_SIZE
+# nodes; so does any array item that minItems / maxItems repeat over MAX_UNROLLED_ITEMS times.
+SHARED_RULE_SIZE = 40
+MAX_UNROLLED_ITEMS = 16
 NULL, TRUE, FALSE = ir.lit(b"null"), ir.lit(b"true"), ir.lit(b"false")
 
 
@@ -80,7 +86,7 @@ class SchemaCompiler(ObjectRules):
         self.ref_failed: dict[str, SchemaError] = {}
         self.inline_memo: dict[str, object] = {}
         self.literals: set[bytes] = {b"true", b"false", b"null", b"{}", b"[]", b'""'}
-        self.recursive = self._recursive_refs()
+        self.recursive, self.ref_uses = self._reference_graph()
 
     # ---------------------------------------------------------------- references
     def _resolve_pointer(self, ref: object, ptr: str) -> object:
@@ -102,23 +108,25 @@ class SchemaCompiler(ObjectRules):
                 raise SchemaError(f"'$ref' {ref!r} at {ptr or '/'} does not resolve")
         return node
 
-    def _recursive_refs(self) -> set[str]:
-        """Targets of $ref that can reach themselves through further $refs."""
-        edges: dict[str, set[str]] = {}
+    def _reference_graph(self) -> tuple[set[str], Counter]:
+        """(targets of $ref that can reach themselves through further $refs; how many times
+        each target is referred to, from the root and from every target once)."""
+        edges: dict[str, Counter] = {}
 
-        def refs_in(node) -> set[str]:
-            out, todo = set(), [node]
+        def refs_in(node) -> Counter:
+            out, todo = Counter(), [node]
             while todo:
                 n = todo.pop()
                 if isinstance(n, dict):
                     if isinstance(n.get("$ref"), str):
-                        out.add(n["$ref"])
+                        out[n["$ref"]] += 1
                     todo.extend(n.values())
                 elif isinstance(n, list):
                     todo.extend(n)
             return out
 
-        todo = list(refs_in(self.root))
+        uses = refs_in(self.root)
+        todo = list(uses)
         while todo:
             r = todo.pop()
             if r in edges:
@@ -126,7 +134,8 @@ class SchemaCompiler(ObjectRules):
             try:
                 edges[r] = refs_in(self._resolve_pointer(r, ""))
             except SchemaError:
-                edges[r] = set()  # reported with a proper location when compiled
+                edges[r] = Counter()  # reported with a proper location when compiled
+            uses.update(edges[r])
             todo.extend(edges[r])
         rec = set()
         for start in edges:
@@ -139,7 +148,7 @@ class SchemaCompiler(ObjectRules):
                 if r not in seen:
                     seen.add(r)
                     todo.extend(edges.get(r, ()))
-        return rec
+        return rec, uses
 
     def _ref(self, ref: str, ptr: str) -> object:
         target = self._resolve_pointer(ref, ptr)
@@ -161,8 +170,18 @@ class SchemaCompiler(ObjectRules):
                     raise
             return ir.Call(idx)
         if ref not in self.inline_memo:
-            self.inline_memo[ref] = self.node(target, where)
+            body = self.node(target, where)
+            self.inline_memo[ref] = self._shared(body) if self.ref_uses.get(ref, 0) > 1 else body
         return self.inline_memo[ref]
+
+    def _shared(self, body: object, min_size: int | None = None) -> object:
+        """`body` for a place that repeats it: a large one becomes a rule, built once and called
+        from every copy, instead of being copied into each (automaton size, compile time)."""
+        min_size = SHARED_RULE_SIZE if min_size is None else min_size
+        if isinstance(body, ir.Call) or ir.size(body, min_size) < min_size:
+            return body
+        self.rules.append(body)
+        return ir.Call(len(self.rules) - 1)
 
     def _resolve_schema(self, sub: object, where: str) -> object:
         """Follow $refs (for allOf / oneOf analysis); recursive targets cannot be merged."""
@@ -460,6 +479,8 @@ class SchemaCompiler(ObjectRules):
             if lo > 1:
                 raise unsupported("uniqueItems", ptr, "items are not a finite set of values and minItems > 1")
             hi = 1     # at most one item: unique whatever it is
+        if rest is not None and max(lo, hi or 0) > MAX_UNROLLED_ITEMS:
+            rest = self._shared(rest, min_size=1)
         return self._array(pre, rest, lo, hi)
 
     def _finite_values(self, items: object, where: str) -> list[bytes] | None:
