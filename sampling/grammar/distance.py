@@ -67,6 +67,8 @@ def _token_edges(aut: Automaton, toks: list[bytes], counted: np.ndarray | None =
     n = aut.n_states
     if n <= 1 or not toks:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if n <= _SMALL:
+        return _token_edges_dense(aut, toks, counted)
     by_byte = np.ascontiguousarray(aut.trans.T)          # [byte, state]
     starts = np.arange(n, dtype=np.int64)
     if counted is not None:
@@ -95,6 +97,29 @@ def _token_edges(aut: Automaton, toks: list[bytes], counted: np.ndarray | None =
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     pairs = np.unique(np.concatenate(codes))
     return pairs // n, pairs % n
+
+
+_SMALL = 400     # states up to which one dense pass beats the walk's per-node overhead
+
+
+def _token_edges_dense(aut: Automaton, toks: list[bytes], counted: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """_token_edges as every state times every token, one byte position at a time."""
+    toks = sorted(toks, key=len, reverse=True)
+    lens = np.array([len(t) for t in toks], dtype=np.int64)
+    mat = np.zeros((len(toks), int(lens[0])), dtype=np.int64)
+    for i, t in enumerate(toks):
+        mat[i, : len(t)] = np.frombuffer(t, dtype=np.uint8)
+    flat = aut.trans.ravel().astype(np.int64)
+    n = aut.n_states
+    rows = np.arange(1, n, dtype=np.int64)
+    st = np.repeat(rows[:, None], len(toks), axis=1)
+    for p in range(mat.shape[1]):
+        k = int((lens > p).sum())
+        if counted is not None:
+            st[:, :k] = np.where(counted[st[:, :k]], DEAD, st[:, :k])
+        st[:, :k] = flat[st[:, :k] * 256 + mat[None, :k, p]]
+    codes = np.unique((rows[:, None] * n + st)[st != DEAD])
+    return codes // n, codes % n
 
 
 def _trie(toks: list[bytes]) -> dict[bytes, dict[int, tuple[bool, bool]]]:
