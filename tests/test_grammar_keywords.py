@@ -217,10 +217,12 @@ def test_pattern_matches_anywhere_unless_anchored():
             assert re.search(pattern, json.loads(drive(g, rng, budget=40)[0]))
 
 
-@pytest.mark.parametrize("pattern", [r"^ab$|^c", r"^a|b$", r"x|^y\$", r"^(a|b)$|[|]$", r"^[0-9]{2}$|^none$"])
+@pytest.mark.parametrize("pattern", [r"^ab$|^c", r"^a|b$", r"x|^y\$", r"^(a|b)$|[|]$", r"^[0-9]{2}$|^none$",
+                                     r"^a|bc|x|RC|b$", r"ab|^c|y{2,}"])
 def test_anchors_apply_to_their_own_branch(pattern):
     g = compile_grammar({"type": "string", "pattern": pattern}, VOCAB)
-    words = ["", "ab", "abc", "c", "cab", "a", "xb", "b", "y$", "zy$", "x", "|", "a|", "12", "123", "none", "nones"]
+    words = ["", "ab", "abc", "c", "cab", "a", "xb", "b", "y$", "zy$", "x", "|", "a|", "12", "123", "none", "nones",
+             "zbcz", "RC", "zRb", "yy", "zyyz", "ca", "zc"]
     for w in words:
         assert accepts(g, w) == bool(re.search(pattern, w)), (pattern, w)
 

@@ -105,25 +105,29 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
             g = todo.pop()
             # Partition the byte classes by the set of NFA targets they lead to (class sets as
             # int bitmasks), so that each distinct target set is closed and interned once.
-            parts: list[tuple[int, tuple[int, ...]]] = [(all_classes, ())]
+            # Edges with the same label are split on once (a set can hold hundreds of them).
+            by_mask: dict[int, list[int]] = {}
             cmoves: dict[int, set[int]] = {}
             for ns in sets[g]:
                 for mask, t in nfa.edges[ns]:
-                    cm = mask_classes.get(mask)
-                    if cm is None:
-                        cm = mask_classes[mask] = sum(1 << c for c in range(n_cls) if mask >> class_rep[c] & 1)
-                    split = []
-                    for pm, ts in parts:
-                        inside = pm & cm
-                        if inside:
-                            split.append((inside, ts + (t,)))
-                            if pm != inside:
-                                split.append((pm ^ inside, ts))
-                        else:
-                            split.append((pm, ts))
-                    parts = split
+                    by_mask.setdefault(mask, []).append(t)
                 for q, t in nfa.calls[ns]:
                     cmoves.setdefault(q, set()).add(t)
+            parts: list[tuple[int, tuple[int, ...]]] = [(all_classes, ())]
+            for mask, targets in by_mask.items():
+                cm = mask_classes.get(mask)
+                if cm is None:
+                    cm = mask_classes[mask] = sum(1 << c for c in range(n_cls) if mask >> class_rep[c] & 1)
+                split = []
+                for pm, ts in parts:
+                    inside = pm & cm
+                    if inside:
+                        split.append((inside, ts + tuple(targets)))
+                        if pm != inside:
+                            split.append((pm ^ inside, ts))
+                    else:
+                        split.append((pm, ts))
+                parts = split
             row = rows[g]
             for pm, ts in parts:
                 if not ts:

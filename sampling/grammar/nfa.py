@@ -194,19 +194,23 @@ def leaf_dfa(node) -> tuple[list[list[tuple[int, int]]], list[bool]]:
     # (intern receives closed sets)
     while i < len(sets):
         # Partition the 256 bytes by the set of targets they lead to (bytes as bitmasks).
-        parts: list[tuple[int, tuple[int, ...]]] = [((1 << 256) - 1, ())]
+        # Edges with the same label are split on once (a set can hold hundreds of them).
+        by_mask: dict[int, list[int]] = {}
         for ns in sets[i]:
             for m, t in nfa.edges[ns]:
-                split = []
-                for pm, ts in parts:
-                    inside = pm & m
-                    if inside:
-                        split.append((inside, ts + (t,)))
-                        if pm != inside:
-                            split.append((pm ^ inside, ts))
-                    else:
-                        split.append((pm, ts))
-                parts = split
+                by_mask.setdefault(m, []).append(t)
+        parts: list[tuple[int, tuple[int, ...]]] = [((1 << 256) - 1, ())]
+        for m, targets in by_mask.items():
+            split = []
+            for pm, ts in parts:
+                inside = pm & m
+                if inside:
+                    split.append((inside, ts + tuple(targets)))
+                    if pm != inside:
+                        split.append((pm ^ inside, ts))
+                else:
+                    split.append((pm, ts))
+            parts = split
         merged: dict[frozenset[int], int] = {}
         for pm, ts in parts:
             if ts:

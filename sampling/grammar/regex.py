@@ -201,8 +201,13 @@ def search_pattern(pattern: str) -> str:
     if not isinstance(pattern, str):
         return pattern        # pattern_ir reports it
     branches = _top_level_branches(pattern)
-    if len(branches) > 1 and any(b.startswith("^") or _ends_anchored(b) for b in branches):
-        return "|".join(f"(?:{search_pattern(b)})" for b in branches)     # '^a|b$': anchors per branch
+    anchored = [b for b in branches if b.startswith("^") or _ends_anchored(b)]
+    if len(branches) > 1 and anchored:
+        # '^a|b$': anchors per branch. The unanchored ones share one '.*' on each side: each
+        # '.*' is a copy of the whole character automaton, and their subsets multiply.
+        free = [b for b in branches if b not in anchored]
+        parts = ([search_pattern("|".join(free))] if free else []) + [search_pattern(b) for b in anchored]
+        return "|".join(f"(?:{p})" for p in parts)
     core, head, tail = pattern, ".*", ".*"
     if core.startswith("^"):
         core, head = core[1:], ""
