@@ -59,8 +59,8 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
         return frozenset(out)
 
     ids: dict[tuple[int, frozenset[int]], int] = {}
-    rows: list[np.ndarray] = [np.zeros(n_cls, dtype=np.int32)]
-    class_index: dict[int, np.ndarray] = {}
+    rows: list[list[int]] = [[DEAD] * n_cls]       # plain lists: a numpy call per edge costs more
+    class_index: dict[int, list[int]] = {}
     accept: list[bool] = [False]
     rule_of: list[int] = [-1]
     calls_raw: list[dict[int, int]] = [{}]
@@ -91,7 +91,7 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
                 g = ids[key] = len(rows)
                 if g > max_states:
                     raise SchemaError(f"schema too large: more than {max_states} automaton states")
-                rows.append(np.zeros(n_cls, dtype=np.int32))
+                rows.append([DEAD] * n_cls)
                 accept.append(e in st)
                 rule_of.append(r)
                 calls_raw.append({})
@@ -135,10 +135,11 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
                 target = intern(closure(ts))
                 cols = class_index.get(pm)
                 if cols is None:
-                    cols = class_index[pm] = np.array([c for c in range(n_cls) if pm >> c & 1], dtype=np.int64)
-                row[cols] = target
+                    cols = class_index[pm] = [c for c in range(n_cls) if pm >> c & 1]
+                for c in cols:
+                    row[c] = target
             calls_raw[g] = {q: intern(closure(ts)) for q, ts in cmoves.items()}
-    table = np.stack(rows).astype(np.int32)
+    table = np.array(rows, dtype=np.int32)
     aut = _trim(table, np.array(accept), calls_raw, starts, np.array(rule_of, dtype=np.int32))
     tags = np.array(count_tag, dtype=np.int32)
     table, acc, calls_raw, starts, rule_of, tags = _minimize(*aut, tags)
