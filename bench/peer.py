@@ -14,6 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
+from bindings.library import amx_built
+
 
 def find_tool(name: str, explicit: str | None = None) -> str | None:
     """The tool's path: `explicit` (a file, or a folder holding it), else PATH, else None."""
@@ -43,7 +45,7 @@ def batched_bench_tg(binary: str, model: str, batch_sizes: list[int], threads: i
     """S_TG (generation tok/s) per batch size, as llama-batched-bench prints it."""
     command = [binary, "-m", model, "-c", str(max(4096, max(batch_sizes) * (prompt_tokens + generate))),
                "-b", "512", "-ub", "512", "-npp", str(prompt_tokens), "-ntg", str(generate),
-               "-npl", ",".join(map(str, batch_sizes)), "-t", str(threads), "-kvu"]
+               "-npl", ",".join(map(str, batch_sizes)), "-t", str(threads), "-kvu", *cpu_safety_args()]
     out = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True).stdout
     figures: dict[int, float] = {}
     for line in out.splitlines():
@@ -51,6 +53,12 @@ def batched_bench_tg(binary: str, model: str, batch_sizes: list[int], threads: i
         if len(cells) >= 10 and cells[0].isdigit():  # PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | T | S
             figures[int(cells[2])] = float(cells[7])
     return figures
+
+
+def cpu_safety_args() -> list[str]:
+    """What our own engine turns off on this CPU (bindings/library.py), turned off in the peer too:
+    a native build here has the same AMX kernels, and the comparison stays like for like."""
+    return ["--no-repack"] if amx_built() else []
 
 
 def free_port() -> int:
@@ -66,7 +74,7 @@ def llama_server(binary: str, model: str, threads: int, slots: int, n_ctx: int,
     cobatch runs), wait until it answers /health, yield its URL, and stop it."""
     port = free_port()
     command = [binary, "-m", model, "-t", str(threads), "-np", str(slots), "-kvu", "-c", str(n_ctx),
-               "--host", "127.0.0.1", "--port", str(port), *(extra_args or [])]
+               "--host", "127.0.0.1", "--port", str(port), *cpu_safety_args(), *(extra_args or [])]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -5,16 +5,22 @@ Used only as the sequential baseline of bench/sequential.py; the engine never to
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import llama_cpp
+import llama_cpp.llama_cpp as llama_c_api
+
+from bindings.library import model_params
 
 
 class SequentialLlama:
     def __init__(self, model_path: str | Path, n_ctx: int = 4096, n_threads: int = 2) -> None:
-        self._llama = llama_cpp.Llama(
-            model_path=str(model_path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-            verbose=False,
-        )
+        # `Llama` takes no model parameter for extra buffer types: hand it ours (bindings/library.py).
+        with mock.patch.object(llama_c_api, "llama_model_default_params", model_params):
+            self._llama = llama_cpp.Llama(
+                model_path=str(model_path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                verbose=False,
+            )
 
     def complete(self, prompt: str, max_tokens: int, banned_tokens: frozenset[int] = frozenset(),
                  **sampling: float | int) -> int:

@@ -42,5 +42,22 @@ def system_info() -> str:
     return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
 
 
+def model_params() -> "llama_cpp.llama_model_params":
+    """llama.cpp's default model parameters, minus what is known to crash on this CPU."""
+    ensure_backend()
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = 0
+    if amx_built():
+        # ggml's AMX matmul segfaults in the first decode of a K-quant model (llama.cpp issue
+        # 20824, unfixed in the version we pin); its extra buffer types are where AMX comes in.
+        params.use_extra_bufts = False
+    return params
+
+
+def amx_built() -> bool:
+    """llama.cpp was compiled with Intel AMX kernels (a native build on a CPU that has AMX)."""
+    return "AMX_INT8 = 1" in system_info()
+
+
 def llama_cpp_version() -> str:
     return getattr(llama_cpp, "__version__", "unknown")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from bindings.library import ensure_backend
+from bindings.library import ensure_backend, model_params
 
 
 class ModelLoadError(RuntimeError):
@@ -21,8 +21,7 @@ class Model:
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelLoadError(f"model file not found: {self.path}")
-        params = llama_cpp.llama_model_default_params()
-        params.n_gpu_layers = 0
+        params = model_params()
         params.use_mmap = use_mmap
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:
