@@ -21,6 +21,8 @@ class RawLoopRun:
     steps: int
     # margins[i][j]: gap between the best and second-best logit when token j of prompt i was chosen
     margins: list[list[float]] = field(default_factory=list)
+    # runner_ups[i][j]: the second-best token there
+    runner_ups: list[list[int]] = field(default_factory=list)
 
 
 def run_raw_loop(
@@ -57,12 +59,17 @@ def _run(ctx: Context, prompts: list[list[int]], n_generate: int, batch_rows: in
          record_margins: bool) -> RawLoopRun:
     n = len(prompts)
     margins: list[list[float]] = [[] for _ in range(n)]
+    runner_ups: list[list[int]] = [[] for _ in range(n)]
 
     def choose(logits: np.ndarray) -> np.ndarray:
         if record_margins:
-            top2 = np.partition(logits, -2, axis=1)[:, -2:]
-            for i, gap in enumerate(np.abs(top2[:, 1] - top2[:, 0]).tolist()):
+            top2 = np.argpartition(logits, -2, axis=1)[:, -2:]
+            rows = np.arange(len(logits))
+            a, b = logits[rows, top2[:, 0]], logits[rows, top2[:, 1]]
+            second = np.where(a <= b, top2[:, 0], top2[:, 1])
+            for i, (gap, tok) in enumerate(zip(np.abs(b - a).tolist(), second.tolist())):
                 margins[i].append(gap)
+                runner_ups[i].append(tok)
         return np.argmax(logits, axis=1)
 
     batch = Batch(batch_rows)
@@ -87,7 +94,7 @@ def _run(ctx: Context, prompts: list[list[int]], n_generate: int, batch_rows: in
         generated.append(next_tokens)
     elapsed = time.perf_counter() - start
     tokens = np.stack(generated, axis=1).tolist()
-    return RawLoopRun(tokens, elapsed, n_generate - 1, margins)
+    return RawLoopRun(tokens, elapsed, n_generate - 1, margins, runner_ups)
 
 
 def decode_or_raise(ctx: Context, batch: Batch) -> None:

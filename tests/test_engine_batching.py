@@ -51,13 +51,15 @@ def greedy_tokens(engine, prompts, max_tokens):
 
 def assert_same_up_to_near_ties(outputs, reference, max_gap, min_identical):
     """Outputs equal the reference, except that a sequence may part from it at a token where the
-    reference's top two logits were within max_gap of each other.
+    reference's top two logits were within max_gap of each other, by taking the second of them.
 
     Why a tolerance at all: in the unified KV cache, llama.cpp's kernels change with how many
     cells are in use, so a neighbour merely holding cells moves a row's logits (measured here: up
     to 1.0 in max-abs over the vocabulary after a 12-token neighbour joins; the top-2 gaps where
-    tokens actually flipped were 0.006, 0.081 and 0.097). A real mix-up (wrong seq id, position or
-    token) derails a sequence at once, at confident tokens, and fails this check.
+    tokens actually flipped were 0.006, 0.081 and 0.097; on an AVX-512 machine without weight
+    repacking, 4 of 8 sequences flipped, at gaps 0.001 to 0.235). A real mix-up (wrong seq id,
+    position or token) derails a sequence at once, at confident tokens or to unrelated ones, and
+    fails this check.
     """
     identical = 0
     for i, (out, ref) in enumerate(zip(outputs, reference.tokens)):
@@ -67,6 +69,7 @@ def assert_same_up_to_near_ties(outputs, reference, max_gap, min_identical):
         else:
             gap = reference.margins[i][first_diff]
             assert gap < max_gap, f"sequence {i} left the reference at token {first_diff}, top-2 gap {gap:.3f}"
+            assert out[first_diff] == reference.runner_ups[i][first_diff], f"sequence {i} took a third token"
     assert identical >= min_identical
 
 
@@ -76,7 +79,7 @@ def test_greedy_output_is_the_same_alongside_7_or_15_others(engine):
     with_7 = greedy_tokens(engine, own, 32)
     with_15 = greedy_tokens(engine, own + PROMPTS[8:], 32)[:8]
     assert [list(t) for t in with_7] == raw.tokens
-    assert_same_up_to_near_ties(with_15, raw, max_gap=0.25, min_identical=6)
+    assert_same_up_to_near_ties(with_15, raw, max_gap=0.25, min_identical=4)
 
 
 def test_late_joiner_does_not_disturb_running_requests(engine):
@@ -90,6 +93,6 @@ def test_late_joiner_does_not_disturb_running_requests(engine):
     late = engine.submit("A completely different late prompt about volcanoes:", max_tokens=16)
     results = [h.result(timeout=300) for h in handles]
     late_result = late.result(timeout=300)
-    assert_same_up_to_near_ties([r.token_ids for r in results], raw, max_gap=0.25, min_identical=6)
+    assert_same_up_to_near_ties([r.token_ids for r in results], raw, max_gap=0.25, min_identical=4)
     assert late_result.metrics.tokens_generated >= 1
     assert late_result.metrics.ttft_ms < results[0].metrics.latency_ms  # it joined, it did not wait
