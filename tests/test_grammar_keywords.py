@@ -301,3 +301,80 @@ def test_pattern_together_with_format_holds_both(schema, good, bad):
     for _ in range(10):
         value = json.loads(drive(g, rng, budget=60)[0])
         assert validator.is_valid(value), (schema, value)
+
+
+def keys_of(docs) -> set[tuple[str, ...]]:
+    return {tuple(d) for d in docs}
+
+
+def test_merged_members_follow_the_order_the_schema_is_written_in():
+    # llguidance does the same, and real instances follow it: an allOf / $ref / anyOf written
+    # before the schema's own properties puts its members first.
+    inner = {"properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    own = {"properties": {"b": {"type": "integer"}}, "required": ["b"]}
+    for schema, order in [({"allOf": [inner], **own}, ("a", "b")), ({**own, "allOf": [inner]}, ("b", "a")),
+                          ({"$defs": {"i": inner}, "$ref": "#/$defs/i", **own}, ("a", "b")),
+                          ({"$defs": {"i": inner}, **own, "$ref": "#/$defs/i"}, ("b", "a")),
+                          ({"anyOf": [inner], **own}, ("a", "b")), ({**own, "anyOf": [inner]}, ("b", "a"))]:
+        g, docs = generated({"type": "object", **schema})
+        assert keys_of(docs) == {order}, schema
+        assert accepts(g, dict(zip(order, (1, 2)))) and not accepts(g, dict(zip(order[::-1], (1, 2))))
+
+
+def test_numbers_compare_by_value_in_enums_and_bounds():
+    g, docs = generated({"enum": [2.0, "x"]})
+    assert accepts(g, 2) and accepts(g, 2.0) and not accepts(g, 3)
+    with pytest.raises(SchemaError, match="oneOf"):      # 2 and 2.0 are one value: not disjoint
+        compile_grammar({"oneOf": [{"enum": [2]}, {"enum": [2.0, 3]}]}, VOCAB)
+    g, _ = generated({"type": "number", "minimum": -5, "maximum": 10})
+    assert all(accepts(g, v) for v in (10.0, 10, -5.0, -5, 9.5, -4.5))
+    assert not any(accepts(g, v) for v in (10.5, -5.5, 11, -6))
+    g, _ = generated({"type": "number", "minimum": 0, "exclusiveMaximum": 10})
+    assert not accepts(g, 10.0) and accepts(g, 9.5)
+
+
+@pytest.mark.parametrize("fmt,good,bad", [
+    ("uri", ["irc://example.com/channel", "ecdsa-koblitz-pubkey:14RZvYazz9H2DC2", "mailto:a@b.org",
+             "https://en.wikipedia.org/wiki/Mass%E2%80%93energy", "file:///etc/hosts", "urn:isbn:0451450523",
+             "http://user:pw@host:8080/a?b=c/d#frag"],
+     ["/relative", "no scheme", "http://a b", "http://x/%zz", "1http://x"]),
+    ("uri-reference", ["/hello/world", "a/b?c#d", "?q=1", "#top", "https://x.org"], ["a b", "%zz", "a:b c"]),
+])
+def test_uris_follow_rfc_3986(fmt, good, bad):
+    g, _ = generated({"type": "string", "format": fmt}, n=40)
+    assert all(accepts(g, u) for u in good) and not any(accepts(g, u) for u in bad)
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    assert all(checker.conforms(u, fmt) for u in good)
+
+
+def test_drafts_before_2019_ignore_the_keywords_beside_a_ref():
+    base = {"definitions": {"obj": {"type": "object"}}, "properties": {"s": {"type": "string", "$ref": "#/definitions/obj"}}}
+    old = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", **base}
+    g, _ = generated(old)
+    assert accepts(g, {"s": {"k": 1}}) and not accepts(g, {"s": "text"})
+    with pytest.raises(SchemaError, match="satisf"):      # 2020-12: string and object at once
+        compile_grammar({"type": "object", **base, "required": ["s"]}, VOCAB)
+
+
+def test_anchors_inside_a_group_spanning_a_branch_are_anchors():
+    schema = {"type": "object", "additionalProperties": False,
+              "patternProperties": {r"(^.+\..+)|(^[a-zA-Z0-9_-]+)": {"type": "integer"}}}
+    g, docs = generated(schema)
+    assert accepts(g, {"example-bios-file": 1}) and accepts(g, {"a.b": 2}) and not accepts(g, {"!x": 1})
+    g, _ = generated({"type": "string", "pattern": "(?:^ab)"})
+    assert accepts(g, "abc") and not accepts(g, "cab")
+
+
+def test_extra_members_count_as_one_towards_min_properties():
+    # Extras may repeat each other's keys, never a declared member's: together they count once.
+    g, docs = generated({"type": "object", "additionalProperties": {"type": "string"}, "minProperties": 1})
+    assert accepts(g, {"a": "x"}) and accepts(g, {"a": "x", "b": "y"}) and not accepts(g, {})
+    g, docs = generated({"type": "object", "properties": {"p": {"type": "integer"}},
+                         "additionalProperties": {"type": "string"}, "minProperties": 2}, n=40)
+    assert accepts(g, {"p": 1, "a": "x"}) and not accepts(g, {"p": 1}) and all(len(d) >= 2 for d in docs)
+
+
+def test_schemas_differing_only_in_key_order_are_different_grammars():
+    ab = {"type": "object", "properties": {"a": {"const": 1}, "b": {"const": 2}}, "required": ["a", "b"]}
+    ba = {"type": "object", "properties": {"b": {"const": 2}, "a": {"const": 1}}, "required": ["a", "b"]}
+    assert keys_of(generated(ab, n=3)[1]) == {("a", "b")} and keys_of(generated(ba, n=3)[1]) == {("b", "a")}

@@ -67,8 +67,8 @@ def compile_grammar(schema: dict | bool | None, vocab: TokenVocabulary, *,
     members besides those the schema names (properties, required, patternProperties), as in
     OpenAI's strict mode; True = JSON Schema's meaning, extra members of any value allowed."""
     try:
-        key = (json.dumps(schema, sort_keys=True, separators=(",", ":"), allow_nan=False), id(vocab),
-               open_objects)
+        # Key order is kept: it is the order of generated members.
+        key = (json.dumps(schema, separators=(",", ":"), allow_nan=False), id(vocab), open_objects)
     except (TypeError, ValueError) as e:
         raise SchemaError(f"schema is not JSON-serialisable: {e}") from None
     with _CACHE_LOCK:

@@ -12,14 +12,14 @@ import json
 from typing import Callable
 
 from .errors import SchemaError, unsupported
-from .keywords import constraint_keys
+from .keywords import constraint_keys, normal_value
 
 _MAX_KEYS = ("minLength", "minItems", "minimum", "exclusiveMinimum", "minProperties")
 _MIN_KEYS = ("maxLength", "maxItems", "maximum", "exclusiveMaximum", "maxProperties")
 
 
 def _canon(v) -> str:
-    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+    return json.dumps(normal_value(v), sort_keys=True, separators=(",", ":"))
 
 
 def merge_all_of(schema: dict, ptr: str, resolve: Callable[[object, str], dict]) -> dict:
@@ -28,10 +28,11 @@ def merge_all_of(schema: dict, ptr: str, resolve: Callable[[object, str], dict])
     `resolve(sub, where)` returns the dict a sub-schema stands for (following $ref); it raises
     for what cannot be inlined (recursive references).
     """
-    branches = [{k: v for k, v in schema.items() if k != "allOf" and k in constraint_keys(schema)}]
+    own = {k: v for k, v in schema.items() if k != "allOf" and k in constraint_keys(schema)}
     subs = schema["allOf"]
     if not isinstance(subs, list) or not subs:
         raise SchemaError(f"'allOf' at {ptr or '/'} must be a non-empty array")
+    branches = []
     for i, sub in enumerate(subs):
         where = f"{ptr}/allOf/{i}"
         sub = resolve(sub, where)
@@ -42,7 +43,25 @@ def merge_all_of(schema: dict, ptr: str, resolve: Callable[[object, str], dict])
         if "allOf" in sub:
             sub = merge_all_of(sub, where, resolve)
         branches.append({k: v for k, v in sub.items() if k in constraint_keys(sub)})
-    return _merge(branches, ptr)
+    # Merged members keep the order the schema is written in (llguidance does the same): the
+    # schema's own `properties` go after the allOf's when written after it.
+    keys = list(schema)
+    own_last = "properties" in own and keys.index("properties") > keys.index("allOf")
+    return _merge(branches + [own] if own_last else [own] + branches, ptr)
+
+
+def with_all_of(schema: dict, key: str, subs: list) -> dict:
+    """`schema` with `key` replaced, where it stands, by an `allOf` of `subs` (joined, in key
+    order, with an `allOf` already there): the position decides the order of merged members."""
+    out: dict = {}
+    for k, v in schema.items():
+        if k == key or k == "allOf":
+            if not isinstance(v, list) and k == "allOf":
+                raise SchemaError("'allOf' must be a non-empty array")
+            out["allOf"] = out.get("allOf", []) + (subs if k == key else v)
+        else:
+            out[k] = v
+    return out
 
 
 def _types(b: dict) -> set[str] | None:
@@ -95,7 +114,13 @@ def _merge(branches: list[dict], ptr: str) -> dict:
             raise unsupported("allOf", ptr, f"branches disagree on {key!r}")
     if any("properties" in b or "additionalProperties" in b for b in branches):
         _merge_objects(branches, out, ptr)
-    return out
+    # Keys in the order of the first branch holding them: an `anyOf` carried over from an
+    # earlier branch stays ahead of a later branch's `properties` (see with_all_of).
+    first: dict[str, int] = {}
+    for i, b in enumerate(branches):
+        for k in b:
+            first.setdefault(k, i)
+    return dict(sorted(out.items(), key=lambda item: first.get(item[0], 0)))
 
 
 def _merge_objects(branches: list[dict], out: dict, ptr: str) -> None:

@@ -2,7 +2,7 @@
 
 Every pattern here is a strict subset of its format (ASCII only, common forms only), so output
 always validates; a valid value outside the subset (e.g. an IPv6 address with an embedded IPv4
-part, a URI with percent-escapes) is not generated. Formats JSON Schema defines that are not
+part, a URI with an IPv6 host) is not generated. Formats JSON Schema defines that are not
 here are refused by name (REFUSED_FORMATS); any other format name is an annotation and ignored,
 as JSON Schema says of unknown formats.
 """
@@ -17,16 +17,22 @@ _H16 = _HEX + "{1,4}"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,20}[A-Za-z0-9])?"
 # At most 8 labels of at most 22 characters: under the 253 characters a host name may have.
 _HOST = rf"{_LABEL}(?:\.{_LABEL}){{0,6}}\.[A-Za-z](?:[A-Za-z0-9-]{{0,20}}[A-Za-z0-9])?|[A-Za-z](?:[A-Za-z0-9-]{{0,20}}[A-Za-z0-9])?"
-_SEGMENT = r"[A-Za-z0-9._~!$&'()*+,;=:@-]*"
-_QUERY = r"(?:\?[A-Za-z0-9._~=&-]*)?(?:#[A-Za-z0-9._~-]*)?"
-_SCHEME = "(?:https?|ftp|file|urn|mailto|ssh|git|s3)"
-_PATHS = rf"(?:/{_SEGMENT}){{0,12}}"
-# With an authority (host), an empty one (file:///path), or none: then the path may not start
-# with "//" (it would read as an authority).
-_URI = (rf"(?:{_SCHEME}://{_LABEL}(?:\.{_LABEL}){{0,6}}(?::[1-9]\d{{0,3}})?{_PATHS}"
-        rf"|file:///{_SEGMENT}{_PATHS}"
-        rf"|{_SCHEME}:(?:/[A-Za-z0-9._~!$&'()*+,;=:@-]+{_PATHS})?){_QUERY}")
-_RELATIVE = rf"(?:/?[A-Za-z0-9_~.-][A-Za-z0-9._~!$&'()*+,;=@-]*(?:/{_SEGMENT}){{0,12}}|/){_QUERY}|#[A-Za-z0-9._~-]*"
+_PCT = f"%{_HEX}{{2}}"
+_PCHAR = rf"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|{_PCT})"
+_SEGMENT = rf"{_PCHAR}*"
+_QUERY = rf"(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*"
+_USERINFO = rf"(?:(?:[A-Za-z0-9._~!$&'()*+,;=:-]|{_PCT})*@)?"
+_REG_NAME = rf"(?:[A-Za-z0-9._~!$&'()*+,;=-]|{_PCT})*"
+_PATHS = rf"(?:/{_SEGMENT})*"
+# RFC 3986: an authority (its host any registered name, possibly empty as in file:///path), or
+# a path that does not start with "//" (it would read as an authority): absolute ("/a"),
+# rootless ("isbn:123") or empty.
+_URI = (rf"{_SCHEME}:(?://{_USERINFO}{_REG_NAME}(?::\d*)?{_PATHS}"
+        rf"|/{_PCHAR}+{_PATHS}|{_PCHAR}+{_PATHS}|){_QUERY}")
+# A relative reference's first segment has no ":" (it would read as a scheme).
+_RELATIVE = (rf"(?:/?(?:[A-Za-z0-9._~!$&'()*+,;=@-]|{_PCT})+{_PATHS}|/){_QUERY}"
+             rf"|[?#](?:{_PCHAR}|[/?])*")
 
 
 def _ipv6() -> str:

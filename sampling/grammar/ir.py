@@ -45,7 +45,8 @@ class Call:
 class Obj:
     """`{` members `}` where `members` are (member_ir, required) emitted in this order,
     comma-separated, optional ones skippable; then `extra` (a member IR) any number of times.
-    Between `lo` and `hi` (None = no limit) members in all; extras count only if `extra_counts`."""
+    Between `lo` and `hi` (None = no limit) members in all; extras count each if `extra_counts`,
+    else as one together."""
     members: tuple
     extra: object | None
     lo: int = 0

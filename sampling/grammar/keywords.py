@@ -52,6 +52,17 @@ def escape_pointer(token: str) -> str:
     return str(token).replace("~", "~0").replace("/", "~1")
 
 
+def normal_value(v):
+    """The value as JSON Schema compares values (1 == 1.0; key order aside, json.dumps sorts)."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, list):
+        return [normal_value(x) for x in v]
+    if isinstance(v, dict):
+        return {k: normal_value(x) for k, x in v.items()}
+    return v
+
+
 def dump_json(v) -> bytes:
     return json.dumps(v, **_COMPACT).encode("utf-8", "surrogatepass")
 

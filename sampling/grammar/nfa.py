@@ -128,20 +128,31 @@ class NFA:
                     self.eps[rest[c]].append(nrest[c])
             first, rest = nfirst, nrest
         if node.extra is not None:
+            # Extras come after the members. When they do not count one by one (they may repeat
+            # each other's keys) they count as one together, their keys differing from every
+            # declared member's: `after[c]` is "c counted, some extra emitted".
+            after = rest if node.extra_counts or lo == 0 else [self.new() for _ in range(top + 1)]
             for c in range(top + 1):
-                nc = bump(c) if node.extra_counts else c
+                nc = bump(c)
                 if nc is None:
                     continue
                 mid = self.new()
                 if c == 0:
                     self.eps[first].append(mid)
                 self.eps[self._into(comma, rest[c])].append(mid)
-                self.eps[self._into(node.extra, mid)].append(rest[nc])
+                self.eps[self._into(node.extra, mid)].append(after[nc])
+            if after is not rest:
+                for c in range(top + 1):
+                    mid = self.new()
+                    self.eps[self._into(comma, after[c])].append(mid)
+                    self.eps[self._into(node.extra, mid)].append(after[c])
         end = self.new()
         if lo == 0:
             self.eps[self._into(ir.lit(node.close), first)].append(end)
-        for c in range(lo, top + 1):
-            self.eps[self._into(ir.lit(node.close), rest[c])].append(end)
+        closing = [rest] if node.extra is None or after is rest else [rest, after]
+        for counted in closing:
+            for c in range(lo, top + 1):
+                self.eps[self._into(ir.lit(node.close), counted[c])].append(end)
         return end
 
 

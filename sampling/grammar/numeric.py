@@ -107,8 +107,20 @@ def bounded_number(lo: float | None, lo_excl: bool, hi: float | None, hi_excl: b
         parts.append(ir.seq(ir.lit(b"-"), _non_negative(nlo, nhi), frac))
     if hi_excl and hi is not None and hi <= 0 and hi == math.floor(hi) and (lo is None or int(hi) - 1 >= lo):
         parts.append(ir.seq(ir.lit(b"-" + str(-int(hi)).encode()), _NONZERO_FRAC))
+    # An inclusive integer bound written with a zero fraction ("10.0" under maximum 10): the
+    # pieces above stop short of the bound's own unit interval on that side.
+    zeros = ir.seq(ir.lit(b"."), ir.Repeat(_digit(0, 0), 1, None))
+    if hi is not None and not hi_excl and hi == math.floor(hi) and hi >= 0 and _admits(int(hi), lo, lo_excl):
+        parts.append(ir.seq(ir.lit(str(int(hi)).encode()), zeros))
+    if lo is not None and not lo_excl and lo == math.floor(lo) and lo < 0 and _admits(int(lo), None, False, hi, hi_excl):
+        parts.append(ir.seq(ir.lit(str(int(lo)).encode()), zeros))
     parts.extend(_fractional_bounds(lo, lo_excl, hi, hi_excl))
     return ir.alt(*parts)
+
+
+def _admits(x: int, lo, lo_excl: bool, hi=None, hi_excl: bool = False) -> bool:
+    return ((lo is None or x > lo or (x == lo and not lo_excl))
+            and (hi is None or x < hi or (x == hi and not hi_excl)))
 
 
 def _fractional_bounds(lo, lo_excl, hi, hi_excl) -> list[object]:

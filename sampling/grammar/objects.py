@@ -293,8 +293,9 @@ class ObjectRules:
             hi = None
         if hi is not None and hi < max(lo, n_req):
             return ir.NEVER
-        # Extra keys may repeat one another (not prevented), so they may not count towards
-        # minProperties; they do count towards maxProperties (a repeat only lowers the count).
+        # Extra keys may repeat one another (not prevented), so towards minProperties they count
+        # as one together (nfa.py); they do count towards maxProperties (a repeat only lowers
+        # the count).
         if extras and lo and hi is not None:
             extras = []
         if max(lo, hi or 0) > 64:

@@ -16,7 +16,7 @@ import math
 from typing import Callable
 
 from .errors import unsupported
-from .keywords import JSON_TYPES, TYPE_KEYWORDS
+from .keywords import JSON_TYPES, TYPE_KEYWORDS, normal_value
 
 _ALL = frozenset(JSON_TYPES)
 
@@ -25,9 +25,9 @@ def _values(s: object) -> frozenset[str] | None:
     if not isinstance(s, dict):
         return None
     if "const" in s:
-        return frozenset([json.dumps(s["const"], sort_keys=True)])
+        return frozenset([json.dumps(normal_value(s["const"]), sort_keys=True)])
     if "enum" in s and isinstance(s["enum"], list):
-        return frozenset(json.dumps(v, sort_keys=True) for v in s["enum"])
+        return frozenset(json.dumps(normal_value(v), sort_keys=True) for v in s["enum"])
     return None
 
 

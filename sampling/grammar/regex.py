@@ -200,7 +200,9 @@ def search_pattern(pattern: str) -> str:
     this is a subset when the match could be surrounded by them (sound)."""
     if not isinstance(pattern, str):
         return pattern        # pattern_ir reports it
-    branches = _top_level_branches(pattern)
+    branches = [_unwrapped(b) for b in _top_level_branches(pattern)]
+    if len(branches) == 1 and branches[0] != pattern:
+        return search_pattern(branches[0])
     anchored = [b for b in branches if b.startswith("^") or _ends_anchored(b)]
     if len(branches) > 1 and anchored:
         # '^a|b$': anchors per branch. The unanchored ones share one '.*' on each side: each
@@ -243,9 +245,9 @@ def _ends_anchored(pattern: str) -> bool:
     return slashes % 2 == 0
 
 
-def _top_level_branches(pattern: str) -> list[str]:
-    """The pattern split at `|` outside groups, classes and escapes."""
-    out, start, depth, in_class, i = [], 0, 0, False, 0
+def _structure(pattern: str):
+    """(index, character, group depth before it) of each `( ) |` outside classes and escapes."""
+    depth, in_class, i = 0, False, 0
     while i < len(pattern):
         c = pattern[i]
         if c == "\\":
@@ -258,16 +260,28 @@ def _top_level_branches(pattern: str) -> list[str]:
             if pattern[i + 1:i + 2] == "]" or pattern[i + 1:i + 3] == "^]":   # a leading ] is literal
                 i += 2 if pattern[i + 1] == "]" else 3
                 continue
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
-            out.append(pattern[start:i])
-            start = i + 1
+        elif c in "()|":
+            yield i, c, depth
+            depth += {"(": 1, ")": -1}.get(c, 0)
         i += 1
-    out.append(pattern[start:])
-    return out
+
+
+def _top_level_branches(pattern: str) -> list[str]:
+    """The pattern split at `|` outside groups, classes and escapes."""
+    cuts = [i for i, c, depth in _structure(pattern) if c == "|" and depth == 0]
+    return [pattern[a + 1:b] for a, b in zip([-1, *cuts], [*cuts, len(pattern)])]
+
+
+def _unwrapped(branch: str) -> str:
+    """'(x)' or '(?:x)' spanning a whole branch: x, whose anchors then read as the branch's."""
+    if not (branch.startswith("(") and branch.endswith(")")) or branch.startswith("(?") and not branch.startswith("(?:"):
+        return branch
+    for i, c, depth in _structure(branch):
+        if c == ")" and depth == 1:
+            if i != len(branch) - 1:
+                return branch              # '(a)(b)': the first group closes early
+            return branch[3:-1] if branch.startswith("(?:") else branch[1:-1]
+    return branch
 
 
 def pattern_ir(pattern: str, where: str) -> object:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from collections import Counter
 from urllib.parse import unquote
 
@@ -18,10 +19,11 @@ import jsonschema
 import referencing.exceptions
 
 from . import ir, jsonstr, numeric
-from .allof import merge_all_of
+from .allof import merge_all_of, with_all_of
 from .errors import SchemaError, UnsupportedSchemaError, unsupported
 from .formats import FORMATS, REFUSED_FORMATS
-from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json
+from .keywords import (JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json,
+                       normal_value)
 from .nfa import intersection
 from .objects import ObjectRules
 from .regex import length_bounded_pattern, pattern_ir, search_pattern
@@ -35,6 +37,14 @@ MAX_COUNTED = 32
 SHARED_RULE_SIZE = 40
 MAX_UNROLLED_ITEMS = 16
 NULL, TRUE, FALSE = ir.lit(b"null"), ir.lit(b"true"), ir.lit(b"false")
+
+
+def _spellings(v) -> list[bytes]:
+    """The JSON texts of an enum / const value: numbers compare by value, so 2.0 is also 2."""
+    text = dump_json(v)
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+        return [text, str(int(v)).encode()]
+    return [text]
 
 
 def _json_type(v) -> str:
@@ -58,17 +68,6 @@ def _repeat(char: object, lo: int, hi: int | None) -> object:
     return ir.Repeat(char, lo, hi)
 
 
-def _normal(v):
-    """The value as jsonschema compares it for uniqueItems (1 == 1.0, keys unordered)."""
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, list):
-        return [_normal(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _normal(x) for k, x in v.items()}
-    return v
-
-
 class SchemaCompiler(ObjectRules):
     """`open_objects`: how to read what the schema leaves unsaid. False (the default, as in
     OpenAI's strict mode): an absent `additionalProperties` allows no members besides those
@@ -79,6 +78,9 @@ class SchemaCompiler(ObjectRules):
     def __init__(self, root: object, *, open_objects: bool = False, count_strings: bool = True) -> None:
         self.root = root
         self.open_objects = open_objects
+        # Drafts 3 to 7 ignore every keyword next to a "$ref"; 2019-09 on, they all apply.
+        declared = root.get("$schema") if isinstance(root, dict) else None
+        self.ref_alone = isinstance(declared, str) and re.search(r"draft-0[3-7]/", declared) is not None
         self.count_strings = count_strings
         self._validator = None
         self.rules: list[object | None] = [None]
@@ -188,9 +190,8 @@ class SchemaCompiler(ObjectRules):
         for _ in range(64):
             if not (isinstance(sub, dict) and "$ref" in sub):
                 return sub
-            if constraint_keys(sub) - {"$ref"}:
-                rest = {k: v for k, v in sub.items() if k != "$ref"}
-                return merge_all_of({**rest, "allOf": [{"$ref": sub["$ref"]}]}, where, self._resolve_schema)
+            if constraint_keys(sub) - {"$ref"} and not self.ref_alone:
+                return merge_all_of(with_all_of(sub, "$ref", [{"$ref": sub["$ref"]}]), where, self._resolve_schema)
             if sub["$ref"] in self.recursive:
                 raise unsupported("allOf", where, "recursive $ref inside allOf")
             sub = self._resolve_pointer(sub["$ref"], where)
@@ -227,6 +228,8 @@ class SchemaCompiler(ObjectRules):
         keys = constraint_keys(schema)
         if not keys:
             return self.any_value()
+        if "$ref" in keys and self.ref_alone:
+            return self._ref(schema["$ref"], ptr)
         nullable = schema.get("nullable", False)
         if not isinstance(nullable, bool):
             raise SchemaError(f"'nullable' at {ptr or '/'} must be a boolean")
@@ -240,12 +243,10 @@ class SchemaCompiler(ObjectRules):
             if keys == {"$ref"}:
                 return self._ref(schema["$ref"], ptr)
             # Sibling keywords next to $ref: both must hold (an implicit allOf).
-            rest = {k: v for k, v in schema.items() if k != "$ref"}
-            allof = rest.get("allOf", [])
-            if not isinstance(allof, list):
+            if not isinstance(schema.get("allOf", []), list):
                 raise SchemaError(f"'allOf' at {ptr or '/'} must be a non-empty array")
-            rest["allOf"] = [{"$ref": schema["$ref"]}, *allof]
-            return self.node(merge_all_of(rest, ptr, self._resolve_schema), ptr)
+            merged = with_all_of(schema, "$ref", [{"$ref": schema["$ref"]}])
+            return self.node(merge_all_of(merged, ptr, self._resolve_schema), ptr)
         if "allOf" in keys:
             return self.node(merge_all_of(schema, ptr, self._resolve_schema), ptr)
         for comb in ("anyOf", "oneOf"):
@@ -280,11 +281,12 @@ class SchemaCompiler(ObjectRules):
         if others:
             # Sibling keywords (an implicit allOf) distribute over the branches; "exactly one
             # branch" is unchanged by intersecting every branch with the same schema.
-            siblings = {k: schema[k] for k in others}
+            written = {k: v for k, v in schema.items() if k in others or k == comb}
             merged = []
             for i, sub in enumerate(subs):
                 try:
-                    merged.append(merge_all_of({**siblings, "allOf": [sub]}, f"{ptr}/{comb}/{i}", self._resolve_schema))
+                    merged.append(merge_all_of(with_all_of(written, comb, [sub]), f"{ptr}/{comb}/{i}",
+                                               self._resolve_schema))
                 except UnsupportedSchemaError:
                     raise
                 except SchemaError:
@@ -315,7 +317,7 @@ class SchemaCompiler(ObjectRules):
         rule = {k: v for k, v in schema.items() if k != "nullable"}
         kept = [v for v in values if (nullable and v is None) or self._satisfies(v, rule, ptr)]
         try:
-            encoded = list(dict.fromkeys(dump_json(v) for v in kept))
+            encoded = list(dict.fromkeys(e for v in kept for e in _spellings(v)))
         except ValueError as e:
             raise SchemaError(f"enum/const at {ptr or '/'} is not JSON: {e}") from None
         self.literals.update(encoded)
@@ -341,7 +343,7 @@ class SchemaCompiler(ObjectRules):
                 ts.add("integer")
             values = [v for v in values if _json_type(v) in ts]
         try:
-            encoded = [dump_json(v) for v in values]
+            encoded = list(dict.fromkeys(e for v in values for e in _spellings(v)))
         except ValueError as e:
             raise SchemaError(f"enum/const at {ptr or '/'} is not JSON: {e}") from None
         self.literals.update(encoded)
@@ -505,7 +507,7 @@ class SchemaCompiler(ObjectRules):
             return None
         seen, out = set(), []
         for v in values:
-            key = json.dumps(_normal(v), sort_keys=True)
+            key = json.dumps(normal_value(v), sort_keys=True)
             if key not in seen:
                 seen.add(key)
                 out.append(dump_json(v))
