@@ -24,7 +24,8 @@ Fields (all but `prompt` optional):
   stream              boolean                          (default false; not with logprobs)
   open_objects        boolean                          (default false: an absent additionalProperties
                                                         allows no other members; true: any, as JSON
-                                                        Schema says; needs a json_schema)
+                                                        Schema says, and small objects' members in
+                                                        any order; needs a json_schema)
   ignore_eos          boolean                          (default false; true: generate past
                                                         end-of-generation tokens until max_tokens,
                                                         as llama-server and vLLM allow; benchmarks)

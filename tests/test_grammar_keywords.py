@@ -378,3 +378,22 @@ def test_schemas_differing_only_in_key_order_are_different_grammars():
     ab = {"type": "object", "properties": {"a": {"const": 1}, "b": {"const": 2}}, "required": ["a", "b"]}
     ba = {"type": "object", "properties": {"b": {"const": 2}, "a": {"const": 1}}, "required": ["a", "b"]}
     assert keys_of(generated(ab, n=3)[1]) == {("a", "b")} and keys_of(generated(ba, n=3)[1]) == {("b", "a")}
+
+
+def test_open_objects_take_a_few_members_in_any_order_and_extras_anywhere():
+    few = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
+                                            "c": {"type": "boolean"}}, "required": ["a", "c"]}
+    g = compile_grammar(few, VOCAB, open_objects=True)
+    for order in itertools.permutations([("a", 1), ("b", "x"), ("c", True), ("zz", [None])]):
+        assert accepts(g, dict(order))
+    assert not accepts(g, {"c": True}) and not accepts(g, {"c": 1, "a": 1})
+    m = g.matcher()
+    with pytest.raises(ValueError):     # a member twice
+        m.advance_bytes(b'{"a":1,"c":true,"a":2')
+    _, docs = generated({**few, "additionalProperties": False}, n=40, open_objects=True)
+    assert len(keys_of(docs)) > 3        # generated in several orders too
+    assert keys_of(generated({**few, "additionalProperties": False}, n=10)[1]) <= {("a", "c"), ("a", "b", "c")}
+    many = {"type": "object", "properties": {k: {"type": "integer"} for k in "abcdefgh"}, "required": ["a", "h"]}
+    g = compile_grammar(many, VOCAB, open_objects=True)
+    assert accepts(g, {"$schema": "x", "a": 1, "b": 2, "zz": [1], "h": 3}) and accepts(g, {"a": 1, "h": 2, "q": 0})
+    assert not accepts(g, {"h": 1, "a": 2}) and not accepts(g, {"$schema": "x", "a": 1})   # ordered beyond 6

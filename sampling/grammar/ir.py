@@ -46,7 +46,8 @@ class Obj:
     """`{` members `}` where `members` are (member_ir, required) emitted in this order,
     comma-separated, optional ones skippable; then `extra` (a member IR) any number of times.
     Between `lo` and `hi` (None = no limit) members in all; extras count each if `extra_counts`,
-    else as one together."""
+    else as one together. `any_order`: members (each at most once) and extras in any order,
+    no count bounds. `extras_anywhere`: extras also before and between members (when `lo` is 0)."""
     members: tuple
     extra: object | None
     lo: int = 0
@@ -54,6 +55,8 @@ class Obj:
     extra_counts: bool = True
     open: bytes = b"{"
     close: bytes = b"}"
+    any_order: bool = False
+    extras_anywhere: bool = False
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,8 @@ class NFA:
         return end
 
     def _obj(self, node: ir.Obj, s: int) -> int:
+        if node.any_order:
+            return self._any_order_obj(node, s)
         comma = ir.lit(b",")
         lo, hi = node.lo, node.hi
         top = hi if hi is not None else lo       # counts above `top` saturate (no upper bound)
@@ -108,10 +110,24 @@ class NFA:
                 return min(c + 1, top)
             return c + 1 if c + 1 <= hi else None
 
+        def extras(first: int, rest: list[int], after: list[int]) -> None:
+            for c in range(top + 1):
+                nc = bump(c)
+                if nc is None:
+                    continue
+                mid = self.new()
+                if c == 0:
+                    self.eps[first].append(mid)
+                self.eps[self._into(comma, rest[c])].append(mid)
+                self.eps[self._into(node.extra, mid)].append(after[nc])
+
         s = self._into(ir.lit(node.open), s)
         # `first`: nothing emitted yet; rest[c]: something emitted, c members counted.
         first, rest = s, [self.new() for _ in range(top + 1)]
+        anywhere = node.extras_anywhere and node.extra is not None and lo == 0
         for member, required in node.members:
+            if anywhere:
+                extras(first, rest, rest)
             nfirst, nrest = self.new(), [self.new() for _ in range(top + 1)]
             for c in range(top + 1):
                 nc = bump(c)
@@ -132,15 +148,7 @@ class NFA:
             # each other's keys) they count as one together, their keys differing from every
             # declared member's: `after[c]` is "c counted, some extra emitted".
             after = rest if node.extra_counts or lo == 0 else [self.new() for _ in range(top + 1)]
-            for c in range(top + 1):
-                nc = bump(c)
-                if nc is None:
-                    continue
-                mid = self.new()
-                if c == 0:
-                    self.eps[first].append(mid)
-                self.eps[self._into(comma, rest[c])].append(mid)
-                self.eps[self._into(node.extra, mid)].append(after[nc])
+            extras(first, rest, after)
             if after is not rest:
                 for c in range(top + 1):
                     mid = self.new()
@@ -153,6 +161,29 @@ class NFA:
         for counted in closing:
             for c in range(lo, top + 1):
                 self.eps[self._into(ir.lit(node.close), counted[c])].append(end)
+        return end
+
+    def _any_order_obj(self, node: ir.Obj, s: int) -> int:
+        """One state per set of members emitted so far (2**n: kept for small n by the caller)."""
+        comma = ir.lit(b",")
+        n = len(node.members)
+        required = sum(1 << i for i, (_, r) in enumerate(node.members) if r)
+        start = self._into(ir.lit(node.open), s)
+        emitted = [self.new() for _ in range(1 << n)]    # something emitted, these members among it
+        for mask in range(-1, 1 << n):                   # -1: nothing emitted yet
+            before = start if mask < 0 else self._into(comma, emitted[mask])
+            have = max(mask, 0)
+            for i, (member, _) in enumerate(node.members):
+                if not have >> i & 1:
+                    self.eps[self._into(member, before)].append(emitted[have | 1 << i])
+            if node.extra is not None:
+                self.eps[self._into(node.extra, before)].append(emitted[have])
+        end = self.new()
+        if not required:
+            self.eps[self._into(ir.lit(node.close), start)].append(end)
+        for mask in range(1 << n):
+            if mask & required == required:
+                self.eps[self._into(ir.lit(node.close), emitted[mask])].append(end)
         return end
 
 

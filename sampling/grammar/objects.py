@@ -17,6 +17,7 @@ from .keywords import count_keyword, dump_json, escape_pointer
 from .regex import pattern_ir, search_pattern
 
 MAX_TRIGGERS = 4          # 2**4 variants at most
+ANY_ORDER_MAX = 6         # open objects: members in any order up to this many (2**6 automaton states)
 _RAW = [(0x20, 0x21), (0x23, 0x5B), (0x5D, utf8.MAX_CP)]   # characters JSON lets us write unescaped
 
 
@@ -234,6 +235,11 @@ class ObjectRules:
         if not isinstance(extra, (bool, dict)):
             raise SchemaError(f"'additionalProperties' at {ptr or '/'} must be a schema")
         names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
+        # JSON Schema's reading (open_objects) lets members come in any order; tracked by the set
+        # emitted so far, so only for a few members and no count bounds. Values are then called
+        # rules: the automaton holds one copy per set.
+        any_order = (self.open_objects and 1 < len(names) <= ANY_ORDER_MAX
+                     and "minProperties" not in schema and "maxProperties" not in schema)
         members = []
         for name in names:
             where = f"{ptr}/properties/{escape_pointer(name)}"
@@ -245,6 +251,8 @@ class ObjectRules:
                 parts = [extra if explicit else True]
                 where = f"{ptr}/additionalProperties"
             value = self.node(parts[0] if len(parts) == 1 else {"allOf": parts}, where)
+            if any_order:
+                value = self._shared(value, min_size=8)
             members.append((self._member(name, value), name in required))
         extras = [x for x in (self._pattern_member(p, i, patterns, names, ptr) for i, (p, _) in enumerate(patterns))
                   if x is not None]
@@ -262,7 +270,9 @@ class ObjectRules:
                     extras.append(ir.seq(key_not_in(names), ir.lit(b":"), value))
                 except SchemaError:
                     pass
-        return self._counted_members(schema, members, extras, ptr)
+        if any_order:
+            return ir.Obj(tuple(members), ir.alt(*extras) if extras else None, any_order=True)
+        return self._counted_members(schema, members, extras, ptr, anywhere=self.open_objects)
 
     def _pattern_member(self, pattern: str, i: int, patterns: list, names: list[str], ptr: str) -> object | None:
         """Extra members whose key fully matches `pattern`; None when they cannot be generated
@@ -283,7 +293,10 @@ class ObjectRules:
                 return None
         return ir.seq(ir.lit(b'"'), key, ir.lit(b'":'), value)
 
-    def _counted_members(self, schema: dict, members: list, extras: list, ptr: str) -> object:
+    def _counted_members(self, schema: dict, members: list, extras: list, ptr: str,
+                         anywhere: bool = False) -> object:
+        """`anywhere`: extras may come before and between the members too (JSON Schema's reading);
+        they are then one called rule, not a copy at every place."""
         lo = count_keyword(schema, "minProperties", ptr) or 0
         hi = count_keyword(schema, "maxProperties", ptr)
         n_req = sum(1 for _, r in members if r)
@@ -301,7 +314,9 @@ class ObjectRules:
         if max(lo, hi or 0) > 64:
             raise unsupported("minProperties" if lo > 64 else "maxProperties", ptr, "bounds above 64")
         extra_ir = ir.alt(*extras) if extras else None
-        return ir.Obj(tuple(members), extra_ir, lo, hi, hi is not None)
+        if anywhere and extra_ir is not None and lo == 0 and members:
+            extra_ir = self._shared(extra_ir, min_size=1)
+        return ir.Obj(tuple(members), extra_ir, lo, hi, hi is not None, extras_anywhere=anywhere)
 
     def _member(self, name: str, value: object) -> object:
         key = dump_json(name) + b":"
