@@ -227,6 +227,8 @@ def run(records, vocab, tokenize, args) -> tuple[list[dict[str, Any]], Llguidanc
             spec = compile_outcome(rec["schema"], idx, args.timeout, open_objects=True) \
                 if ours["status"] == "compiled" else {"status": ours["status"]}
             row["walk"] = _walk(spec.get("grammar"), tests, walk_instance, args.timeout)
+            if row["walk"] is None and ours["status"] == "compiled":
+                row["walk"] = {"not_walked": len(tests)}   # its open_objects grammar did not compile
         if llg.available:
             theirs = llg.compile(rec["schema"])
             lgram = theirs.pop("grammar", None)
@@ -284,6 +286,7 @@ def summarise(rows: list[dict[str, Any]], llg_available: bool) -> tuple[str, dic
                 "compile_p95_ms": round(percentile(ms, 95), 1), "compile_max_ms": round(max(ms, default=0), 1),
                 "invalid_docs": sum(1 for g in gen if g["valid"] is False), "docs": len(gen),
                 "false_accepts": walk["invalid_accepted"], "false_rejects": walk["valid_rejected"],
+                "instances_not_walked": walk["not_walked"],
             }
             if llg_available:
                 headline.update(llg_compiled=lst["compiled"], llg_false_rejects=lwalk["valid_rejected"],
@@ -306,6 +309,10 @@ def summarise(rows: list[dict[str, Any]], llg_available: bool) -> tuple[str, dic
             only_llg = sum(1 for r in rows if r["llguidance"]["status"] == "compiled" and r["cobatch"]["status"] != "compiled")
             only_us = sum(1 for r in rows if r["cobatch"]["status"] == "compiled" and r["llguidance"]["status"] != "compiled")
             parts.append(f"Compiled by llguidance only: {only_llg}; by cobatch only: {only_us}.")
+    unwalked = [r for r in rows if (r.get("walk") or {}).get("not_walked")]
+    if unwalked:
+        parts.append(f"Not walked: {sum(r['walk']['not_walked'] for r in unwalked)} test instances of "
+                     f"{len(unwalked)} compiled schemas whose open_objects grammar did not compile in time.")
     refused = Counter(r["cobatch"]["keyword"] for r in rows if r["cobatch"]["status"] == "refused")
     if refused:
         parts.append(markdown_table(["refused by keyword", "schemas"], [[k, n] for k, n in refused.most_common(20)]))
@@ -321,7 +328,7 @@ def _sum(walks) -> Counter:
     for w in walks:
         if w:
             out.update(w)
-    for k in ("valid_accepted", "valid_rejected", "invalid_accepted", "invalid_rejected"):
+    for k in ("valid_accepted", "valid_rejected", "invalid_accepted", "invalid_rejected", "not_walked"):
         out.setdefault(k, 0)
     return out
 
