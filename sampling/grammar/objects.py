@@ -17,7 +17,8 @@ from .keywords import count_keyword, dump_json, escape_pointer
 from .regex import pattern_ir, search_pattern
 
 MAX_TRIGGERS = 4          # 2**4 variants at most
-ANY_ORDER_MAX = 6         # open objects: members in any order up to this many (2**6 automaton states)
+ANY_ORDER_MAX = 6         # open objects: members in any order up to this many (2**6 sets)...
+ANY_ORDER_BYTES = 1024    # ...while sets x key bytes (automaton size) over the schema stay under this
 _RAW = [(0x20, 0x21), (0x23, 0x5B), (0x5D, utf8.MAX_CP)]   # characters JSON lets us write unescaped
 
 
@@ -239,7 +240,8 @@ class ObjectRules:
         # emitted so far, so only for a few members and no count bounds. Values are then called
         # rules: the automaton holds one copy per set.
         any_order = (self.open_objects and 1 < len(names) <= ANY_ORDER_MAX
-                     and "minProperties" not in schema and "maxProperties" not in schema)
+                     and "minProperties" not in schema and "maxProperties" not in schema
+                     and self._spend_on_any_order((1 << len(names)) * sum(len(dump_json(n)) + 1 for n in names)))
         members = []
         for name in names:
             where = f"{ptr}/properties/{escape_pointer(name)}"
@@ -273,6 +275,13 @@ class ObjectRules:
         if any_order:
             return ir.Obj(tuple(members), ir.alt(*extras) if extras else None, any_order=True)
         return self._counted_members(schema, members, extras, ptr, anywhere=self.open_objects)
+
+    def _spend_on_any_order(self, size: int) -> bool:
+        spent = getattr(self, "_any_order_spent", 0) + size
+        if spent > ANY_ORDER_BYTES:
+            return False
+        self._any_order_spent = spent
+        return True
 
     def _pattern_member(self, pattern: str, i: int, patterns: list, names: list[str], ptr: str) -> object | None:
         """Extra members whose key fully matches `pattern`; None when they cannot be generated
