@@ -397,3 +397,17 @@ def test_open_objects_take_a_few_members_in_any_order_and_extras_anywhere():
     g = compile_grammar(many, VOCAB, open_objects=True)
     assert accepts(g, {"$schema": "x", "a": 1, "b": 2, "zz": [1], "h": 3}) and accepts(g, {"a": 1, "h": 2, "q": 0})
     assert not accepts(g, {"h": 1, "a": 2}) and not accepts(g, {"$schema": "x", "a": 1})   # ordered beyond 6
+
+
+def test_a_pattern_member_answers_only_to_the_patterns_its_key_can_also_match():
+    disjoint = {"type": "object", "additionalProperties": False, "required": ["RSRC"],
+                "patternProperties": {"^BIOS$": {"type": "string", "pattern": "-sys$"},
+                                      "^RSRC$": {"type": "string", "pattern": "-resource$"},
+                                      "^/": {"type": "string"}, "^[^/A-Z]": {"type": "integer"}}}
+    g = compile_grammar(disjoint, VOCAB)     # (a random walk through "-resource$" rarely ends)
+    assert accepts(g, {"RSRC": "a-resource", "BIOS": "b-sys", "/x": "y", "zz": 1})
+    assert not accepts(g, {"RSRC": "a-resource", "BIOS": "b-resource"})
+    overlapping = {"type": "object", "additionalProperties": False,
+                   "patternProperties": {"^a": {"type": "integer"}, "b": {"minimum": 5}}}
+    g, docs = generated(overlapping, n=40)
+    assert accepts(g, {"ab": 6}) and not accepts(g, {"ab": 3}) and not accepts(g, {"a": "x"})

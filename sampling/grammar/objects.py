@@ -103,6 +103,19 @@ def literal_prefix(pattern: str) -> str | None:
     return None if m is None else re.sub(r"\\(.)", r"\1", m.group(1))
 
 
+@functools.lru_cache(maxsize=256)
+def keys_overlap(p: str, q: str, max_states: int = 2000) -> bool:
+    """Some key matches both patterns (True also when that cannot be settled cheaply)."""
+    from .nfa import intersection
+
+    try:
+        a, b = pattern_ir(search_pattern(p), ""), pattern_ir(search_pattern(q), "")
+    except SchemaError:
+        return True
+    both = intersection(a, b, max_states)
+    return both is None or any(both.accept)
+
+
 def _raw(word: str) -> bool:
     return all(any(lo <= ord(c) <= hi for lo, hi in _RAW) for c in word)
 
@@ -288,8 +301,8 @@ class ObjectRules:
         safely (a declared name matches it, or its value schemas do not combine): generating
         fewer members than allowed keeps output valid."""
         where = f"{ptr}/patternProperties/{escape_pointer(pattern)}"
-        # The key may match the other patterns too: its value must satisfy all their schemas.
-        schemas = [patterns[i][1]] + [s for j, (_, s) in enumerate(patterns) if j != i]
+        # The key may match other patterns too: its value must satisfy their schemas as well.
+        schemas = [patterns[i][1]] + [s for j, (q, s) in enumerate(patterns) if j != i and keys_overlap(pattern, q)]
         try:
             key = ir.Leaf(pattern_ir(search_pattern(pattern), where))
             value = self.node(schemas[0] if len(schemas) == 1 else {"allOf": schemas}, where)
