@@ -8,18 +8,13 @@ reported as unsupported.
 """
 from __future__ import annotations
 
-import json
 from typing import Callable
 
 from .errors import SchemaError, unsupported
-from .keywords import constraint_keys, normal_value
+from .keywords import constraint_keys, value_key
 
 _MAX_KEYS = ("minLength", "minItems", "minimum", "exclusiveMinimum", "minProperties")
 _MIN_KEYS = ("maxLength", "maxItems", "maximum", "exclusiveMaximum", "maxProperties")
-
-
-def _canon(v) -> str:
-    return json.dumps(normal_value(v), sort_keys=True, separators=(",", ":"))
 
 
 def merge_all_of(schema: dict, ptr: str, resolve: Callable[[object, str], dict]) -> dict:
@@ -50,14 +45,14 @@ def merge_all_of(schema: dict, ptr: str, resolve: Callable[[object, str], dict])
     return _merge(branches + [own] if own_last else [own] + branches, ptr)
 
 
-def with_all_of(schema: dict, key: str, subs: list) -> dict:
+def with_all_of(schema: dict, key: str, subs: list, ptr: str) -> dict:
     """`schema` with `key` replaced, where it stands, by an `allOf` of `subs` (joined, in key
     order, with an `allOf` already there): the position decides the order of merged members."""
     out: dict = {}
     for k, v in schema.items():
         if k == key or k == "allOf":
             if not isinstance(v, list) and k == "allOf":
-                raise SchemaError("'allOf' must be a non-empty array")
+                raise SchemaError(f"'allOf' at {ptr or '/'} must be a non-empty array")
             out["allOf"] = out.get("allOf", []) + (subs if k == key else v)
         else:
             out[k] = v
@@ -100,15 +95,15 @@ def _merge(branches: list[dict], ptr: str) -> dict:
         elif key == "required":
             out[key] = list(dict.fromkeys(name for v in vals for name in v))
         elif key == "enum":
-            allowed = {_canon(x) for x in vals[0]}
+            allowed = {value_key(x) for x in vals[0]}
             for v in vals[1:]:
-                allowed &= {_canon(x) for x in v}
-            out[key] = [x for x in vals[0] if _canon(x) in allowed]
+                allowed &= {value_key(x) for x in v}
+            out[key] = [x for x in vals[0] if value_key(x) in allowed]
         elif key in ("properties", "additionalProperties"):
             continue
         elif key == "uniqueItems":
             out[key] = any(v is True for v in vals)
-        elif all(_canon(v) == _canon(vals[0]) for v in vals):
+        elif all(value_key(v) == value_key(vals[0]) for v in vals):
             out[key] = vals[0]
         else:
             raise unsupported("allOf", ptr, f"branches disagree on {key!r}")
@@ -147,14 +142,14 @@ def _merge_objects(branches: list[dict], out: dict, ptr: str) -> None:
                 raise SchemaError(f"no JSON document satisfies this schema (property {name!r} "
                                   f"required but forbidden by allOf at {ptr or '/'})")
             continue
-        uniq = list({_canon(p): p for p in parts}.values())
+        uniq = list({value_key(p): p for p in parts}.values())
         props[name] = uniq[0] if len(uniq) == 1 else {"allOf": uniq}
     out["properties"] = props
     extras = [b["additionalProperties"] for b in branches if "additionalProperties" in b]
     if any(e is False for e in extras):
         out["additionalProperties"] = False
     else:
-        schemas = list({_canon(e): e for e in extras if e is not True}.values())
+        schemas = list({value_key(e): e for e in extras if e is not True}.values())
         if len(schemas) == 1:
             out["additionalProperties"] = schemas[0]
         elif schemas:

@@ -47,7 +47,8 @@ class Obj:
     comma-separated, optional ones skippable; then `extra` (a member IR) any number of times.
     Between `lo` and `hi` (None = no limit) members in all; extras count each if `extra_counts`,
     else as one together. `any_order`: members (each at most once) and extras in any order,
-    no count bounds. `extras_anywhere`: extras also before and between members (when `lo` is 0)."""
+    no count bounds. `extras_anywhere`: extras also before and between members (set only with
+    `lo` 0 and an `extra`)."""
     members: tuple
     extra: object | None
     lo: int = 0

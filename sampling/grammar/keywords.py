@@ -52,14 +52,18 @@ def escape_pointer(token: str) -> str:
     return str(token).replace("~", "~0").replace("/", "~1")
 
 
-def normal_value(v):
-    """The value as JSON Schema compares values (1 == 1.0; key order aside, json.dumps sorts)."""
+def value_key(v) -> str:
+    """JSON text equal for values JSON Schema calls equal (1 == 1.0, key order aside)."""
+    return json.dumps(_normal_value(v), sort_keys=True, separators=(",", ":"))
+
+
+def _normal_value(v):
     if isinstance(v, float) and v.is_integer():
         return int(v)
     if isinstance(v, list):
-        return [normal_value(x) for x in v]
+        return [_normal_value(x) for x in v]
     if isinstance(v, dict):
-        return {k: normal_value(x) for k, x in v.items()}
+        return {k: _normal_value(x) for k, x in v.items()}
     return v
 
 

@@ -124,9 +124,8 @@ class NFA:
         s = self._into(ir.lit(node.open), s)
         # `first`: nothing emitted yet; rest[c]: something emitted, c members counted.
         first, rest = s, [self.new() for _ in range(top + 1)]
-        anywhere = node.extras_anywhere and node.extra is not None and lo == 0
         for member, required in node.members:
-            if anywhere:
+            if node.extras_anywhere:
                 extras(first, rest, rest)
             nfirst, nrest = self.new(), [self.new() for _ in range(top + 1)]
             for c in range(top + 1):
@@ -143,6 +142,7 @@ class NFA:
                 for c in range(top + 1):
                     self.eps[rest[c]].append(nrest[c])
             first, rest = nfirst, nrest
+        after = rest
         if node.extra is not None:
             # Extras come after the members. When they do not count one by one (they may repeat
             # each other's keys) they count as one together, their keys differing from every
@@ -157,7 +157,7 @@ class NFA:
         end = self.new()
         if lo == 0:
             self.eps[self._into(ir.lit(node.close), first)].append(end)
-        closing = [rest] if node.extra is None or after is rest else [rest, after]
+        closing = [rest] if after is rest else [rest, after]
         for counted in closing:
             for c in range(lo, top + 1):
                 self.eps[self._into(ir.lit(node.close), counted[c])].append(end)

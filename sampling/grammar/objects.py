@@ -227,8 +227,8 @@ def key_not_in(names: list[str], prefixes: tuple[str, ...] = ()) -> object:
 
 
 class ObjectRules:
-    """The object part of SchemaCompiler (a mixin: it uses the compiler's node(), literals and
-    open_objects)."""
+    """The object part of SchemaCompiler (a mixin: it uses the compiler's node(), literals,
+    open_objects and any_order_spent)."""
 
     def _object(self, schema: dict, ptr: str) -> object:
         variants = dependency_variants(schema, ptr)
@@ -290,10 +290,9 @@ class ObjectRules:
         return self._counted_members(schema, members, extras, ptr, anywhere=self.open_objects)
 
     def _spend_on_any_order(self, size: int) -> bool:
-        spent = getattr(self, "_any_order_spent", 0) + size
-        if spent > ANY_ORDER_BYTES:
+        if self.any_order_spent + size > ANY_ORDER_BYTES:
             return False
-        self._any_order_spent = spent
+        self.any_order_spent += size
         return True
 
     def _pattern_member(self, pattern: str, i: int, patterns: list, names: list[str], ptr: str) -> object | None:
@@ -336,7 +335,8 @@ class ObjectRules:
         if max(lo, hi or 0) > 64:
             raise unsupported("minProperties" if lo > 64 else "maxProperties", ptr, "bounds above 64")
         extra_ir = ir.alt(*extras) if extras else None
-        if anywhere and extra_ir is not None and lo == 0 and members:
+        anywhere = anywhere and extra_ir is not None and lo == 0 and bool(members)
+        if anywhere:
             extra_ir = self._shared(extra_ir, min_size=1)
         return ir.Obj(tuple(members), extra_ir, lo, hi, hi is not None, extras_anywhere=anywhere)
 

@@ -16,7 +16,7 @@ import math
 from typing import Callable
 
 from .errors import unsupported
-from .keywords import JSON_TYPES, TYPE_KEYWORDS, normal_value
+from .keywords import JSON_TYPES, TYPE_KEYWORDS, value_key
 
 _ALL = frozenset(JSON_TYPES)
 
@@ -25,9 +25,9 @@ def _values(s: object) -> frozenset[str] | None:
     if not isinstance(s, dict):
         return None
     if "const" in s:
-        return frozenset([json.dumps(normal_value(s["const"]), sort_keys=True)])
+        return frozenset([value_key(s["const"])])
     if "enum" in s and isinstance(s["enum"], list):
-        return frozenset(json.dumps(normal_value(v), sort_keys=True) for v in s["enum"])
+        return frozenset(value_key(v) for v in s["enum"])
     return None
 
 

@@ -9,7 +9,6 @@ dispatch (node) and the per-type rules call one another.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 from collections import Counter
@@ -22,8 +21,7 @@ from . import ir, jsonstr, numeric
 from .allof import merge_all_of, with_all_of
 from .errors import SchemaError, UnsupportedSchemaError, unsupported
 from .formats import FORMATS, REFUSED_FORMATS
-from .keywords import (JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json,
-                       normal_value)
+from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json, value_key
 from .nfa import intersection
 from .objects import ObjectRules
 from .regex import length_bounded_pattern, pattern_ir, search_pattern
@@ -82,6 +80,7 @@ class SchemaCompiler(ObjectRules):
         declared = root.get("$schema") if isinstance(root, dict) else None
         self.ref_alone = isinstance(declared, str) and re.search(r"draft-0[3-7]/", declared) is not None
         self.count_strings = count_strings
+        self.any_order_spent = 0          # see ObjectRules._spend_on_any_order
         self._validator = None
         self.rules: list[object | None] = [None]
         self.ref_rule: dict[str, int] = {}
@@ -191,7 +190,8 @@ class SchemaCompiler(ObjectRules):
             if not (isinstance(sub, dict) and "$ref" in sub):
                 return sub
             if constraint_keys(sub) - {"$ref"} and not self.ref_alone:
-                return merge_all_of(with_all_of(sub, "$ref", [{"$ref": sub["$ref"]}]), where, self._resolve_schema)
+                merged = with_all_of(sub, "$ref", [{"$ref": sub["$ref"]}], where)
+                return merge_all_of(merged, where, self._resolve_schema)
             if sub["$ref"] in self.recursive:
                 raise unsupported("allOf", where, "recursive $ref inside allOf")
             sub = self._resolve_pointer(sub["$ref"], where)
@@ -243,9 +243,7 @@ class SchemaCompiler(ObjectRules):
             if keys == {"$ref"}:
                 return self._ref(schema["$ref"], ptr)
             # Sibling keywords next to $ref: both must hold (an implicit allOf).
-            if not isinstance(schema.get("allOf", []), list):
-                raise SchemaError(f"'allOf' at {ptr or '/'} must be a non-empty array")
-            merged = with_all_of(schema, "$ref", [{"$ref": schema["$ref"]}])
+            merged = with_all_of(schema, "$ref", [{"$ref": schema["$ref"]}], ptr)
             return self.node(merge_all_of(merged, ptr, self._resolve_schema), ptr)
         if "allOf" in keys:
             return self.node(merge_all_of(schema, ptr, self._resolve_schema), ptr)
@@ -285,8 +283,8 @@ class SchemaCompiler(ObjectRules):
             merged = []
             for i, sub in enumerate(subs):
                 try:
-                    merged.append(merge_all_of(with_all_of(written, comb, [sub]), f"{ptr}/{comb}/{i}",
-                                               self._resolve_schema))
+                    where = f"{ptr}/{comb}/{i}"
+                    merged.append(merge_all_of(with_all_of(written, comb, [sub], where), where, self._resolve_schema))
                 except UnsupportedSchemaError:
                     raise
                 except SchemaError:
@@ -507,7 +505,7 @@ class SchemaCompiler(ObjectRules):
             return None
         seen, out = set(), []
         for v in values:
-            key = json.dumps(normal_value(v), sort_keys=True)
+            key = value_key(v)
             if key not in seen:
                 seen.add(key)
                 out.append(dump_json(v))
