@@ -17,6 +17,8 @@ setup(
         "uvicorn>=0.29",
         "jsonschema>=4.20",
         "huggingface-hub>=0.23",
+        # The grammar compiler's automaton loops are C (sampling/grammar/csrc), built at install.
+        "cffi>=1.15",
         # Prometheus exposition format, histograms and registries done right; not worth rewriting.
         "prometheus-client>=0.20",
         # `cobatch bench http-load` ships with the package and drives servers with it.
@@ -33,5 +35,6 @@ setup(
         # jsonschema[format-nongpl]: the format checkers `bench schemas` validates documents with.
         "bench": ["matplotlib>=3.8", "llguidance>=1.9", "jsonschema[format-nongpl]"],
     },
+    cffi_modules=["sampling/grammar/csrc/build.py:ffibuilder"],
     entry_points={"console_scripts": ["cobatch=server.cli:main"]},
 )

@@ -14,7 +14,8 @@ Design
    rule 0 is the document; every ``$ref`` target that can reach itself is its own rule and
    its uses are ``Call`` nodes; non-recursive refs are inlined). "Any JSON value" is a rule.
 2. nfa.py / dfa.py build a Thompson NFA and determinise each rule (alphabet compression,
-   trimming of states that cannot finish, Moore minimisation). All rules share one state
+   trimming of states that cannot finish, Hopcroft minimisation; the loops over states are C,
+   csrc/automaton.c through native.py). All rules share one state
    numbering and one [states x 256] transition table; call edges sit beside it.
 3. A matcher state is a set of stacks of automaton states (the top state is in the rule being
    matched, lower entries are return states). Non-recursive schemas always have exactly one

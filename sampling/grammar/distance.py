@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import native
 from .counting import Counting
 from .dfa import DEAD, Automaton
 from .vocab_index import VocabIndex
@@ -60,76 +61,31 @@ def _vocab_budget(idx: VocabIndex, exact_limit: int) -> tuple[frozenset[bytes], 
 def _token_edges(aut: Automaton, toks: list[bytes], counted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Unique (src, dst) state pairs with some token in `toks` leading src -> dst (bytes only).
     With `counted` (states of length-bounded strings), paths that start in or pass through one
-    are left out: only a counted state's entry (its count then 0) may end a path.
-
-    The tokens are walked as a trie, all states at once: a state leaves the walk at the first
-    byte it has no transition on, so the work follows the pairs still alive, not states x tokens."""
+    are left out: only a counted state's entry (its count then 0) may end a path."""
     n = aut.n_states
     if n <= 1 or not toks:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    if n <= _SMALL:
-        return _token_edges_dense(aut, toks, counted)
-    by_byte = np.ascontiguousarray(aut.trans.T)          # [byte, state]
-    starts = np.arange(n, dtype=np.int64)
-    if counted is not None:
-        starts = starts[~counted]
-    starts = starts[starts != DEAD]
-    codes = []
-    # (prefix bytes, sources, current states): every node of the trie below the root.
-    todo = [(b"", starts, starts)]
-    children = _trie(toks)
-    while todo:
-        prefix, src, cur = todo.pop()
-        if counted is not None and prefix:
-            alive = ~counted[cur]
-            src, cur = src[alive], cur[alive]
-        for b, (is_token, has_children) in children.get(prefix, {}).items():
-            nxt = by_byte[b][cur]
-            alive = nxt != DEAD
-            if not alive.any():
-                continue
-            s, t = src[alive], nxt[alive].astype(np.int64)
-            if is_token:
-                codes.append(s * n + t)
-            if has_children:
-                todo.append((prefix + bytes([b]), s, t))
-    if not codes:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    pairs = np.unique(np.concatenate(codes))
-    return pairs // n, pairs % n
+    return native.token_edges(aut.trans, counted if counted is not None else np.zeros(n, dtype=bool), _trie(toks))
 
 
-_SMALL = 400     # states up to which one dense pass beats the walk's per-node overhead
-
-
-def _token_edges_dense(aut: Automaton, toks: list[bytes], counted: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """_token_edges as every state times every token, one byte position at a time."""
-    toks = sorted(toks, key=len, reverse=True)
-    lens = np.array([len(t) for t in toks], dtype=np.int64)
-    mat = np.zeros((len(toks), int(lens[0])), dtype=np.int64)
-    for i, t in enumerate(toks):
-        mat[i, : len(t)] = np.frombuffer(t, dtype=np.uint8)
-    flat = aut.trans.ravel().astype(np.int64)
-    n = aut.n_states
-    rows = np.arange(1, n, dtype=np.int64)
-    st = np.repeat(rows[:, None], len(toks), axis=1)
-    for p in range(mat.shape[1]):
-        k = int((lens > p).sum())
-        if counted is not None:
-            st[:, :k] = np.where(counted[st[:, :k]], DEAD, st[:, :k])
-        st[:, :k] = flat[st[:, :k] * 256 + mat[None, :k, p]]
-    codes = np.unique((rows[:, None] * n + st)[st != DEAD])
-    return codes // n, codes % n
-
-
-def _trie(toks: list[bytes]) -> dict[bytes, dict[int, tuple[bool, bool]]]:
-    """prefix -> {next byte: (prefix + byte is a token, some token extends it)}."""
-    tokens = set(toks)
-    prefixes = {t[:i] for t in toks for i in range(1, len(t))}
-    out: dict[bytes, dict[int, tuple[bool, bool]]] = {}
-    for w in tokens | prefixes:
-        out.setdefault(w[:-1], {})[w[-1]] = (w in tokens, w in prefixes)
-    return out
+def _trie(toks: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The tokens as a trie in CSR form: (child offsets per node, child bytes, child nodes,
+    node is a token); node 0 is the root."""
+    node_of = {b"": 0}
+    for t in sorted(set(toks)):        # sorted: a prefix is numbered before its extensions
+        for i in range(1, len(t) + 1):
+            node_of.setdefault(t[:i], len(node_of))
+    parent = np.zeros(len(node_of), dtype=np.int64)
+    byte = np.zeros(len(node_of), dtype=np.uint8)
+    for w, k in node_of.items():
+        if k:
+            parent[k] = node_of[w[:-1]]
+            byte[k] = w[-1]
+    is_token = np.zeros(len(node_of), dtype=np.uint8)
+    is_token[[node_of[t] for t in toks]] = 1
+    children = np.argsort(parent[1:], kind="stable") + 1
+    offsets = np.searchsorted(parent[children], np.arange(len(node_of) + 1))
+    return offsets, byte[children], children, is_token
 
 
 def token_distances(aut: Automaton, toks: list[bytes], counting: Counting | None = None) -> np.ndarray:

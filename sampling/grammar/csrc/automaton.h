@@ -1,0 +1,59 @@
+/* Automaton construction loops that cost too much in Python (see automaton.c). */
+#include <stdint.h>
+
+typedef struct {
+    int32_t n_states;       /* DFA states, state 0 being the dead state */
+    int32_t *trans;         /* n_states x n_cls */
+    uint8_t *accept;
+    int32_t *rule_of;       /* -1 for the dead state */
+    int32_t *count_tag;     /* the NFA tag its states carry, 0 for none */
+    int32_t n_calls;
+    int32_t *calls;         /* n_calls x 3: state, called rule, return state */
+    int32_t *starts;        /* per rule */
+} subset_result;
+
+/* Return codes of subset_construct. */
+#define AUTOMATON_OK 0
+#define AUTOMATON_TOO_LARGE 1
+#define AUTOMATON_COUNT_CONFLICT 2
+#define AUTOMATON_NO_MEMORY 3
+
+int subset_construct(int32_t n_nfa,
+                     const int32_t *eps_off, const int32_t *eps_dst,
+                     const int32_t *edge_off, const int32_t *edge_mask, const int32_t *edge_dst,
+                     int32_t n_masks, int32_t n_cls, const uint8_t *mask_cls,
+                     const int32_t *call_off, const int32_t *call_rule, const int32_t *call_dst,
+                     const int32_t *tag,
+                     int32_t n_rules, const int32_t *rule_start, const int32_t *rule_end,
+                     int32_t max_states, subset_result *out);
+
+void subset_free(subset_result *out);
+
+/* States from which an accepting state is reachable: live[s] = 1. Edges are trans (n x n_cls,
+   target 0 = none) plus the extra (src, dst) pairs. */
+int coreachable(int32_t n, int32_t n_cls, const int32_t *trans, const uint8_t *accept,
+                int32_t n_extra, const int32_t *extra_src, const int32_t *extra_dst, uint8_t *live);
+
+/* Coarsest partition of the states that respects `first_block` (ids 0..n_first-1 per state)
+   and all transitions: trans (n x n_cls, target 0 = none; row 0 is skipped) plus the labelled
+   extra edges (call edges: label n_cls + extra_label). block[s] gets the block of each state;
+   returns the number of blocks, or -1 when out of memory. */
+typedef struct {
+    int64_t n_pairs;
+    int32_t *src, *dst;
+} pair_result;
+
+/* The distinct (state, state') pairs such that some token of the trie leads state -> state'
+   (trans: n x 256, 0 = dead). The trie: node 0 is the root, node k's children are
+   child_node[child_off[k] .. child_off[k + 1]] on bytes child_byte[...]; is_token per node.
+   A path may not start in, nor pass through, a state with counted[s] (it may end in one). */
+int token_edges(int32_t n, const int32_t *trans, const uint8_t *counted,
+                const int32_t *child_off, const uint8_t *child_byte, const int32_t *child_node,
+                const uint8_t *is_token, pair_result *out);
+
+void pairs_free(pair_result *out);
+
+int32_t minimize(int32_t n, int32_t n_cls, const int32_t *trans,
+                 int32_t n_extra, const int32_t *extra_src, const int32_t *extra_label,
+                 const int32_t *extra_dst, int32_t n_extra_labels,
+                 const int32_t *first_block, int32_t n_first, int32_t *block);
