@@ -7,14 +7,24 @@ numbering; state 0 is the dead state (every byte loops to it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import native
 from .errors import SchemaError
-from .nfa import NFA
+
+if TYPE_CHECKING:
+    from .nfa import NFA
 
 DEAD = 0
+
+
+class EmptyLanguage(SchemaError):
+    """The root rule matches no string at all."""
+
+    def __init__(self) -> None:
+        super().__init__("no JSON document satisfies this schema")
 
 
 class CountConflict(Exception):
@@ -55,15 +65,15 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
             tags=tags, rules=rules, max_states=max_states)
     except native.CountConflictError:
         raise CountConflict() from None
-    calls_raw: list[dict[int, int]] = [{} for _ in range(len(sub.accept))]
-    for g, q, ret in sub.calls.tolist():
-        calls_raw[g][q] = ret
-    aut = _trim(sub.trans, sub.accept, calls_raw, sub.starts, sub.rule_of)
-    table, acc, calls_raw, starts, rule_of, tags = _minimize(*aut, sub.count_tag)
+    table, accept, calls, starts = _trim(sub.trans, sub.accept, sub.calls, sub.starts)
+    table, accept, calls, starts, rule_of, tags = _minimize(table, accept, calls, starts, sub.rule_of, sub.count_tag)
+    per_state: list[list[tuple[int, int]]] = [[] for _ in range(table.shape[0])]
+    for g, q, ret in calls.tolist():
+        per_state[g].append((q, ret))
     return Automaton(
         trans=np.ascontiguousarray(table[:, classes]),
-        accept=acc,
-        calls=[tuple(sorted(c.items())) for c in calls_raw],
+        accept=accept,
+        calls=[tuple(sorted(c)) for c in per_state],
         rule_start=starts,
         rule_of=rule_of,
         count_tag=tags,
@@ -102,51 +112,45 @@ def _byte_classes(bits: np.ndarray) -> tuple[np.ndarray, list[int]]:
     return cls.astype(np.int64), sorted(first.tolist())
 
 
-def _trim(table, accept, calls, starts, rule_of):
+def _trim(table, accept, calls, starts):
     """Remove states from which no accepting state is reachable; drop calls to rules that
-    cannot produce any string. Raises SchemaError if the root rule becomes empty."""
-    n = table.shape[0]
-    productive = [False] * len(starts)
+    cannot produce any string. `calls`: int [k, 3] of (state, rule, return state). Raises
+    EmptyLanguage if the root rule becomes empty."""
+    starts = np.asarray(starts, dtype=np.int64)
+    productive = np.zeros(len(starts), dtype=bool)
     while True:
-        extra = [(g, ret) for g in range(n) for q, ret in calls[g].items() if productive[q]]
-        live = _coreachable(table, accept, extra)
-        now = [bool(live[s]) for s in starts]
-        if now == productive:
+        usable = calls[productive[calls[:, 1]]]
+        live = native.coreachable(table, accept, usable[:, 0], usable[:, 2])
+        now = live[starts]
+        if (now == productive).all():
             break
         productive = now
     if not productive[0]:
-        raise SchemaError("no JSON document satisfies this schema")
+        raise EmptyLanguage()
     table = np.where(live[table], table, DEAD).astype(np.int32)
-    calls = [
-        {q: ret for q, ret in c.items() if productive[q] and live[ret]} if live[g] else {}
-        for g, c in enumerate(calls)
-    ]
     table[~live] = DEAD
-    starts = [s if productive[r] else DEAD for r, s in enumerate(starts)]
-    return table, accept & live, calls, starts, rule_of
-
-
-def _coreachable(table: np.ndarray, accept: np.ndarray, extra: list[tuple[int, int]]) -> np.ndarray:
-    """States from which an accepting state is reachable (reverse BFS, with `extra` edges)."""
-    return native.coreachable(table, accept, [a for a, _ in extra], [b for _, b in extra])
+    calls = calls[live[calls[:, 0]] & productive[calls[:, 1]] & live[calls[:, 2]]]
+    starts = [int(s) if productive[r] else DEAD for r, s in enumerate(starts)]
+    return table, accept & live, calls, starts
 
 
 def _minimize(table, accept, calls, starts, rule_of, tags):
     """Merge states with the same future (Hopcroft's partition refinement, in C); call edges are
     labelled by their rule; states of different rules, acceptance or counter tags never merge."""
     n = table.shape[0]
-    edges = [(g, q, ret) for g, c in enumerate(calls) for q, ret in c.items()]
-    key = np.stack([rule_of, accept.astype(np.int32), tags], axis=1)
-    key[DEAD] = (-2, 0, 0)
-    _, first_block = np.unique(key, axis=0, return_inverse=True)
-    block, count = native.minimize(table, [e[0] for e in edges], [e[1] for e in edges], [e[2] for e in edges],
-                                   len(starts), first_block.ravel())
+    key = (rule_of.astype(np.int64) + 1) << 33 | tags.astype(np.int64) << 1 | accept
+    key[DEAD] = -1
+    _, first_block = np.unique(key, return_inverse=True)
+    block, count = native.minimize(table, calls[:, 0], calls[:, 1], calls[:, 2], len(starts), first_block.ravel())
     # Renumber so that DEAD's block is 0.
     order = np.arange(count)
     order[[0, block[DEAD]]] = order[[block[DEAD], 0]]
     block = order[block]
     rep = np.zeros(count, dtype=np.int64)
     rep[block[::-1]] = np.arange(n)[::-1]      # first state of each block
-    new_table = block[table[rep]].astype(np.int32)
-    new_calls = [{q: int(block[ret]) for q, ret in calls[r].items()} for r in rep]
-    return new_table, accept[rep], new_calls, [int(block[s]) for s in starts], rule_of[rep], tags[rep]
+    is_rep = np.zeros(n, dtype=bool)
+    is_rep[rep] = True
+    kept = calls[is_rep[calls[:, 0]]]
+    new_calls = np.stack([block[kept[:, 0]], kept[:, 1], block[kept[:, 2]]], axis=1)
+    return block[table[rep]].astype(np.int32), accept[rep], new_calls, [int(block[s]) for s in starts], \
+        rule_of[rep], tags[rep]

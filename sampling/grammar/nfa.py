@@ -1,7 +1,9 @@
 """Thompson construction: IR -> NFA with byte-set edges, epsilon edges and call edges."""
 from __future__ import annotations
 
-from . import ir, jsonstr
+import numpy as np
+
+from . import dfa, ir, jsonstr
 
 Frag = tuple[int, int]  # (start state, end state)
 
@@ -201,68 +203,10 @@ def leaf_dfa(node) -> tuple[list[list[tuple[int, int]]], list[bool]]:
         _remember(node, hit)
         return hit
     nfa = NFA()
-    start, end = nfa.build(node)
-    closure_memo: dict[int, frozenset[int]] = {}
-
-    def closure(states) -> frozenset[int]:
-        out: set[int] = set()
-        for s0 in states:
-            c = closure_memo.get(s0)
-            if c is None:
-                seen, todo = {s0}, [s0]
-                while todo:
-                    for t in nfa.eps[todo.pop()]:
-                        if t not in seen:
-                            seen.add(t)
-                            todo.append(t)
-                c = closure_memo[s0] = frozenset(seen)
-            out |= c
-        return frozenset(out)
-
-    ids: dict[frozenset[int], int] = {}
-    sets: list[frozenset[int]] = []
-    edges: list[list[tuple[int, int]]] = []
-
-    def intern(st: frozenset[int]) -> int:
-        i = ids.get(st)
-        if i is None:
-            i = ids[st] = len(sets)
-            sets.append(st)
-            edges.append([])
-        return i
-
-    intern(closure([start]))
-    i = 0
-    # (intern receives closed sets)
-    while i < len(sets):
-        # Partition the 256 bytes by the set of targets they lead to (bytes as bitmasks).
-        # Edges with the same label are split on once (a set can hold hundreds of them).
-        by_mask: dict[int, list[int]] = {}
-        for ns in sets[i]:
-            for m, t in nfa.edges[ns]:
-                by_mask.setdefault(m, []).append(t)
-        parts: list[tuple[int, tuple[int, ...]]] = [((1 << 256) - 1, ())]
-        for m, targets in by_mask.items():
-            split = []
-            for pm, ts in parts:
-                inside = pm & m
-                if inside:
-                    split.append((inside, ts + tuple(targets)))
-                    if pm != inside:
-                        split.append((pm ^ inside, ts))
-                else:
-                    split.append((pm, ts))
-            parts = split
-        merged: dict[frozenset[int], int] = {}
-        for pm, ts in parts:
-            if ts:
-                key = closure(ts)
-                merged[key] = merged.get(key, 0) | pm
-        for targets, mask in merged.items():
-            edges[i].append((mask, intern(targets)))
-        i += 1
-    accept = [end in st for st in sets]
-    result = _minimal(edges, accept)
+    try:
+        result = _edge_lists(dfa.build(nfa, [nfa.build(node)]))
+    except dfa.EmptyLanguage:
+        result = [[]], [False]
     if len(_LEAVES) > 4096:
         _LEAVES.clear()
     _LEAVES[node] = result
@@ -306,61 +250,23 @@ def _remember(node, result) -> None:
     _LEAVES_BY_ID[id(node)] = (node, result)     # holding `node` keeps its id from being reused
 
 
-def _minimal(edges: list[list[tuple[int, int]]], accept: list[bool]):
-    """Moore minimisation of a small leaf DFA (start stays state 0; dead state implicit)."""
-    import numpy as np
-
-    n = len(edges)
-    table = np.full((n + 1, 256), n, dtype=np.int64)      # row n: the dead state
-    bit_cache: dict[int, np.ndarray] = {}
-    for i, out in enumerate(edges):
-        for mask, t in out:
-            bits = bit_cache.get(mask)
-            if bits is None:
-                bits = bit_cache[mask] = np.flatnonzero(
-                    np.frombuffer(mask.to_bytes(32, "little"), dtype=np.uint8)[:, None] >> np.arange(8) & 1)
-            table[i, bits] = t
-    _, block = np.unique(np.array([1 if a else 0 for a in accept] + [2]), return_inverse=True)
-    block = block.ravel().astype(np.int64)
-    count = int(block.max()) + 1
-    # Rows compared through a random linear hash (verified below; a collision only costs
-    # minimality, and is then undone by falling back to the unminimised automaton).
-    weights = np.random.default_rng(7).integers(1, 2**63, size=257, dtype=np.uint64) | np.uint64(1)
-    while True:
-        with np.errstate(over="ignore"):
-            h = block.astype(np.uint64) * weights[0] + (block[table].astype(np.uint64) * weights[1:]).sum(
-                axis=1, dtype=np.uint64)
-        _, nb = np.unique(h, return_inverse=True)
-        nb = nb.ravel()
-        if nb.max() + 1 == count:
-            break
-        block, count = nb, nb.max() + 1
-    rep = np.zeros(count, dtype=np.int64)
-    rep[block[::-1]] = np.arange(n + 1)[::-1]
-    if not (block[table] == block[table[rep[block]]]).all() or not (
-            np.array(accept + [False])[rep[block]] == np.array(accept + [False])).all():
-        return edges, accept
-    # Renumber blocks in order of first appearance (so the start's block is 0), dead dropped.
-    dead = int(block[n])
-    if int(block[0]) == dead:      # a leaf matching nothing: one non-accepting state
-        return [[]], [False]
-    order: dict[int, int] = {}
-    for i in range(n):
-        if int(block[i]) != dead:
-            order.setdefault(int(block[i]), len(order))
-    new_edges: list[list[tuple[int, int]]] = [[] for _ in order]
-    new_accept = [False] * len(order)
-    done = set()
-    for i in range(n):
-        b = int(block[i])
-        if b == dead or b in done:
-            continue
-        done.add(b)
-        new_accept[order[b]] = accept[i]
-        by_target: dict[int, int] = {}
-        for byte in range(256):
-            tb = int(block[table[i, byte]])
-            if tb != dead:
-                by_target[order[tb]] = by_target.get(order[tb], 0) | (1 << byte)
-        new_edges[order[b]] = [(m, t) for t, m in by_target.items()]
-    return new_edges, new_accept
+def _edge_lists(aut: dfa.Automaton) -> tuple[list[list[tuple[int, int]]], list[bool]]:
+    """A one-rule automaton as leaf_dfa's result: its states reachable from the start, the start
+    numbered 0, edges grouped by target into byte masks."""
+    start = aut.rule_start[0]
+    number = {start: 0}
+    order = [start]
+    edges: list[list[tuple[int, int]]] = []
+    for g in order:                       # grows while it is walked: breadth-first numbering
+        row = aut.trans[g]
+        out = []
+        for t in np.unique(row).tolist():
+            if t == dfa.DEAD:
+                continue
+            if t not in number:
+                number[t] = len(order)
+                order.append(t)
+            bits = np.packbits(row == t, bitorder="little").tobytes()
+            out.append((int.from_bytes(bits, "little"), number[t]))
+        edges.append(out)
+    return edges, [bool(aut.accept[g]) for g in order]
