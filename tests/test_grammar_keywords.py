@@ -331,6 +331,13 @@ def test_numbers_compare_by_value_in_enums_and_bounds():
     assert not any(accepts(g, v) for v in (10.5, -5.5, 11, -6))
     g, _ = generated({"type": "number", "minimum": 0, "exclusiveMaximum": 10})
     assert not accepts(g, 10.0) and accepts(g, 9.5)
+    # const beside enum: the values they share, compared as values, not as text
+    g, docs = generated({"const": 2, "enum": [2.0, 3]})
+    assert all(d == 2 for d in docs) and accepts(g, 2) and not accepts(g, 3)
+    g, _ = generated({"const": {"a": 1, "b": [1.0]}, "enum": [{"b": [1], "a": 1.0}, {"a": 2}]})
+    assert accepts(g, {"b": [1], "a": 1.0}) and not accepts(g, {"a": 2})
+    with pytest.raises(SchemaError, match="satisf"):
+        compile_grammar({"const": True, "enum": [1]}, VOCAB)     # true is not 1
 
 
 @pytest.mark.parametrize("fmt,good,bad", [

@@ -52,16 +52,15 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
     classes, class_rep = _byte_classes(mask_bits)
     mask_id = {m: i for i, m in enumerate(masks)}
     tag_ids: dict[tuple, int] = {}
-    tags = np.zeros(len(nfa.eps), dtype=np.int32)
+    tags = np.zeros(nfa.n, dtype=np.int32)
     for s, tag in nfa.counted.items():
         tags[s] = tag_ids.setdefault(tag, len(tag_ids) + 1)
     try:
         sub = native.subset_construct(
-            eps=_csr(nfa.eps),
-            edges=(_offsets(nfa.edges), [mask_id[m] for es in nfa.edges for m, _ in es],
-                   [t for es in nfa.edges for _, t in es]),
+            eps=_csr(nfa.n, nfa.eps_src, nfa.eps_dst),
+            edges=_csr(nfa.n, nfa.edge_src, [mask_id[m] for m in nfa.edge_mask], nfa.edge_dst),
             mask_classes=mask_bits[:, class_rep],
-            calls=(_offsets(nfa.calls), [q for cs in nfa.calls for q, _ in cs], [t for cs in nfa.calls for _, t in cs]),
+            calls=_csr(nfa.n, nfa.call_src, nfa.call_rule, nfa.call_dst),
             tags=tags, rules=rules, max_states=max_states)
     except native.CountConflictError:
         raise CountConflict() from None
@@ -81,19 +80,17 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
     )
 
 
-def _offsets(lists: list[list]) -> np.ndarray:
-    off = np.zeros(len(lists) + 1, dtype=np.int64)
-    np.cumsum([len(x) for x in lists], out=off[1:])
-    return off
-
-
-def _csr(lists: list[list[int]]) -> tuple[np.ndarray, list[int]]:
-    return _offsets(lists), [x for xs in lists for x in xs]
+def _csr(n: int, src: list[int], *columns: list[int]) -> tuple[np.ndarray, ...]:
+    """Edges given as parallel lists, grouped by source: (offsets [n + 1], *columns in that order)."""
+    src_arr = np.asarray(src, dtype=np.int64)
+    order = np.argsort(src_arr, kind="stable")
+    offsets = np.searchsorted(src_arr[order], np.arange(n + 1))
+    return (offsets, *(np.asarray(c, dtype=np.int64)[order] for c in columns))
 
 
 def _masks(nfa: NFA) -> tuple[list[int], np.ndarray]:
     """The distinct edge labels, and their bytes as a bool matrix [labels, 256]."""
-    masks = list({m for es in nfa.edges for m, _ in es})
+    masks = list(set(nfa.edge_mask))
     raw = np.frombuffer(b"".join(m.to_bytes(32, "little") for m in masks), dtype=np.uint8).reshape(len(masks), 32)
     return masks, np.unpackbits(raw, axis=1, bitorder="little")
 

@@ -9,17 +9,38 @@ Frag = tuple[int, int]  # (start state, end state)
 
 
 class NFA:
+    """States are numbers; edges are kept as parallel lists (dfa.py turns them into arrays)."""
+
     def __init__(self) -> None:
-        self.eps: list[list[int]] = []
-        self.edges: list[list[tuple[int, int]]] = []   # (byte mask, target)
-        self.calls: list[list[tuple[int, int]]] = []   # (rule, return target)
+        self.n = 0
+        self.eps_src: list[int] = []
+        self.eps_dst: list[int] = []
+        self.edge_src: list[int] = []
+        self.edge_mask: list[int] = []      # byte set, as a 256-bit int
+        self.edge_dst: list[int] = []
+        self.call_src: list[int] = []
+        self.call_rule: list[int] = []
+        self.call_dst: list[int] = []       # the return state
         self.counted: dict[int, tuple[int, int | None, bool]] = {}   # state -> (lo, hi, at a character boundary)
 
     def new(self) -> int:
-        self.eps.append([])
-        self.edges.append([])
-        self.calls.append([])
-        return len(self.eps) - 1
+        self.n += 1
+        return self.n - 1
+
+    def link(self, a: int, b: int) -> None:
+        """An epsilon edge."""
+        self.eps_src.append(a)
+        self.eps_dst.append(b)
+
+    def byte_edge(self, a: int, mask: int, b: int) -> None:
+        self.edge_src.append(a)
+        self.edge_mask.append(mask)
+        self.edge_dst.append(b)
+
+    def call_edge(self, a: int, rule: int, b: int) -> None:
+        self.call_src.append(a)
+        self.call_rule.append(rule)
+        self.call_dst.append(b)
 
     def build(self, node) -> Frag:
         s = self.new()
@@ -30,7 +51,7 @@ class NFA:
         """Instantiate `node` starting at state `s`; return its end state."""
         if isinstance(node, ir.Bytes):
             e = self.new()
-            self.edges[s].append((node.mask, e))
+            self.byte_edge(s, node.mask, e)
             return e
         if isinstance(node, ir.Seq):
             for it in node.items:
@@ -40,14 +61,14 @@ class NFA:
             e = self.new()
             for it in node.items:
                 a = self.new()
-                self.eps[s].append(a)
-                self.eps[self._into(it, a)].append(e)
+                self.link(s, a)
+                self.link(self._into(it, a), e)
             return e
         if isinstance(node, ir.Repeat):
             return self._repeat(node, s)
         if isinstance(node, ir.Call):
             e = self.new()
-            self.calls[s].append((node.rule, e))
+            self.call_edge(s, node.rule, e)
             return e
         if isinstance(node, ir.Obj):
             return self._obj(node, s)
@@ -68,21 +89,23 @@ class NFA:
         # Minimal DFA of char*: the start is the only accepting state, entered exactly when a
         # character is complete; the counter rides on that.
         assert accept[0] and not any(accept[1:])
-        first = len(self.eps)
+        first = self.n
         end = self._copy(edges, accept, s)
         for i in range(len(edges)):
             self.counted[first + i] = (node.lo, node.hi, i == 0)
         return end
 
     def _copy(self, edges, accept, s: int) -> int:
-        ids = [self.new() for _ in edges]
-        end = self.new()
-        if ids:
-            self.eps[s].append(ids[0])
+        first = self.n
+        self.n += len(edges) + 1
+        end = self.n - 1
+        if edges:
+            self.link(s, first)
         for i, out in enumerate(edges):
-            self.edges[ids[i]].extend((mask, ids[t]) for mask, t in out)
+            for mask, t in out:
+                self.byte_edge(first + i, mask, first + t)
             if accept[i]:
-                self.eps[ids[i]].append(end)
+                self.link(first + i, end)
         return end
 
     def _repeat(self, node: ir.Repeat, s: int) -> int:
@@ -90,14 +113,14 @@ class NFA:
             s = self._into(node.item, s)
         if node.hi is None:
             hub = self.new()
-            self.eps[s].append(hub)
-            self.eps[self._into(node.item, hub)].append(hub)
+            self.link(s, hub)
+            self.link(self._into(node.item, hub), hub)
             return hub
         end = self.new()
         for _ in range(node.hi - node.lo):
-            self.eps[s].append(end)
+            self.link(s, end)
             s = self._into(node.item, s)
-        self.eps[s].append(end)
+        self.link(s, end)
         return end
 
     def _obj(self, node: ir.Obj, s: int) -> int:
@@ -119,9 +142,9 @@ class NFA:
                     continue
                 mid = self.new()
                 if c == 0:
-                    self.eps[first].append(mid)
-                self.eps[self._into(comma, rest[c])].append(mid)
-                self.eps[self._into(node.extra, mid)].append(after[nc])
+                    self.link(first, mid)
+                self.link(self._into(comma, rest[c]), mid)
+                self.link(self._into(node.extra, mid), after[nc])
 
         s = self._into(ir.lit(node.open), s)
         # `first`: nothing emitted yet; rest[c]: something emitted, c members counted.
@@ -136,13 +159,13 @@ class NFA:
                     continue
                 mid = self.new()                  # just before the member's own bytes
                 if c == 0:
-                    self.eps[first].append(mid)
-                self.eps[self._into(comma, rest[c])].append(mid)
-                self.eps[self._into(member, mid)].append(nrest[nc])
+                    self.link(first, mid)
+                self.link(self._into(comma, rest[c]), mid)
+                self.link(self._into(member, mid), nrest[nc])
             if not required:                      # skipping keeps the count
-                self.eps[first].append(nfirst)
+                self.link(first, nfirst)
                 for c in range(top + 1):
-                    self.eps[rest[c]].append(nrest[c])
+                    self.link(rest[c], nrest[c])
             first, rest = nfirst, nrest
         after = rest
         if node.extra is not None:
@@ -154,15 +177,15 @@ class NFA:
             if after is not rest:
                 for c in range(top + 1):
                     mid = self.new()
-                    self.eps[self._into(comma, after[c])].append(mid)
-                    self.eps[self._into(node.extra, mid)].append(after[c])
+                    self.link(self._into(comma, after[c]), mid)
+                    self.link(self._into(node.extra, mid), after[c])
         end = self.new()
         if lo == 0:
-            self.eps[self._into(ir.lit(node.close), first)].append(end)
+            self.link(self._into(ir.lit(node.close), first), end)
         closing = [rest] if after is rest else [rest, after]
         for counted in closing:
             for c in range(lo, top + 1):
-                self.eps[self._into(ir.lit(node.close), counted[c])].append(end)
+                self.link(self._into(ir.lit(node.close), counted[c]), end)
         return end
 
     def _any_order_obj(self, node: ir.Obj, s: int) -> int:
@@ -177,15 +200,15 @@ class NFA:
             have = max(mask, 0)
             for i, (member, _) in enumerate(node.members):
                 if not have >> i & 1:
-                    self.eps[self._into(member, before)].append(emitted[have | 1 << i])
+                    self.link(self._into(member, before), emitted[have | 1 << i])
             if node.extra is not None:
-                self.eps[self._into(node.extra, before)].append(emitted[have])
+                self.link(self._into(node.extra, before), emitted[have])
         end = self.new()
         if not required:
-            self.eps[self._into(ir.lit(node.close), start)].append(end)
+            self.link(self._into(ir.lit(node.close), start), end)
         for mask in range(1 << n):
             if mask & required == required:
-                self.eps[self._into(ir.lit(node.close), emitted[mask])].append(end)
+                self.link(self._into(ir.lit(node.close), emitted[mask]), end)
         return end
 
 

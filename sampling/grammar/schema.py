@@ -333,8 +333,8 @@ class SchemaCompiler(ObjectRules):
         else:
             values = [schema["const"]]
         if "const" in schema and "enum" in schema:
-            c = dump_json(schema["const"])
-            values = [v for v in values if dump_json(v) == c]
+            c = value_key(schema["const"])       # 2 and 2.0 are one value; so are reordered objects
+            values = [v for v in values if value_key(v) == c]
         if "type" in schema:
             ts = set(self._types(schema, keys, ptr))
             if "number" in ts:
