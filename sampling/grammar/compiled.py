@@ -60,7 +60,7 @@ class CompiledGrammar:
         trans[U >= INF] = dfa.DEAD
         self.idx = idx
         self.trans = trans
-        self.trans_flat = trans.ravel().astype(np.int32)   # int32 halves memory traffic in walks
+        self.trans_flat = trans.reshape(-1)     # a view; int32 halves memory traffic in walks
         self._rows: dict[int, list[int]] = {}
         self.accept = [bool(a) for a in aut.accept]
         self.U = [int(u) for u in U]

@@ -10,23 +10,41 @@ from dataclasses import dataclass
 from . import utf8
 
 
+def _hash_once(cls):
+    """IR trees are hashed again and again (leaf cache keys, alt() deduplication), and a
+    dataclass hash walks the whole tree each time: keep each node's hash once computed."""
+    tree_hash = cls.__hash__
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = tree_hash(self)
+        return h
+
+    cls.__hash__ = __hash__
+    return cls
+
+
 @dataclass(frozen=True)
 class Bytes:
     """Exactly one byte whose value is in `mask` (bit i set = byte i allowed)."""
     mask: int
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Seq:
     items: tuple
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Alt:
     """Any one of `items`; an empty Alt matches nothing (the empty language)."""
     items: tuple
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Repeat:
     item: object
@@ -41,6 +59,7 @@ class Call:
     rule: int
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Obj:
     """`{` members `}` where `members` are (member_ir, required) emitted in this order,
@@ -60,6 +79,7 @@ class Obj:
     extras_anywhere: bool = False
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Leaf:
     """`item` (no calls, no objects) determinised once and copied at every use: the NFA then
@@ -77,6 +97,7 @@ class Counted:
     hi: int | None
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Table:
     """An explicit DFA: per state ((byte mask, target), ...), per state accepting; start 0."""
@@ -116,12 +137,14 @@ def seq(*items) -> object:
 
 
 def alt(*items) -> object:
-    flat = []
+    flat, seen = [], set()       # a set: comparing every pair of a large enum was quadratic
     for it in items:
         if isinstance(it, Alt):
             flat.extend(it.items)
-        elif it not in flat:
+            seen.update(it.items)
+        elif it not in seen:
             flat.append(it)
+            seen.add(it)
     return flat[0] if len(flat) == 1 else Alt(tuple(flat))
 
 
