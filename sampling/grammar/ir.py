@@ -66,8 +66,9 @@ class Obj:
     comma-separated, optional ones skippable; then `extra` (a member IR) any number of times.
     Between `lo` and `hi` (None = no limit) members in all; extras count each if `extra_counts`,
     else as one together. `any_order`: members (each at most once) and extras in any order,
-    no count bounds. `extras_anywhere`: extras also before and between members (set only with
-    `lo` 0 and an `extra`)."""
+    no count bounds; the members whose indices are in `untracked` (optional ones) may then
+    come any number of times. `extras_anywhere`: extras also before and between members (set
+    only with `lo` 0 and an `extra`)."""
     members: tuple
     extra: object | None
     lo: int = 0
@@ -77,6 +78,7 @@ class Obj:
     close: bytes = b"}"
     any_order: bool = False
     extras_anywhere: bool = False
+    untracked: frozenset = frozenset()
 
 
 @_hash_once

@@ -189,24 +189,27 @@ class NFA:
         return end
 
     def _any_order_obj(self, node: ir.Obj, s: int) -> int:
-        """One state per set of members emitted so far (2**n: kept for small n by the caller)."""
+        """One state per set of tracked members emitted so far (2**n: kept for small n by the
+        caller); untracked members and extras leave the set as it is."""
         comma = ir.lit(b",")
-        n = len(node.members)
-        required = sum(1 << i for i, (_, r) in enumerate(node.members) if r)
+        tracked = [i for i in range(len(node.members)) if i not in node.untracked]
+        bit = {i: 1 << j for j, i in enumerate(tracked)}
+        required = sum(bit[i] for i, (_, r) in enumerate(node.members) if r)
         start = self._into(ir.lit(node.open), s)
-        emitted = [self.new() for _ in range(1 << n)]    # something emitted, these members among it
-        for mask in range(-1, 1 << n):                   # -1: nothing emitted yet
+        emitted = [self.new() for _ in range(1 << len(tracked))]   # something emitted, these among it
+        for mask in range(-1, 1 << len(tracked)):                  # -1: nothing emitted yet
             before = start if mask < 0 else self._into(comma, emitted[mask])
             have = max(mask, 0)
             for i, (member, _) in enumerate(node.members):
-                if not have >> i & 1:
-                    self.link(self._into(member, before), emitted[have | 1 << i])
+                b = bit.get(i, 0)
+                if not have & b:
+                    self.link(self._into(member, before), emitted[have | b])
             if node.extra is not None:
                 self.link(self._into(node.extra, before), emitted[have])
         end = self.new()
         if not required:
             self.link(self._into(ir.lit(node.close), start), end)
-        for mask in range(1 << n):
+        for mask in range(1 << len(tracked)):
             if mask & required == required:
                 self.link(self._into(ir.lit(node.close), emitted[mask]), end)
         return end

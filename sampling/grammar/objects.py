@@ -17,8 +17,8 @@ from .keywords import count_keyword, dump_json, escape_pointer
 from .regex import pattern_ir, search_pattern
 
 MAX_TRIGGERS = 4          # 2**4 variants at most
-ANY_ORDER_MAX = 6         # open objects: members in any order up to this many (2**6 sets)...
-ANY_ORDER_BYTES = 1024    # ...while sets x key bytes (automaton size) over the schema stay under this
+ANY_ORDER_MAX = 6         # open objects: members in any order, tracking up to this many (2**6 sets)...
+ANY_ORDER_BYTES = 8192    # ...while sets x key bytes (automaton size) over the schema stay under this
 _RAW = [(0x20, 0x21), (0x23, 0x5B), (0x5D, utf8.MAX_CP)]   # characters JSON lets us write unescaped
 
 
@@ -251,10 +251,12 @@ class ObjectRules:
         names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
         # JSON Schema's reading (open_objects) lets members come in any order; tracked by the set
         # emitted so far, so only for a few members and no count bounds. Values are then called
-        # rules: the automaton holds one copy per set.
-        any_order = (self.open_objects and 1 < len(names) <= ANY_ORDER_MAX
-                     and "minProperties" not in schema and "maxProperties" not in schema
-                     and self._spend_on_any_order((1 << len(names)) * sum(len(dump_json(n)) + 1 for n in names)))
+        # rules: the automaton holds one copy per set. In larger objects only the required
+        # members are tracked; the optional ones may then repeat, as extra members may.
+        any_order = self.open_objects and len(names) > 1 and not {"minProperties", "maxProperties"} & set(schema)
+        tracked = names if len(names) <= ANY_ORDER_MAX else [n for n in names if n in required]
+        any_order = (any_order and len(tracked) <= ANY_ORDER_MAX
+                     and self._spend_on_any_order((1 << len(tracked)) * sum(len(dump_json(n)) + 1 for n in names)))
         members = []
         for name in names:
             where = f"{ptr}/properties/{escape_pointer(name)}"
@@ -286,7 +288,8 @@ class ObjectRules:
                 except SchemaError:
                     pass
         if any_order:
-            return ir.Obj(tuple(members), ir.alt(*extras) if extras else None, any_order=True)
+            untracked = frozenset(i for i, n in enumerate(names) if n not in tracked)
+            return ir.Obj(tuple(members), ir.alt(*extras) if extras else None, any_order=True, untracked=untracked)
         return self._counted_members(schema, members, extras, ptr, anywhere=self.open_objects)
 
     def _spend_on_any_order(self, size: int) -> bool:
