@@ -37,10 +37,12 @@ Output format and restrictions (all make the language *smaller*, so output stays
 ---------------------------------------------------------------------------------------
 * Compact JSON: no whitespace at all outside strings.
 * Object members appear in the schema's ``properties`` order; required ones must appear,
-  optional ones may be skipped; extra members come after the declared ones.
+  optional ones may be skipped; extra members come after the declared ones (with
+  ``open_objects``: any order, README.md "Member order").
 * Which keywords are enforced, ignored (unknown ones, annotations) or refused by name, and what
   an absent ``additionalProperties`` means (``open_objects``): see README.md in this folder.
-* Duplicate keys among *extra* members are not prevented.
+* Duplicate keys among *extra* members are not prevented; nor, with ``open_objects``, among the
+  optional members of objects too large to track (README.md, "Member order").
 """
 from __future__ import annotations
 
