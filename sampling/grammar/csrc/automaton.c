@@ -394,9 +394,17 @@ static int refinable_init(refinable *p, int32_t n, const int32_t *key, int32_t n
         int32_t k = key[e];
         p->elems[p->past[k]] = e;
         p->loc[e] = p->past[k]++;
-        p->set[e] = k;
     }
-    p->z = n_keys;
+    /* keys no element has make no set */
+    int32_t z = 0;
+    for (int32_t k = 0; k < n_keys; k++)
+        if (p->past[k] > p->first[k]) {
+            p->first[z] = p->first[k];
+            p->past[z] = p->past[k];
+            for (int32_t i = p->first[z]; i < p->past[z]; i++) p->set[p->elems[i]] = z;
+            z++;
+        }
+    p->z = z;
     return 1;
 }
 
@@ -465,18 +473,6 @@ int32_t minimize(int32_t n, int32_t n_cls, const int32_t *trans,
     in_first[0] = 0;
     if (!refinable_init(&blocks, n, first_block, n_first)) goto done;
     if (!refinable_init(&cords, (int32_t)m, label, n_labels)) goto done;
-    /* drop empty label sets so every cord holds transitions */
-    {
-        int32_t z = 0;
-        for (int32_t c = 0; c < cords.z; c++)
-            if (cords.past[c] > cords.first[c]) {
-                cords.first[z] = cords.first[c];
-                cords.past[z] = cords.past[c];
-                for (int32_t i = cords.first[z]; i < cords.past[z]; i++) cords.set[cords.elems[i]] = z;
-                z++;
-            }
-        cords.z = z;
-    }
     int32_t b = 1, c = 0;
     while (c < cords.z) {
         for (int32_t i = cords.first[c]; i < cords.past[c]; i++) mark(&blocks, tail[cords.elems[i]]);
