@@ -55,20 +55,20 @@ class CompiledGrammar:
             raise SchemaError("schema needs over 65534 tokens to complete: not supported")
         # Make token-unreachable-to-accept states dead, so that table walks and byte-wise
         # simulation agree (both then only ever see states with finite U).
-        trans = aut.trans.copy()
-        trans[U[trans] >= INF] = dfa.DEAD
-        trans[U >= INF] = dfa.DEAD
+        unfinishable = U >= INF
+        trans = np.where(unfinishable[aut.trans], dfa.DEAD, aut.trans).astype(np.int32, copy=False)
+        trans[unfinishable] = dfa.DEAD
         self.idx = idx
         self.trans = trans
         self.trans_flat = trans.reshape(-1)     # a view; int32 halves memory traffic in walks
         self._rows: dict[int, list[int]] = {}
-        self.accept = [bool(a) for a in aut.accept]
-        self.U = [int(u) for u in U]
+        self.accept = aut.accept.tolist()
+        self.U = U.tolist()
         self.u16 = np.minimum(U, int(U16_INF)).astype(np.uint16)
         self.rule_start = aut.rule_start
-        self.calls = [tuple((q, r) for q, r in cs if U[r] < INF and U[aut.rule_start[q]] < INF)
+        self.calls = [tuple((q, r) for q, r in cs if U[r] < INF and U[aut.rule_start[q]] < INF) if cs else ()
                       for cs in aut.calls]
-        self.has_out = [bool(x) for x in (trans != dfa.DEAD).any(axis=1)]
+        self.has_out = (trans != dfa.DEAD).any(axis=1).tolist()
         boundary = np.array([1 if c else 0 for c in self.calls], dtype=np.uint8)
         boundary |= (aut.accept & (aut.rule_of > 0)).astype(np.uint8) * 2
         self.boundary = boundary

@@ -66,13 +66,13 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
         raise CountConflict() from None
     table, accept, calls, starts = _trim(sub.trans, sub.accept, sub.calls, sub.starts)
     table, accept, calls, starts, rule_of, tags = _minimize(table, accept, calls, starts, sub.rule_of, sub.count_tag)
-    per_state: list[list[tuple[int, int]]] = [[] for _ in range(table.shape[0])]
-    for g, q, ret in calls.tolist():
-        per_state[g].append((q, ret))
+    per_state: list[tuple[tuple[int, int], ...]] = [()] * table.shape[0]
+    for g, q, ret in sorted(calls.tolist()):
+        per_state[g] += ((q, ret),)
     return Automaton(
-        trans=np.ascontiguousarray(table[:, classes]),
+        trans=np.take(table, classes, axis=1),      # C-ordered (table[:, classes] is not, and slow)
         accept=accept,
-        calls=[tuple(sorted(c)) for c in per_state],
+        calls=per_state,
         rule_start=starts,
         rule_of=rule_of,
         count_tag=tags,
