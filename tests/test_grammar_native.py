@@ -41,7 +41,7 @@ def same_language(table, accept, p: int, q: int) -> bool:
 @given(partial_dfas())
 def test_minimize_merges_exactly_the_states_of_one_language(dfa):
     table, accept = dfa
-    live = native.coreachable(table, accept, [], [])
+    live, _ = native.live_states(table, accept, np.zeros((0, 3), dtype=np.int32), [1])
     table = np.where(live[table], table, 0).astype(np.int32)    # trimmed first, as dfa.py does
     table[~live] = 0
     first = np.where(np.arange(len(accept)) == 0, 2, accept.astype(np.int64))
@@ -53,18 +53,23 @@ def test_minimize_merges_exactly_the_states_of_one_language(dfa):
 
 
 @settings(max_examples=300, deadline=None)
-@given(partial_dfas())
-def test_coreachable_is_reverse_reachability(dfa):
+@given(partial_dfas(), st.data())
+def test_live_states_are_the_least_fixpoint_with_calls(dfa, data):
     table, accept = dfa
-    live = native.coreachable(table, accept, [], [])
-    for s in range(len(accept)):
-        seen, todo = {s}, [s]
-        found = False
-        while todo and s:
-            a = todo.pop()
-            found = found or bool(accept[a])
-            for t in table[a].tolist():
-                if t and t not in seen:
-                    seen.add(t)
-                    todo.append(t)
-        assert live[s] == found, s
+    n = len(accept)
+    starts = data.draw(st.lists(st.integers(1, n - 1), min_size=1, max_size=3))
+    calls = np.array(data.draw(st.lists(st.tuples(st.integers(1, n - 1), st.integers(0, len(starts) - 1),
+                                                  st.integers(1, n - 1)), max_size=6)), dtype=np.int32).reshape(-1, 3)
+    live, productive = native.live_states(table, accept, calls, starts)
+    want = accept.copy()
+    while True:        # brute force: apply the rules until nothing changes
+        rules_ok = [bool(want[s]) for s in starts]
+        now = want.copy()
+        for s in range(1, n):
+            now[s] |= any(want[t] for t in table[s].tolist() if t)
+            now[s] |= any(rules_ok[r] and want[d] for g, r, d in calls.tolist() if g == s)
+        if (now == want).all():
+            break
+        want = now
+    assert live.tolist() == want.tolist()
+    assert productive.tolist() == [bool(want[s]) for s in starts]

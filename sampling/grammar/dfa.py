@@ -113,15 +113,7 @@ def _trim(table, accept, calls, starts):
     """Remove states from which no accepting state is reachable; drop calls to rules that
     cannot produce any string. `calls`: int [k, 3] of (state, rule, return state). Raises
     EmptyLanguage if the root rule becomes empty."""
-    starts = np.asarray(starts, dtype=np.int64)
-    productive = np.zeros(len(starts), dtype=bool)
-    while True:
-        usable = calls[productive[calls[:, 1]]]
-        live = native.coreachable(table, accept, usable[:, 0], usable[:, 2])
-        now = live[starts]
-        if (now == productive).all():
-            break
-        productive = now
+    live, productive = native.live_states(table, accept, calls, starts)
     if not productive[0]:
         raise EmptyLanguage()
     table = np.where(live[table], table, DEAD).astype(np.int32)

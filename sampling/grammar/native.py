@@ -1,5 +1,6 @@
 """numpy arrays in, numpy arrays out: the C loops of csrc/automaton.c (subset construction,
-reverse reachability, minimisation), built at install time by cffi as the module `_cobatch_automaton`."""
+live states, minimisation, token edges), built at install time by cffi as the module
+`_cobatch_automaton`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -75,17 +76,22 @@ def subset_construct(eps: tuple[np.ndarray, np.ndarray], edges: tuple[np.ndarray
         lib.subset_free(out)
 
 
-def coreachable(table: np.ndarray, accept: np.ndarray, extra_src: np.ndarray, extra_dst: np.ndarray) -> np.ndarray:
-    """bool per state: some accepting state is reachable from it (table's 0 is no edge)."""
+def live_states(table: np.ndarray, accept: np.ndarray, calls: np.ndarray, starts) -> tuple[np.ndarray, np.ndarray]:
+    """(live per state, productive per rule): states from which an accepting state is reachable,
+    through byte edges (table's 0 is no edge) and call edges `calls` [k, 3] of (state, rule,
+    return state) whose rule is productive (its start state live)."""
     table = _i32(table)
     acc = np.ascontiguousarray(accept, dtype=np.uint8)
-    src, dst = _i32(extra_src), _i32(extra_dst)
+    src, rule, dst = _i32(calls[:, 0]), _i32(calls[:, 1]), _i32(calls[:, 2])
+    starts = _i32(starts)
     live = np.zeros(table.shape[0], dtype=np.uint8)
-    status = lib.coreachable(table.shape[0], table.shape[1], _ptr(table), _ptr(acc, "uint8_t *"),
-                             len(src), _ptr(src), _ptr(dst), _ptr(live, "uint8_t *"))
+    productive = np.zeros(len(starts), dtype=np.uint8)
+    status = lib.live_states(table.shape[0], table.shape[1], _ptr(table), _ptr(acc, "uint8_t *"),
+                             len(src), _ptr(src), _ptr(rule), _ptr(dst), len(starts), _ptr(starts),
+                             _ptr(live, "uint8_t *"), _ptr(productive, "uint8_t *"))
     if status != lib.AUTOMATON_OK:
         raise MemoryError("automaton trimming ran out of memory")
-    return live.astype(bool)
+    return live.astype(bool), productive.astype(bool)
 
 
 def minimize(table: np.ndarray, call_src, call_rule, call_dst, n_rules: int,

@@ -1,4 +1,5 @@
-/* Subset construction and reverse reachability for sampling/grammar/dfa.py.
+/* Subset construction, live states and minimisation for sampling/grammar/dfa.py, and the
+   token edges of distance.py.
 
    The same algorithms as the Python they replaced, written in C because a large schema's
    automaton has tens of thousands of states and Python spent ~15 us on each. Plain C99, no
@@ -318,48 +319,71 @@ void subset_free(subset_result *out) {
     memset(out, 0, sizeof(*out));
 }
 
-int coreachable(int32_t n, int32_t n_cls, const int32_t *trans, const uint8_t *accept,
-                int32_t n_extra, const int32_t *extra_src, const int32_t *extra_dst, uint8_t *live) {
-    /* Reverse adjacency in CSR form, then a plain BFS from the accepting states. */
-    int64_t *start = calloc((size_t)n + 1, sizeof(int64_t));
-    if (!start) return AUTOMATON_NO_MEMORY;
-    for (int64_t s = 1; s < n; s++)
-        for (int32_t c = 0; c < n_cls; c++) {
-            int32_t t = trans[s * n_cls + c];
-            if (t) start[t + 1]++;
-        }
-    for (int32_t k = 0; k < n_extra; k++)
-        if (extra_src[k] && extra_dst[k]) start[extra_dst[k] + 1]++;
-    for (int64_t s = 0; s < n; s++) start[s + 1] += start[s];
-    int32_t *pred = malloc((size_t)(start[n] ? start[n] : 1) * sizeof(int32_t));
-    int64_t *fill = malloc(((size_t)n + 1) * sizeof(int64_t));
-    int32_t *queue = malloc(((size_t)n + 1) * sizeof(int32_t));
-    if (!pred || !fill || !queue) { free(start); free(pred); free(fill); free(queue); return AUTOMATON_NO_MEMORY; }
-    memcpy(fill, start, ((size_t)n + 1) * sizeof(int64_t));
+/* CSR of `count` items keyed by key[i] in [0, n_keys): first[k] .. first[k + 1] index items. */
+static int group_by(int64_t count, const int32_t *key, int32_t n_keys, int64_t **first_out, int32_t **items_out) {
+    int64_t *first = calloc((size_t)n_keys + 1, sizeof(int64_t));
+    int32_t *items = malloc((size_t)(count ? count : 1) * sizeof(int32_t));
+    int64_t *fill = malloc(((size_t)n_keys + 1) * sizeof(int64_t));
+    if (!first || !items || !fill) { free(first); free(items); free(fill); return 0; }
+    for (int64_t i = 0; i < count; i++) first[key[i] + 1]++;
+    for (int32_t k = 0; k < n_keys; k++) first[k + 1] += first[k];
+    memcpy(fill, first, ((size_t)n_keys + 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < count; i++) items[fill[key[i]]++] = (int32_t)i;
+    free(fill);
+    *first_out = first;
+    *items_out = items;
+    return 1;
+}
+
+int live_states(int32_t n, int32_t n_cls, const int32_t *trans, const uint8_t *accept,
+                int32_t n_calls, const int32_t *call_src, const int32_t *call_rule, const int32_t *call_dst,
+                int32_t n_rules, const int32_t *rule_start, uint8_t *live, uint8_t *productive) {
+    /* byte edges reversed: for each target, its sources (once per run of equal targets in a row) */
+    vec edge_dst = {0}, edge_src = {0};
     for (int64_t s = 1; s < n; s++) {
-        int32_t last = 0;      /* a row's runs of one target: count the predecessor once per run */
+        int32_t last = 0;
         for (int32_t c = 0; c < n_cls; c++) {
             int32_t t = trans[s * n_cls + c];
-            if (t && t != last) pred[fill[t]++] = (int32_t)s;
+            if (t && t != last && (!vec_push(&edge_dst, t) || !vec_push(&edge_src, (int32_t)s))) {
+                free(edge_dst.v); free(edge_src.v);
+                return AUTOMATON_NO_MEMORY;
+            }
             last = t;
         }
     }
-    for (int32_t k = 0; k < n_extra; k++)
-        if (extra_src[k] && extra_dst[k]) pred[fill[extra_dst[k]]++] = extra_src[k];
-    int64_t head = 0, tail = 0;
-    for (int64_t s = 0; s < n; s++) {
-        live[s] = s != 0 && accept[s];
-        if (live[s]) queue[tail++] = (int32_t)s;
-    }
-    while (head < tail) {
-        int32_t t = queue[head++];
-        for (int64_t k = start[t]; k < fill[t]; k++) {
-            int32_t s = pred[k];
-            if (!live[s]) { live[s] = 1; queue[tail++] = s; }
+    int64_t *pred_first = NULL, *ret_first = NULL, *rule_first = NULL, *start_first = NULL;
+    int32_t *pred = NULL, *by_ret = NULL, *by_rule = NULL, *starting = NULL;
+    int32_t *queue = malloc(((size_t)n + 1) * sizeof(int32_t));
+    int ok = queue && group_by(edge_dst.n, edge_dst.v, n, &pred_first, &pred)
+        && group_by(n_calls, call_dst, n, &ret_first, &by_ret)
+        && group_by(n_calls, call_rule, n_rules, &rule_first, &by_rule)
+        && group_by(n_rules, rule_start, n, &start_first, &starting);
+    if (ok) {
+        int64_t head = 0, tail = 0;
+        memset(live, 0, (size_t)n);
+        memset(productive, 0, (size_t)n_rules);
+        for (int32_t s = 1; s < n; s++)
+            if (accept[s]) { live[s] = 1; queue[tail++] = s; }
+#define MARK(x) do { int32_t x_ = (x); if (x_ && !live[x_]) { live[x_] = 1; queue[tail++] = x_; } } while (0)
+        while (head < tail) {
+            int32_t t = queue[head++];
+            for (int64_t k = pred_first[t]; k < pred_first[t + 1]; k++) MARK(edge_src.v[pred[k]]);
+            for (int64_t k = ret_first[t]; k < ret_first[t + 1]; k++)
+                if (productive[call_rule[by_ret[k]]]) MARK(call_src[by_ret[k]]);
+            for (int64_t k = start_first[t]; k < start_first[t + 1]; k++) {
+                int32_t r = starting[k];
+                if (productive[r]) continue;
+                productive[r] = 1;
+                for (int64_t j = rule_first[r]; j < rule_first[r + 1]; j++)
+                    if (live[call_dst[by_rule[j]]]) MARK(call_src[by_rule[j]]);
+            }
         }
+#undef MARK
     }
-    free(start); free(pred); free(fill); free(queue);
-    return AUTOMATON_OK;
+    free(edge_dst.v); free(edge_src.v); free(queue);
+    free(pred_first); free(pred); free(ret_first); free(by_ret);
+    free(rule_first); free(by_rule); free(start_first); free(starting);
+    return ok ? AUTOMATON_OK : AUTOMATON_NO_MEMORY;
 }
 
 /* ---- minimisation: Valmari and Lehtinen's partition refinement (Hopcroft's algorithm for

@@ -29,15 +29,14 @@ int subset_construct(int32_t n_nfa,
 
 void subset_free(subset_result *out);
 
-/* States from which an accepting state is reachable: live[s] = 1. Edges are trans (n x n_cls,
-   target 0 = none) plus the extra (src, dst) pairs. */
-int coreachable(int32_t n, int32_t n_cls, const int32_t *trans, const uint8_t *accept,
-                int32_t n_extra, const int32_t *extra_src, const int32_t *extra_dst, uint8_t *live);
+/* The least fixpoint of: an accepting state is live; a state with a byte edge (trans: n x n_cls,
+   target 0 = none) to a live state is live; a rule is productive when its start state is live;
+   a state with a call edge (call_src -call(call_rule)-> call_dst) is live when the rule is
+   productive and the return state live. Writes live[n] and productive[n_rules]. */
+int live_states(int32_t n, int32_t n_cls, const int32_t *trans, const uint8_t *accept,
+                int32_t n_calls, const int32_t *call_src, const int32_t *call_rule, const int32_t *call_dst,
+                int32_t n_rules, const int32_t *rule_start, uint8_t *live, uint8_t *productive);
 
-/* Coarsest partition of the states that respects `first_block` (ids 0..n_first-1 per state)
-   and all transitions: trans (n x n_cls, target 0 = none; row 0 is skipped) plus the labelled
-   extra edges (call edges: label n_cls + extra_label). block[s] gets the block of each state;
-   returns the number of blocks, or -1 when out of memory. */
 typedef struct {
     int64_t n_pairs;
     int32_t *src, *dst;
