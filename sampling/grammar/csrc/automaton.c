@@ -3,7 +3,7 @@
 
    The same algorithms as the Python they replaced, written in C because a large schema's
    automaton has tens of thousands of states and Python spent ~15 us on each. Plain C99, no
-   dependencies; everything allocated here is freed by the caller through subset_free. */
+   dependencies; results allocated here are freed by the caller (subset_free, pairs_free). */
 #include <stdlib.h>
 #include <string.h>
 
