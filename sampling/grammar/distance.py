@@ -31,11 +31,7 @@ def budget_tokens(idx: VocabIndex, literals: set[bytes], exact_limit: int = 4096
     texts, base = _vocab_budget(idx, exact_limit)
     if base is None:
         return sorted(texts)
-    subs = set()
-    for lit in literals:
-        for i in range(len(lit)):
-            for j in range(i + 2, min(len(lit), i + 24) + 1):
-                subs.add(lit[i:j])
+    subs = {lit[i:j] for lit in literals for i in range(len(lit)) for j in range(i + 2, min(len(lit), i + 24) + 1)}
     return sorted(base | (subs & texts))
 
 
