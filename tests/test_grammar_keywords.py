@@ -428,3 +428,18 @@ def test_a_pattern_member_answers_only_to_the_patterns_its_key_can_also_match():
                    "patternProperties": {"^a": {"type": "integer"}, "b": {"minimum": 5}}}
     g, docs = generated(overlapping, n=40)
     assert accepts(g, {"ab": 6}) and not accepts(g, {"ab": 3}) and not accepts(g, {"a": "x"})
+
+
+def test_a_large_enum_is_one_rule_wherever_it_recurs():
+    codes = [f"R{i:04d}" for i in range(600)]
+    schema = {"type": "object", "properties": {k: {"enum": codes} for k in "abc"}, "required": list("abc"),
+              "additionalProperties": False}
+    g, _ = generated(schema, n=10)
+    assert len(g.rule_start) == 2       # the document and the list, called three times
+    assert accepts(g, {"a": "R0000", "b": "R0599", "c": "R0300"})
+    assert not accepts(g, {"a": "R0600", "b": "R0000", "c": "R0000"}) and not accepts(g, {"a": "R0000"})
+    # Distinct items of so large a set are not tracked: such arrays hold one item.
+    g, docs = generated({"type": "array", "items": {"enum": codes}, "uniqueItems": True}, n=10)
+    assert all(len(d) <= 1 for d in docs) and accepts(g, ["R0001"]) and not accepts(g, ["R0001", "R0002"])
+    small = compile_grammar({"type": "array", "items": {"enum": codes[:5]}, "uniqueItems": True}, VOCAB)
+    assert accepts(small, ["R0001", "R0003"]) and not accepts(small, ["R0003", "R0003"])

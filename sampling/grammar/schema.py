@@ -34,6 +34,11 @@ MAX_COUNTED = 32
 # nodes; so does any array item that minItems / maxItems repeat over MAX_UNROLLED_ITEMS times.
 SHARED_RULE_SIZE = 40
 MAX_UNROLLED_ITEMS = 16
+# Distinct items of a finite set are written in the set's order: after each value, the rest of
+# the set, so about values x set bytes automaton states. Past this, arrays hold one item.
+UNIQUE_SET_BYTES = 50_000
+# enum / const lists of at least this many bytes are a rule of their own (_choice).
+LARGE_ENUM_BYTES = 2048
 NULL, TRUE, FALSE = ir.lit(b"null"), ir.lit(b"true"), ir.lit(b"false")
 
 
@@ -86,6 +91,7 @@ class SchemaCompiler(ObjectRules):
         self.ref_rule: dict[str, int] = {}
         self.ref_failed: dict[str, SchemaError] = {}
         self.inline_memo: dict[str, object] = {}
+        self.enum_rules: dict[tuple[bytes, ...], ir.Call] = {}
         self.literals: set[bytes] = {b"true", b"false", b"null", b"{}", b"[]", b'""'}
         self.recursive, self.ref_uses = self._reference_graph()
 
@@ -318,8 +324,22 @@ class SchemaCompiler(ObjectRules):
             encoded = list(dict.fromkeys(e for v in kept for e in _spellings(v)))
         except ValueError as e:
             raise SchemaError(f"enum/const at {ptr or '/'} is not JSON: {e}") from None
+        return self._choice(encoded)
+
+    def _choice(self, encoded: list[bytes]) -> object:
+        """Exactly one of the JSON texts. A large list is one rule, called wherever the same list
+        recurs (5,000 region codes in six places would otherwise be six copies of their trie)."""
         self.literals.update(encoded)
-        return ir.alt(*(ir.lit(e) for e in encoded)) if encoded else ir.NEVER
+        if not encoded:
+            return ir.NEVER
+        body = ir.alt(*(ir.lit(e) for e in encoded))
+        if sum(map(len, encoded)) < LARGE_ENUM_BYTES:
+            return body
+        key = tuple(encoded)
+        if key not in self.enum_rules:
+            self.rules.append(ir.Leaf(body))
+            self.enum_rules[key] = ir.Call(len(self.rules) - 1)
+        return self.enum_rules[key]
 
     def _enum(self, schema: dict, keys: set[str], ptr: str) -> object:
         others = keys - {"enum", "const", "type", "nullable"}
@@ -344,8 +364,7 @@ class SchemaCompiler(ObjectRules):
             encoded = list(dict.fromkeys(e for v in values for e in _spellings(v)))
         except ValueError as e:
             raise SchemaError(f"enum/const at {ptr or '/'} is not JSON: {e}") from None
-        self.literals.update(encoded)
-        return ir.alt(*(ir.lit(e) for e in encoded)) if encoded else ir.NEVER
+        return self._choice(encoded)
 
     def _typed(self, schema: dict, t: str, ptr: str) -> object:
         if t == "null":
@@ -467,6 +486,8 @@ class SchemaCompiler(ObjectRules):
         hi = count_keyword(schema, "maxItems", ptr)
         if schema.get("uniqueItems") is True and not (rest is None and len(pre) <= 1) and (hi is None or hi > 1):
             values = None if prefix else self._finite_values(items, f"{ptr}/items")
+            if values is not None and len(values) * sum(len(v) + 1 for v in values) > UNIQUE_SET_BYTES:
+                values = None       # too large to track: treated as an infinite set below
             if values is not None:
                 # Distinct values of a finite set: each at most once, in the set's order.
                 if hi is not None and hi >= len(values):
