@@ -34,9 +34,6 @@ MAX_COUNTED = 32
 # nodes; so does any array item that minItems / maxItems repeat over MAX_UNROLLED_ITEMS times.
 SHARED_RULE_SIZE = 40
 MAX_UNROLLED_ITEMS = 16
-# Distinct items of a finite set are written in the set's order: after each value, the rest of
-# the set, so about values x set bytes automaton states. Past this, arrays hold one item.
-UNIQUE_SET_BYTES = 50_000
 # enum / const lists of at least this many bytes are a rule of their own (_choice).
 LARGE_ENUM_BYTES = 2048
 NULL, TRUE, FALSE = ir.lit(b"null"), ir.lit(b"true"), ir.lit(b"false")
@@ -486,8 +483,6 @@ class SchemaCompiler(ObjectRules):
         hi = count_keyword(schema, "maxItems", ptr)
         if schema.get("uniqueItems") is True and not (rest is None and len(pre) <= 1) and (hi is None or hi > 1):
             values = None if prefix else self._finite_values(items, f"{ptr}/items")
-            if values is not None and len(values) * sum(len(v) + 1 for v in values) > UNIQUE_SET_BYTES:
-                values = None       # too large to track: treated as an infinite set below
             if values is not None:
                 # Distinct values of a finite set: each at most once, in the set's order.
                 if hi is not None and hi >= len(values):
