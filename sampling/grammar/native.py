@@ -30,7 +30,8 @@ def _i32(a) -> np.ndarray:
 
 
 def _ptr(a: np.ndarray, ctype: str = "int32_t *"):
-    return ffi.cast(ctype, a.ctypes.data)
+    """A C pointer into `a`'s memory (contiguous; `a` must outlive the call)."""
+    return ffi.from_buffer(ctype.replace(" *", "[]"), a)
 
 
 def _copy(ptr, count: int, dtype) -> np.ndarray:
