@@ -73,3 +73,15 @@ def test_live_states_are_the_least_fixpoint_with_calls(dfa, data):
         want = now
     assert live.tolist() == want.tolist()
     assert productive.tolist() == [bool(want[s]) for s in starts]
+
+
+def test_ir_nodes_keep_their_hash_but_not_across_pickling():
+    import pickle
+
+    from sampling.grammar import ir
+
+    node = ir.alt(ir.lit(b'"a"'), ir.Leaf(ir.lit(b'"bc"')))
+    h = hash(node)
+    assert node.__dict__["_hash"] == h and hash(node) == h
+    copy = pickle.loads(pickle.dumps(node))
+    assert "_hash" not in copy.__dict__ and copy == node and hash(copy) == h

@@ -21,7 +21,12 @@ def _hash_once(cls):
             h = self.__dict__["_hash"] = tree_hash(self)
         return h
 
+    def __getstate__(self) -> dict:
+        # bytes hash differently in another process: a copy computes its own
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     cls.__hash__ = __hash__
+    cls.__getstate__ = __getstate__
     return cls
 
 
