@@ -6,6 +6,7 @@ import itertools
 import json
 import random
 import re
+import warnings
 
 import jsonschema
 import pytest
@@ -112,8 +113,11 @@ def test_pattern_and_format_with_length_bounds():
     assert accepts(g, "/a/b~0") and not accepts(g, "") and all(docs)
     g, _ = generated({"type": "string", "pattern": "(?:ab|c)*", "minLength": 1})
     assert accepts(g, "c") and accepts(g, "abc") and not accepts(g, "")
-    with pytest.raises(SchemaError, match="combined with minLength"):   # a group shorter than the bound
-        compile_grammar({"type": "string", "pattern": "(?:ab|c)*", "minLength": 2}, VOCAB)
+    # A group shorter than the bound: the pattern runs beside a character counter.
+    g, docs = generated({"type": "string", "pattern": "^(?:ab|c)*$", "minLength": 2})
+    assert accepts(g, "ab") and accepts(g, "cc") and not accepts(g, "c") and not accepts(g, "ax")
+    with pytest.raises(SchemaError, match="combined with minLength"):   # past the counter's reach
+        compile_grammar({"type": "string", "pattern": "(?:ab|c)*", "minLength": 200}, VOCAB)
 
 
 def test_pattern_properties():
@@ -186,8 +190,50 @@ def test_every_format_generates_what_the_installed_format_checkers_accept():
         g = compile_grammar({"type": "string", "format": fmt}, VOCAB)
         rng = random.Random(fmt)
         for _ in range(30):
-            value = json.loads(drive(g, rng, budget=None)[0])
+            value = json.loads(drive(g, rng, budget=200)[0])
             assert checker.conforms(value, fmt), (fmt, value)
+
+
+def test_regex_format_takes_common_expressions_and_writes_only_valid_ones():
+    g, _ = generated({"type": "string", "format": "regex"}, n=0)
+    good = ["^[a-zA-Z0-9_]{3,16}$", "^\\s*(it|describe)\\(\\s*['\"]([^'\"]+)['\"]", "^/api/(.*)$",
+            r"\d+(?:\.\d+)?", "a|b", "((a)|b)c*?", "", "^$"]
+    bad = ["a**", "[z-a]", "(", "a{3,1}", "(((a)))", "*a", "a$b", "[a||b]"]
+    assert all(accepts(g, r) for r in good) and not any(accepts(g, r) for r in bad)
+    rng = random.Random(3)
+    shapes = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # FutureWarning: "possible set union" and the like
+        for _ in range(300):
+            value = json.loads(drive(g, rng, budget=60)[0])
+            re.compile(value)
+            shapes.update(c for c in "([|{?" if c in value)
+    assert shapes == set("([|{?")                # groups, classes, alternation, counts were written
+
+
+@pytest.mark.parametrize("pattern,good,bad", [
+    ("^(?!@@)[@a-z]+$", ["a", "@a", "a@@"], ["@@", "@@a", "A"]),
+    ("^(?!(False|None)$)[A-Za-z_]+$", ["x", "Falsey", "NoneX", "_"], ["False", "None", "1"]),
+    ("^(?!a|bc$)[a-c]*", ["b", "bcc", "cab", ""], ["a", "ab", "bc"]),
+    ("^(?=ab)[a-z]+", ["ab", "abc", "ab1"], ["ba", "a"]),
+    ("^(?!x)(?!y)z?", ["z", "", "zx", "ax"], ["x", "yz"]),
+])
+def test_lookaheads_after_a_leading_caret(pattern, good, bad):
+    for schema in ({"type": "string", "pattern": pattern},
+                   {"type": "object", "patternProperties": {pattern: {"type": "integer"}}, "additionalProperties": False}):
+        g, docs = generated(schema, n=40)
+        wrap = (lambda s: s) if schema["type"] == "string" else (lambda s: {s: 1})
+        assert all(accepts(g, wrap(s)) for s in good) and not any(accepts(g, wrap(s)) for s in bad)
+        for d in docs:
+            assert all(re.search(pattern, s) for s in ([d] if isinstance(d, str) else d))
+
+
+def test_patterns_and_formats_within_length_bounds_run_beside_a_counter():
+    g, docs = generated({"type": "string", "pattern": "a|bc", "minLength": 2, "maxLength": 5}, n=40)
+    assert accepts(g, "xa") and accepts(g, "bcbc") and not accepts(g, "a") and not accepts(g, "bcbcbc")
+    assert all(re.search("a|bc", d) and 2 <= len(d) <= 5 for d in docs)
+    g, _ = generated({"type": "string", "format": "regex", "minLength": 1})
+    assert accepts(g, "^/api/(.*)$") and not accepts(g, "")
 
 
 @pytest.mark.parametrize("bounds", [

@@ -50,6 +50,25 @@ _DUR_TIME = r"T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S)"
 _DURATION = rf"P(?:(?:\d+D|\d+M(?:\d+D)?|\d+Y(?:\d+M(?:\d+D)?)?)(?:{_DUR_TIME})?|{_DUR_TIME}|\d+W)"
 _POINTER = r"(?:/(?:[A-Za-z0-9_.-]|~[01])*)*"
 
+# Regular expressions: a regular subset (groups nested at most two deep) of what Python's `re`
+# and ECMA-262 both compile. Quantifier bounds never decrease ({m,n} with n >= 10 > m), a
+# quantifier always follows an atom, and a class holds no "[" nor a doubled "&", "|", "~" or "-"
+# (Python warns of future set operations).
+_RE_LITERAL = r"""[A-Za-z0-9 _,:;!@#%&=<>'"/~-]"""
+_RE_ESCAPE = r"\\[dDwWsSntr.\\/()\[\]{}*+?^$|-]"
+_RE_CLASS = r"""\[\^?(?:[A-Za-z0-9 _.,:;@#%=/'"+*?()$]|\\[dDwWsS.\\\-\[\]^/]|a-z|A-Z|0-9)+\]"""
+_RE_QUANT = r"(?:(?:[*+?]|\{\d\d?,?\}|\{\d,[1-9]\d\})\??)"
+_RE_ATOM = rf"(?:{_RE_LITERAL}|{_RE_ESCAPE}|{_RE_CLASS}|\.)"
+
+
+def _regex_format(depth: int = 2) -> str:
+    seq = rf"(?:{_RE_ATOM}{_RE_QUANT}?)+"
+    for _ in range(depth):
+        group = rf"\((?:\?:)?{seq}(?:\|{seq})*\)"
+        seq = rf"(?:(?:{_RE_ATOM}|{group}){_RE_QUANT}?)+"
+    return rf"\^?(?:{seq}(?:\|{seq})*)?\$?"
+
+
 FORMATS: dict[str, str] = {
     "date": _DATE,
     "time": _TIME,
@@ -71,7 +90,7 @@ FORMATS: dict[str, str] = {
     "json-pointer": _POINTER,
     # no 0 digit after the first (jsonschema's checker rejects it), and something after the number
     "relative-json-pointer": r"(?:0|[1-9]{1,6})(?:#|(?:/(?:[A-Za-z0-9_.-]|~[01])*)+)",
-    "regex": r"[A-Za-z0-9 _-]*",     # literal text: always a valid regular expression
+    "regex": _regex_format(),
 }
 
 # Formats some drafts define and validators check, with no pattern here: refused by name.

@@ -14,7 +14,7 @@ import re
 from . import ir, utf8
 from .errors import SchemaError, unsupported
 from .keywords import count_keyword, dump_json, escape_pointer
-from .regex import pattern_ir, search_pattern
+from .regex import search_ir
 
 MAX_TRIGGERS = 4          # 2**4 variants at most
 ANY_ORDER_MAX = 6         # open objects: members in any order, tracking up to this many (2**6 sets)...
@@ -109,7 +109,7 @@ def keys_overlap(p: str, q: str, max_states: int = 2000) -> bool:
     from .nfa import intersection
 
     try:
-        a, b = pattern_ir(search_pattern(p), ""), pattern_ir(search_pattern(q), "")
+        a, b = search_ir(p, ""), search_ir(q, "")
     except SchemaError:
         return True
     both = intersection(a, b, max_states)
@@ -306,7 +306,7 @@ class ObjectRules:
         # The key may match other patterns too: its value must satisfy their schemas as well.
         schemas = [patterns[i][1]] + [s for j, (q, s) in enumerate(patterns) if j != i and keys_overlap(pattern, q)]
         try:
-            key = ir.Leaf(pattern_ir(search_pattern(pattern), where))
+            key = ir.Leaf(search_ir(pattern, where))
             value = self.node(schemas[0] if len(schemas) == 1 else {"allOf": schemas}, where)
         except SchemaError:
             return None

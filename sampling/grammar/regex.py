@@ -306,6 +306,50 @@ def pattern_ir(pattern: str, where: str) -> object:
 _PATTERNS: dict[str, object] = {}
 
 
+@functools.lru_cache(maxsize=1024)
+def search_ir(pattern: str, where: str) -> object:
+    """IR for the contents of JSON strings in which `pattern` matches somewhere (JSON Schema's
+    reading). Lookaheads right after a leading `^` are supported: `^(?!X)Y` is the strings
+    matching `^Y` that do not start with a match of X (their difference as automata), `^(?=X)Y`
+    those that do (their intersection)."""
+    split = _leading_lookaheads(pattern) if isinstance(pattern, str) else None
+    if split is None or len(_top_level_branches(pattern)) > 1:
+        return pattern_ir(search_pattern(pattern), where)
+    from .nfa import difference, intersection     # nfa builds on this module's IR
+
+    rest, looks = split
+    node = pattern_ir(search_pattern(rest), where)
+    for negative, body in looks:
+        if negative and _INEXACT.search(body):
+            # `\d \w \s` are ASCII subsets here: subtracting a subset would let through
+            # strings the validator's lookahead refuses.
+            raise _Parser(pattern, where).fail("negative lookahead with \\d, \\w or \\s")
+        # Strings starting with a match of X; a branch's own `$` makes it the whole string.
+        starts = "|".join(f"(?:{b[:-1]})" if _ends_anchored(b) else f"(?:{b})(?:.|\n)*"
+                          for b in _top_level_branches(body))
+        node = (difference if negative else intersection)(node, pattern_ir(starts, where))
+        if node is None:
+            raise _Parser(pattern, where).fail("lookahead: too large an automaton")
+    return node
+
+
+_INEXACT = re.compile(r"(?<!\\)(?:\\\\)*\\[dws]")
+
+
+def _leading_lookaheads(pattern: str) -> tuple[str, list[tuple[bool, str]]] | None:
+    """'^(?!X)(?=Z)Y' -> ('^Y', [(True, 'X'), (False, 'Z')]); None without a leading lookahead."""
+    looks, i = [], 1
+    if not pattern.startswith("^"):
+        return None
+    while pattern.startswith(("(?!", "(?="), i):
+        close = next((j for j, c, depth in _structure(pattern[i:]) if c == ")" and depth == 1), None)
+        if close is None:
+            return None
+        looks.append((pattern[i + 2] == "!", pattern[i + 3:i + close]))
+        i += close + 1
+    return ("^" + pattern[i:], looks) if looks else None
+
+
 def _nonempty_repeat(pattern: str, lo: int, hi: int | None, sre_parse) -> str | None:
     """`(?:X)*` under a minLength only the empty match breaks (every X is at least `lo` long):
     `(?:X)+`. Exact: only the zero-repetition match is dropped. The JSON pointer format is one."""

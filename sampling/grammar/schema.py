@@ -24,12 +24,15 @@ from .formats import FORMATS, REFUSED_FORMATS
 from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json, value_key
 from .nfa import intersection
 from .objects import ObjectRules
-from .regex import length_bounded_pattern, pattern_ir, search_pattern
+from .regex import length_bounded_pattern, pattern_ir, search_ir, search_pattern
 
 # Length bounds up to this are unrolled one character at a time (exact distances); larger
 # ones use a counter beside the automaton (counting.py). Where a counter cannot be used
 # (dfa.CountConflict), larger bounds are tightened to this (maxLength) or refused (minLength).
 MAX_COUNTED = 32
+# A pattern or format that length_bounded_pattern cannot tighten runs beside a character
+# counter instead, for bounds up to this.
+MAX_LENGTH_PRODUCT = 64
 # A $ref target used more than once becomes a rule when its IR has at least SHARED_RULE_SIZE
 # nodes; so does any array item that minItems / maxItems repeat over MAX_UNROLLED_ITEMS times.
 SHARED_RULE_SIZE = 40
@@ -393,6 +396,8 @@ class SchemaCompiler(ObjectRules):
         if pattern is not None or fmt is not None:
             if pattern is not None and fmt is not None:
                 return self._pattern_and_format(pattern, fmt, lo, hi, ptr)
+            if pattern is not None and not lo and hi is None:
+                return ir.seq(ir.lit(b'"'), ir.Leaf(search_ir(pattern, ptr)), ir.lit(b'"'))
             keyword = "pattern" if pattern is not None else "format"
             # Formats match whole strings; a pattern matches anywhere in the string (JSON
             # Schema), unless only its whole-string reading (a subset) can be length-bounded.
@@ -402,7 +407,7 @@ class SchemaCompiler(ObjectRules):
                 bounded = next((b for b in (length_bounded_pattern(c, lo, hi, MAX_COUNTED) for c in choices)
                                 if b is not None), None)
                 if bounded is None:
-                    raise unsupported(keyword, ptr, "combined with minLength/maxLength")
+                    return ir.seq(ir.lit(b'"'), self._counted_pattern(pattern, lo, hi, keyword, ptr), ir.lit(b'"'))
                 pattern = bounded
             return ir.seq(ir.lit(b'"'), ir.Leaf(pattern_ir(pattern, ptr)), ir.lit(b'"'))
         if self.count_strings and (lo > MAX_COUNTED or (hi or 0) > MAX_COUNTED):
@@ -416,6 +421,17 @@ class SchemaCompiler(ObjectRules):
         char = jsonstr.any_char() if hi is None and lo == 0 else jsonstr.counted_char()
         return ir.seq(ir.lit(b'"'), ir.Leaf(_repeat(char, lo, hi)), ir.lit(b'"'))
 
+    def _counted_pattern(self, pattern: str, lo: int, hi: int | None, keyword: str, ptr: str) -> object:
+        """The whole-string `pattern` within length bounds, as the product of its automaton and
+        a character counter (when the bounds are small enough for the product to stay small)."""
+        if max(lo, hi or 0) > MAX_LENGTH_PRODUCT:
+            raise unsupported(keyword, ptr, "combined with minLength/maxLength")
+        count = f"(?:.|\n){{{lo},{'' if hi is None else hi}}}"
+        both = intersection(pattern_ir(pattern, ptr), pattern_ir(count, ptr))
+        if both is None:
+            raise unsupported(keyword, ptr, "combined with minLength/maxLength: too large an automaton")
+        return both
+
     def _pattern_and_format(self, pattern: str, fmt: str, lo: int, hi: int | None, ptr: str) -> object:
         """Strings in the format that the pattern matches: both automata run side by side."""
         whole = FORMATS[fmt]
@@ -423,7 +439,7 @@ class SchemaCompiler(ObjectRules):
             whole = length_bounded_pattern(whole, lo, hi, MAX_COUNTED)
             if whole is None:
                 raise unsupported("format", ptr, "combined with pattern and minLength/maxLength")
-        both = intersection(pattern_ir(whole, ptr), pattern_ir(search_pattern(pattern), ptr))
+        both = intersection(pattern_ir(whole, ptr), search_ir(pattern, ptr))
         if both is None:
             raise unsupported("pattern", ptr, "together with format: too large an automaton")
         return ir.seq(ir.lit(b'"'), both, ir.lit(b'"'))
