@@ -236,6 +236,29 @@ def test_patterns_and_formats_within_length_bounds_run_beside_a_counter():
     assert accepts(g, "^/api/(.*)$") and not accepts(g, "")
 
 
+@pytest.mark.parametrize("schema,good,bad", [
+    ({"type": "number", "minimum": 0}, ["1e-06", "2.5E+10", "7e3"], ["-1e-06", "1e-400", "1e999"]),
+    ({"type": "number", "exclusiveMinimum": 0}, ["1e-99", "3.25e2"], ["-2e1"]),
+    ({"type": "number", "minimum": -5}, ["3e10"], []),
+    ({"type": "number", "maximum": 0}, ["-1e3", "-4.5E-2"], ["1e3"]),
+    ({"type": "number", "minimum": 1}, [], ["1e-06", "2e3"]),        # not every positive is >= 1
+])
+def test_exponents_where_a_bound_at_zero_allows_every_number_of_one_sign(schema, good, bad):
+    g, docs = generated(schema, n=40)
+    walk = lambda text: accepts_bytes(g, text.encode())
+    assert all(walk(x) for x in good) and not any(walk(x) for x in bad)
+    assert all(jsonschema.validate(json.loads(x), schema) is None for x in good)
+
+
+def accepts_bytes(grammar, data: bytes) -> bool:
+    m = grammar.matcher()
+    try:
+        m.advance_bytes(data)
+    except ValueError:
+        return False
+    return m.is_complete
+
+
 @pytest.mark.parametrize("bounds", [
     {"minimum": 0.5}, {"exclusiveMinimum": 0.5}, {"maximum": 2.25}, {"exclusiveMaximum": 2.25},
     {"minimum": -2.5}, {"exclusiveMaximum": -1.5}, {"minimum": 0.1, "maximum": 0.9},

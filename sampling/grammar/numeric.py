@@ -87,7 +87,7 @@ def integer_range(lo: int | None, hi: int | None) -> object:
 
 def bounded_number(lo: float | None, lo_excl: bool, hi: float | None, hi_excl: bool) -> object:
     """A sound subset of numbers within bounds: integers in range, plus `I.F` decimals whose
-    every possible fraction stays in range. No exponent notation."""
+    every possible fraction stays in range; exponent notation only beside a bound at or past 0."""
     ilo = None if lo is None else (math.floor(lo) + 1 if lo_excl and lo == math.floor(lo) else math.ceil(lo))
     ihi = None if hi is None else (math.ceil(hi) - 1 if hi_excl and hi == math.ceil(hi) else math.floor(hi))
     parts = [integer_range(ilo, ihi)]
@@ -115,7 +115,22 @@ def bounded_number(lo: float | None, lo_excl: bool, hi: float | None, hi_excl: b
     if lo is not None and not lo_excl and lo == math.floor(lo) and lo < 0 and _admits(int(lo), None, False, hi, hi_excl):
         parts.append(ir.seq(ir.lit(str(int(lo)).encode()), zeros))
     parts.extend(_fractional_bounds(lo, lo_excl, hi, hi_excl))
+    parts.extend(_exponent_forms(lo, lo_excl, hi, hi_excl))
     return ir.alt(*parts)
+
+
+def _exponent_forms(lo, lo_excl, hi, hi_excl) -> list[object]:
+    """Exponent notation where the bounds allow every number of one sign: `1e-06` under
+    `minimum: 0`. A mantissa without leading zeros and an exponent of at most 2 digits keep
+    the value off 0 after parsing (1e-99 is far from the smallest float)."""
+    mantissa = ir.seq(_D19, ir.Repeat(_D, 0, None), ir.opt(ir.seq(ir.lit(b"."), _DIGITS)))
+    exp = ir.seq(ir.Bytes(ir.byte_mask(b"eE")), ir.opt(ir.Bytes(ir.byte_mask(b"+-"))), ir.Repeat(_D, 1, 2))
+    parts = []
+    if hi is None and (lo is None or lo <= 0):
+        parts.append(ir.seq(mantissa, exp))
+    if lo is None and (hi is None or hi >= 0):
+        parts.append(ir.seq(ir.lit(b"-"), mantissa, exp))
+    return parts
 
 
 def _admits(x: int, lo, lo_excl: bool, hi=None, hi_excl: bool = False) -> bool:
