@@ -259,6 +259,24 @@ def accepts_bytes(grammar, data: bytes) -> bool:
     return m.is_complete
 
 
+@pytest.mark.parametrize("schema,good,bad", [
+    ({"type": "string", "pattern": "^[a-z]{1,200}$"}, ["a", "b" * 200], ["", "a" * 201, "A"]),
+    ({"type": "string", "pattern": "^v[0-9]{40,}$"}, ["v" + "1" * 40, "v" + "2" * 99], ["v" + "1" * 39, "x" + "1" * 40]),
+    ({"type": "string", "pattern": "^[a-z]+$", "minLength": 50, "maxLength": 60}, ["a" * 50, "z" * 60],
+     ["a" * 49, "a" * 61]),
+    ({"type": "string", "pattern": "^[^\\s]{33,40}$"}, ["é" * 33, "x" * 40], ["x" * 32, "a b" * 12]),
+    ({"anyOf": [{"type": "string", "pattern": "^[a-z]{40,}$"}, {"type": "string", "pattern": "^[a-z]{50,60}$"}]},
+     ["a" * 40], ["a" * 39]),      # two counters at one state: unrolled instead (CountConflict)
+])
+def test_a_class_repeated_past_32_is_counted_not_unrolled(schema, good, bad):
+    g, docs = generated(schema, n=20)
+    assert all(accepts(g, x) for x in good) and not any(accepts(g, x) for x in bad)
+    rng = random.Random(1)
+    for _ in range(10):
+        text, steps = drive(g, rng, budget=90)
+        assert steps <= 90 and jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+
+
 @pytest.mark.parametrize("bounds", [
     {"minimum": 0.5}, {"exclusiveMinimum": 0.5}, {"maximum": 2.25}, {"exclusiveMaximum": 2.25},
     {"minimum": -2.5}, {"exclusiveMaximum": -1.5}, {"minimum": 0.1, "maximum": 0.9},

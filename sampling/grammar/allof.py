@@ -103,7 +103,7 @@ def _merge(branches: list[dict], ptr: str) -> dict:
             continue
         elif key == "uniqueItems":
             out[key] = any(v is True for v in vals)
-        elif all(value_key(v) == value_key(vals[0]) for v in vals):
+        elif len(vals) == 1 or all(v is vals[0] or value_key(v) == value_key(vals[0]) for v in vals[1:]):
             out[key] = vals[0]
         else:
             raise unsupported("allOf", ptr, f"branches disagree on {key!r}")
@@ -142,7 +142,7 @@ def _merge_objects(branches: list[dict], out: dict, ptr: str) -> None:
                 raise SchemaError(f"no JSON document satisfies this schema (property {name!r} "
                                   f"required but forbidden by allOf at {ptr or '/'})")
             continue
-        uniq = list({value_key(p): p for p in parts}.values())
+        uniq = parts if len(parts) == 1 else list({value_key(p): p for p in parts}.values())
         props[name] = uniq[0] if len(uniq) == 1 else {"allOf": uniq}
     out["properties"] = props
     extras = [b["additionalProperties"] for b in branches if "additionalProperties" in b]

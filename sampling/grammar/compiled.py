@@ -56,8 +56,10 @@ class CompiledGrammar:
         # Make token-unreachable-to-accept states dead, so that table walks and byte-wise
         # simulation agree (both then only ever see states with finite U).
         unfinishable = U >= INF
-        trans = np.where(unfinishable[aut.trans], dfa.DEAD, aut.trans).astype(np.int32, copy=False)
-        trans[unfinishable] = dfa.DEAD
+        trans = aut.trans.astype(np.int32, copy=False)
+        if unfinishable[1:].any():      # rare after trimming: skip two passes over the table
+            trans = np.where(unfinishable[trans], dfa.DEAD, trans).astype(np.int32, copy=False)
+            trans[unfinishable] = dfa.DEAD
         self.idx = idx
         self.trans = trans
         self.trans_flat = trans.reshape(-1)     # a view; int32 halves memory traffic in walks
@@ -66,9 +68,10 @@ class CompiledGrammar:
         self.U = U.tolist()
         self.u16 = np.minimum(U, int(U16_INF)).astype(np.uint16)
         self.rule_start = aut.rule_start
-        self.calls = [tuple((q, r) for q, r in cs if U[r] < INF and U[aut.rule_start[q]] < INF) if cs else ()
+        finite, starts = self.U, aut.rule_start
+        self.calls = [tuple((q, r) for q, r in cs if finite[r] < INF and finite[starts[q]] < INF) if cs else ()
                       for cs in aut.calls]
-        self.has_out = (trans != dfa.DEAD).any(axis=1).tolist()
+        self.has_out = trans.any(axis=1).tolist()       # DEAD is 0
         boundary = np.array([1 if c else 0 for c in self.calls], dtype=np.uint8)
         boundary |= (aut.accept & (aut.rule_of > 0)).astype(np.uint8) * 2
         self.boundary = boundary

@@ -116,8 +116,9 @@ def _trim(table, accept, calls, starts):
     live, productive = native.live_states(table, accept, calls, starts)
     if not productive[0]:
         raise EmptyLanguage()
-    table = np.where(live[table], table, DEAD).astype(np.int32)
-    table[~live] = DEAD
+    if not live[1:].all():       # usually all are: skip a pass over the table
+        table = np.where(live[table], table, DEAD).astype(np.int32)
+        table[~live] = DEAD
     calls = calls[live[calls[:, 0]] & productive[calls[:, 1]] & live[calls[:, 2]]]
     starts = [int(s) if productive[r] else DEAD for r, s in enumerate(starts)]
     return table, accept & live, calls, starts

@@ -102,6 +102,7 @@ class Counted:
     (counting.py), instead of one copy of it per counted position."""
     lo: int
     hi: int | None
+    char: object = None     # the IR of one character; None: any character
 
 
 @_hash_once

@@ -7,6 +7,7 @@ documentation of each list is in sampling/grammar/README.md.
 from __future__ import annotations
 
 import json
+import re
 
 from .errors import SchemaError
 
@@ -78,3 +79,54 @@ def count_keyword(schema: dict, key: str, ptr: str) -> int | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
         raise SchemaError(f"{key!r} at {ptr or '/'} must be a non-negative integer")
     return int(v)
+
+
+_QUICK = frozenset({"type", "enum", "const", "pattern", "minLength", "maxLength"})
+
+
+def quick_check(value, schema: dict) -> bool | None:
+    """Whether `value` is valid against `schema` when only simple keywords constrain it (enum
+    values are checked by the ten thousand in large schemas); None when a full validator is needed."""
+    if not isinstance(schema, dict) or not constraint_keys(schema) <= _QUICK:
+        return None
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        fits = [_has_type(value, t) for t in types]
+        if True not in fits:
+            return None if None in fits else False
+    for key in ("enum", "const"):
+        if key in schema:
+            options = schema[key] if key == "enum" else [schema[key]]
+            if not isinstance(options, list):
+                return None
+            if value_key(value) not in {value_key(o) for o in options}:
+                return False
+    if isinstance(value, str):
+        if "pattern" in schema:
+            try:
+                if not isinstance(schema["pattern"], str) or re.search(schema["pattern"], value) is None:
+                    return None if not isinstance(schema["pattern"], str) else False
+            except re.error:
+                return None
+        for key, ok in (("minLength", lambda n: len(value) >= n), ("maxLength", lambda n: len(value) <= n)):
+            n = schema.get(key)
+            if n is not None:
+                if isinstance(n, bool) or not isinstance(n, int):
+                    return None
+                if not ok(n):
+                    return False
+    return True
+
+
+def _has_type(value, t) -> bool | None:
+    """None where drafts differ (1.0 is an integer from draft 6 on) or `t` is not a type name."""
+    if t == "integer":
+        if isinstance(value, float):
+            return False if not value.is_integer() else None
+        return isinstance(value, int) and not isinstance(value, bool)
+    checks = {"string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
+              "null": lambda v: v is None, "array": lambda v: isinstance(v, list),
+              "object": lambda v: isinstance(v, dict),
+              "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}
+    check = checks.get(t)
+    return None if check is None else check(value)

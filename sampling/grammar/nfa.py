@@ -85,7 +85,7 @@ class NFA:
         return self._copy(edges, accept, s)
 
     def _counted(self, node: ir.Counted, s: int) -> int:
-        edges, accept = leaf_dfa(ir.Repeat(jsonstr.any_char(), 0, None))
+        edges, accept = leaf_dfa(ir.Repeat(jsonstr.any_char() if node.char is None else node.char, 0, None))
         # Minimal DFA of char*: the start is the only accepting state, entered exactly when a
         # character is complete; the counter rides on that.
         assert accept[0] and not any(accept[1:])

@@ -368,6 +368,26 @@ _ATOM = r"(?:\[(?:\\.|[^\]\\])+\]|\\[dwsDWS.\-_/]|\.|[A-Za-z0-9 _/:@-])"
 _SINGLE = re.compile(rf"\^?((?:{_ATOM})*?)({_ATOM})(\*|\+|\{{(\d+)(?:,(\d*))?\}})\$?")
 
 
+def counted_split(pattern: str, lo: int, hi: int | None) -> tuple[str, str, int, int | None] | None:
+    """A whole-string pattern of fixed single characters then one repeated character class
+    (`^v[0-9]{1,200}$`), within length bounds [lo, hi]: (the fixed part, the class, the least and
+    most repetitions); None for any other pattern."""
+    m = _SINGLE.fullmatch(pattern)
+    if m is None or not pattern.startswith("^") or not _ends_anchored(pattern):
+        return None
+    fixed = len(re.findall(_ATOM, m.group(1)))
+    q = m.group(3)
+    qlo, qhi = {"*": (0, None), "+": (1, None)}.get(q, (None, None))
+    if q.startswith("{"):
+        qlo = int(m.group(4))
+        qhi = qlo if "," not in q else (int(m.group(5)) if m.group(5) else None)
+    nlo = max(lo - fixed, qlo)
+    nhi = None if hi is None else hi - fixed
+    if qhi is not None:
+        nhi = qhi if nhi is None else min(nhi, qhi)
+    return m.group(1), m.group(2), nlo, nhi
+
+
 def length_bounded_pattern(pattern: str, lo: int, hi: int | None, cap: int) -> str | None:
     """A pattern for the strings fully matching `pattern` whose length is in [lo, hi], when that
     is easy: the bounds already hold for every match, or the pattern is fixed single characters

@@ -21,10 +21,10 @@ from . import ir, jsonstr, numeric
 from .allof import merge_all_of, with_all_of
 from .errors import SchemaError, UnsupportedSchemaError, unsupported
 from .formats import FORMATS, REFUSED_FORMATS
-from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json, value_key
+from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json, quick_check, value_key
 from .nfa import intersection
 from .objects import ObjectRules
-from .regex import length_bounded_pattern, pattern_ir, search_ir, search_pattern
+from .regex import counted_split, length_bounded_pattern, pattern_ir, search_ir, search_pattern
 
 # Length bounds up to this are unrolled one character at a time (exact distances); larger
 # ones use a counter beside the automaton (counting.py). Where a counter cannot be used
@@ -48,6 +48,14 @@ def _spellings(v) -> list[bytes]:
     if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
         return [text, str(int(v)).encode()]
     return [text]
+
+
+def _enum_values(sub: object) -> list | None:
+    """The values of a branch that is only an `enum` / `const` (annotations aside), else None."""
+    if not isinstance(sub, dict) or constraint_keys(sub) - {"enum", "const"} or not ("enum" in sub) ^ ("const" in sub):
+        return None
+    values = sub["enum"] if "enum" in sub else [sub["const"]]
+    return values if isinstance(values, list) and values else None
 
 
 def _json_type(v) -> str:
@@ -286,8 +294,17 @@ class SchemaCompiler(ObjectRules):
             # Sibling keywords (an implicit allOf) distribute over the branches; "exactly one
             # branch" is unchanged by intersecting every branch with the same schema.
             written = {k: v for k, v in schema.items() if k in others or k == comb}
+            siblings = {k: v for k, v in schema.items() if k in others}
             merged = []
             for i, sub in enumerate(subs):
+                values = _enum_values(sub)
+                verdicts = None if values is None else [quick_check(v, siblings) for v in values]
+                if verdicts is not None and None not in verdicts:
+                    # An enum branch under simple siblings: its values filtered, no merge (an
+                    # anyOf of 238 task names under each of 238 patterns is 57,000 merges).
+                    kept = [v for v, ok in zip(values, verdicts) if ok]
+                    merged.append({"enum": kept} if kept else False)
+                    continue
                 try:
                     where = f"{ptr}/{comb}/{i}"
                     merged.append(merge_all_of(with_all_of(written, comb, [sub], where), where, self._resolve_schema))
@@ -299,11 +316,14 @@ class SchemaCompiler(ObjectRules):
         if comb == "oneOf" and len(subs) > 1:
             from .oneof import check_disjoint
             check_disjoint(subs, ptr, self._resolve_schema)
-        body = ir.alt(*(self.node(s, f"{ptr}/{comb}/{i}") for i, s in enumerate(subs)))
+        body = ir.alt(*(self.node(s, f"{ptr}/{comb}/{i}") for i, s in enumerate(subs) if s is not False))
         return ir.alt(NULL, body) if nullable else body
 
     def _satisfies(self, value: object, schema: dict, ptr: str) -> bool:
         """`value` is valid against `schema` (a sub-schema of the root, $refs resolved there)."""
+        quick = quick_check(value, schema)
+        if quick is not None:
+            return quick
         if self._validator is None:
             root = self.root if isinstance(self.root, (dict, bool)) else {}
             cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
@@ -396,6 +416,15 @@ class SchemaCompiler(ObjectRules):
         if pattern is not None or fmt is not None:
             if pattern is not None and fmt is not None:
                 return self._pattern_and_format(pattern, fmt, lo, hi, ptr)
+            split = counted_split(pattern, lo, hi) if pattern is not None and self.count_strings else None
+            if split is not None and max(split[2], split[3] or 0) > MAX_COUNTED:
+                # One class repeated many times: one copy of it beside a counter, not one per position.
+                fixed, char, n_lo, n_hi = split
+                if n_hi is not None and n_hi < n_lo:
+                    return ir.NEVER
+                pattern_ir(pattern, ptr)    # validates the whole pattern
+                return ir.seq(ir.lit(b'"'), ir.Leaf(pattern_ir(fixed, ptr)) if fixed else ir.EMPTY,
+                              ir.Counted(n_lo, n_hi, pattern_ir(char, ptr)), ir.lit(b'"'))
             if pattern is not None and not lo and hi is None:
                 return ir.seq(ir.lit(b'"'), ir.Leaf(search_ir(pattern, ptr)), ir.lit(b'"'))
             keyword = "pattern" if pattern is not None else "format"
