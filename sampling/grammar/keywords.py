@@ -99,7 +99,7 @@ def quick_check(value, schema: dict) -> bool | None:
             options = schema[key] if key == "enum" else [schema[key]]
             if not isinstance(options, list):
                 return None
-            if value_key(value) not in {value_key(o) for o in options}:
+            if value_key(value) not in _option_keys(options):
                 return False
     if isinstance(value, str):
         if "pattern" in schema:
@@ -116,6 +116,19 @@ def quick_check(value, schema: dict) -> bool | None:
                 if not ok(n):
                     return False
     return True
+
+
+_OPTION_KEYS: dict[int, tuple[list, frozenset[str]]] = {}
+
+
+def _option_keys(options: list) -> frozenset[str]:
+    """value_key of each option, kept for the list while its values are checked one by one."""
+    hit = _OPTION_KEYS.get(id(options))
+    if hit is None or hit[0] is not options:
+        if len(_OPTION_KEYS) > 64:
+            _OPTION_KEYS.clear()
+        hit = _OPTION_KEYS[id(options)] = (options, frozenset(value_key(o) for o in options))
+    return hit[1]
 
 
 def _has_type(value, t) -> bool | None:
