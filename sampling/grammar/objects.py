@@ -255,8 +255,9 @@ class ObjectRules:
         # members are tracked; the optional ones may then repeat, as extra members may.
         any_order = self.open_objects and len(names) > 1 and not {"minProperties", "maxProperties"} & set(schema)
         tracked = names if len(names) <= ANY_ORDER_MAX else [n for n in names if n in required]
+        # The budget pays for the copies of the members beyond the one an ordered object has.
         any_order = (any_order and len(tracked) <= ANY_ORDER_MAX
-                     and self._spend_on_any_order((1 << len(tracked)) * sum(len(dump_json(n)) + 1 for n in names)))
+                     and self._spend_on_any_order(((1 << len(tracked)) - 1) * sum(len(dump_json(n)) + 1 for n in names)))
         members = []
         for name in names:
             where = f"{ptr}/properties/{escape_pointer(name)}"
