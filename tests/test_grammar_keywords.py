@@ -503,6 +503,20 @@ def test_open_objects_take_a_few_members_in_any_order_and_extras_anywhere():
     assert {d and next(iter(d)) for d in docs} - {"a"}   # not always in the declared order
 
 
+def test_past_the_any_order_budget_small_objects_track_only_their_required_members():
+    # Each object of 6 long-named members would cost 63 sets x key bytes; the budget pays for one.
+    names = [f"member_with_a_long_name_{i}" for i in range(6)]
+    obj = {"type": "object", "properties": {n: {"type": "integer"} for n in names}, "required": [names[2]]}
+    schema = {"type": "object", "properties": {f"o{i}": obj for i in range(4)}, "required": ["o3"]}
+    g = compile_grammar(schema, VOCAB, open_objects=True)
+    backwards = {n: 1 for n in reversed(names)}
+    assert accepts(g, {"o0": backwards, "o3": backwards})
+    assert not accepts(g, {"o3": {names[0]: 1}})            # the required member is still needed
+    m = g.matcher()
+    with pytest.raises(ValueError):                          # ... and still once
+        m.advance_bytes(('{"o3":{"%s":1,"%s":2' % (names[2], names[2])).encode())
+
+
 def test_a_pattern_member_answers_only_to_the_patterns_its_key_can_also_match():
     disjoint = {"type": "object", "additionalProperties": False, "required": ["RSRC"],
                 "patternProperties": {"^BIOS$": {"type": "string", "pattern": "-sys$"},

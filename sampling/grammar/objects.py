@@ -254,10 +254,16 @@ class ObjectRules:
         # rules: the automaton holds one copy per set. In larger objects only the required
         # members are tracked; the optional ones may then repeat, as extra members may.
         any_order = self.open_objects and len(names) > 1 and not {"minProperties", "maxProperties"} & set(schema)
-        tracked = names if len(names) <= ANY_ORDER_MAX else [n for n in names if n in required]
-        # The budget pays for the copies of the members beyond the one an ordered object has.
-        any_order = (any_order and len(tracked) <= ANY_ORDER_MAX
-                     and self._spend_on_any_order(((1 << len(tracked)) - 1) * sum(len(dump_json(n)) + 1 for n in names)))
+        # The budget pays for the copies of the members beyond the one an ordered object has;
+        # past it, a small object tracks only its required members, as larger ones do.
+        key_bytes = sum(len(dump_json(n)) + 1 for n in names)
+        only_required = [n for n in names if n in required]
+        tracked = None
+        for choice in ([names] if len(names) <= ANY_ORDER_MAX else []) + [only_required]:
+            if any_order and len(choice) <= ANY_ORDER_MAX and self._spend_on_any_order(((1 << len(choice)) - 1) * key_bytes):
+                tracked = choice
+                break
+        any_order = tracked is not None
         members = []
         for name in names:
             where = f"{ptr}/properties/{escape_pointer(name)}"
