@@ -102,10 +102,13 @@ def quick_check(value, schema: dict) -> bool | None:
             if value_key(value) not in _option_keys(options):
                 return False
     if isinstance(value, str):
-        if "pattern" in schema:
+        pattern = schema.get("pattern")
+        if pattern is not None:
+            if not isinstance(pattern, str):
+                return None
             try:
-                if not isinstance(schema["pattern"], str) or re.search(schema["pattern"], value) is None:
-                    return None if not isinstance(schema["pattern"], str) else False
+                if re.search(pattern, value) is None:
+                    return False
             except re.error:
                 return None
         for key, ok in (("minLength", lambda n: len(value) >= n), ("maxLength", lambda n: len(value) <= n)):
@@ -137,9 +140,11 @@ def _has_type(value, t) -> bool | None:
         if isinstance(value, float):
             return False if not value.is_integer() else None
         return isinstance(value, int) and not isinstance(value, bool)
-    checks = {"string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
-              "null": lambda v: v is None, "array": lambda v: isinstance(v, list),
-              "object": lambda v: isinstance(v, dict),
-              "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}
-    check = checks.get(t)
+    check = _TYPE_CHECKS.get(t)
     return None if check is None else check(value)
+
+
+_TYPE_CHECKS = {"string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
+                "null": lambda v: v is None, "array": lambda v: isinstance(v, list),
+                "object": lambda v: isinstance(v, dict),
+                "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -17,6 +17,7 @@ import functools
 import re
 
 from . import ir, jsonstr, utf8
+from .nfa import difference, intersection
 from .errors import UnsupportedSchemaError
 
 Ranges = list[tuple[int, int]]
@@ -315,8 +316,6 @@ def search_ir(pattern: str, where: str) -> object:
     split = _leading_lookaheads(pattern) if isinstance(pattern, str) else None
     if split is None or len(_top_level_branches(pattern)) > 1:
         return pattern_ir(search_pattern(pattern), where)
-    from .nfa import difference, intersection     # nfa builds on this module's IR
-
     rest, looks = split
     node = pattern_ir(search_pattern(rest), where)
     for negative, body in looks:
@@ -372,8 +371,16 @@ def counted_split(pattern: str, lo: int, hi: int | None) -> tuple[str, str, int,
     """A whole-string pattern of fixed single characters then one repeated character class
     (`^v[0-9]{1,200}$`), within length bounds [lo, hi]: (the fixed part, the class, the least and
     most repetitions); None for any other pattern."""
+    if not pattern.startswith("^") or not _ends_anchored(pattern):
+        return None
+    return _single_repeat(pattern, lo, hi)
+
+
+def _single_repeat(pattern: str, lo: int, hi: int | None) -> tuple[str, str, int, int | None] | None:
+    """(fixed atoms, repeated atom, least and most repetitions within [lo, hi]) of a pattern
+    that _SINGLE matches whole; None otherwise."""
     m = _SINGLE.fullmatch(pattern)
-    if m is None or not pattern.startswith("^") or not _ends_anchored(pattern):
+    if m is None:
         return None
     fixed = len(re.findall(_ATOM, m.group(1)))
     q = m.group(3)
@@ -406,21 +413,12 @@ def length_bounded_pattern(pattern: str, lo: int, hi: int | None, cap: int) -> s
     nonempty = _nonempty_repeat(pattern, lo, hi, sre_parse)
     if nonempty is not None:
         return nonempty
-    m = _SINGLE.fullmatch(pattern)
-    if m is None:
+    split = _single_repeat(pattern, lo, hi)
+    if split is None:
         return None
-    fixed = len(re.findall(_ATOM, m.group(1)))
-    q = m.group(3)
-    qlo, qhi = {"*": (0, None), "+": (1, None)}.get(q, (None, None))
-    if q.startswith("{"):
-        qlo = int(m.group(4))
-        qhi = qlo if "," not in q else (int(m.group(5)) if m.group(5) else None)
-    nlo = max(lo - fixed, qlo)
-    nhi = None if hi is None else hi - fixed
-    if qhi is not None:
-        nhi = qhi if nhi is None else min(nhi, qhi)
+    fixed, atom, nlo, nhi = split
     if nhi is not None and nhi > cap:     # unrolled below: longer matches are not generated
         nhi = max(cap, nlo)
     if nlo > cap or (nhi is not None and nhi < nlo):
         return None
-    return f"{m.group(1)}{m.group(2)}{{{nlo},{'' if nhi is None else nhi}}}"
+    return f"{fixed}{atom}{{{nlo},{'' if nhi is None else nhi}}}"
