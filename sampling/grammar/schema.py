@@ -102,6 +102,11 @@ class SchemaCompiler(ObjectRules):
         self.enum_rules: dict[tuple[bytes, ...], ir.Call] = {}
         self.literals: set[bytes] = {b"true", b"false", b"null", b"{}", b"[]", b'""'}
         self.recursive, self.ref_uses = self._reference_graph()
+        # Recursive refs being resolved for a merge / whose inlined content is being compiled
+        # (in the current rule body) / inlined by the merge in progress.
+        self._resolving: list[str] = []
+        self._inlining: list[str] = []
+        self._inlined: list[str] = []
 
     # ---------------------------------------------------------------- references
     def _resolve_pointer(self, ref: object, ptr: str) -> object:
@@ -175,6 +180,7 @@ class SchemaCompiler(ObjectRules):
             if idx is None:
                 idx = self.ref_rule[ref] = len(self.rules)
                 self.rules.append(None)
+                outer, self._inlining = self._inlining, []   # a rule body is built once
                 try:
                     self.rules[idx] = self.node(target, where)
                 except SchemaError as e:
@@ -183,6 +189,8 @@ class SchemaCompiler(ObjectRules):
                     self.rules[idx] = ir.NEVER
                     self.ref_failed[ref] = e
                     raise
+                finally:
+                    self._inlining = outer
             return ir.Call(idx)
         if ref not in self.inline_memo:
             body = self.node(target, where)
@@ -199,17 +207,69 @@ class SchemaCompiler(ObjectRules):
         return ir.Call(len(self.rules) - 1)
 
     def _resolve_schema(self, sub: object, where: str) -> object:
-        """Follow $refs (for allOf / oneOf analysis); recursive targets cannot be merged."""
+        """Follow $refs (for enum analysis); recursive targets are refused."""
+        return self._resolve(sub, where, inline_recursive=False)
+
+    def _resolve_to_analyse(self, sub: object, where: str) -> object:
+        """Follow $refs, recursive ones too, and merge a top-level allOf where it merges: to look
+        at the schema only (oneOf analysis)."""
+        mark = len(self._inlined)
+        try:
+            sub = self._resolve(sub, where, inline_recursive=True)
+            if isinstance(sub, dict) and "allOf" in sub:
+                try:
+                    sub = merge_all_of(sub, where, self._resolve_for_merge)
+                except SchemaError:
+                    pass        # looked at as written: weaker, still sound
+            return sub
+        finally:
+            del self._inlined[mark:]
+
+    def _resolve_for_merge(self, sub: object, where: str) -> object:
+        """Follow $refs for an allOf merge: a recursive target is inlined once (its own nested
+        $refs stay calls), unless that would inline it inside itself without end."""
+        return self._resolve(sub, where, inline_recursive=True)
+
+    def _resolve(self, sub: object, where: str, inline_recursive: bool) -> object:
+        resolve = self._resolve_for_merge if inline_recursive else self._resolve_schema
         for _ in range(64):
             if not (isinstance(sub, dict) and "$ref" in sub):
                 return sub
             if constraint_keys(sub) - {"$ref"} and not self.ref_alone:
                 merged = with_all_of(sub, "$ref", [{"$ref": sub["$ref"]}], where)
-                return merge_all_of(merged, where, self._resolve_schema)
-            if sub["$ref"] in self.recursive:
-                raise unsupported("allOf", where, "recursive $ref inside allOf")
-            sub = self._resolve_pointer(sub["$ref"], where)
+                return merge_all_of(merged, where, resolve)
+            ref = sub["$ref"]
+            if ref in self.recursive:
+                if not inline_recursive or ref in self._resolving or ref in self._inlining:
+                    raise unsupported("allOf", where, "recursive $ref inside allOf")
+                self._resolving.append(ref)
+                try:
+                    target = resolve(self._resolve_pointer(ref, where), where)
+                    if isinstance(target, dict) and "allOf" in target:
+                        target = merge_all_of(target, where, resolve)
+                finally:
+                    self._resolving.pop()
+                self._inlined.append(ref)
+                return target
+            sub = self._resolve_pointer(ref, where)
         raise SchemaError(f"'$ref' chain too long at {where or '/'}")
+
+    def _merge(self, schema: dict, ptr: str) -> tuple[dict, list[str]]:
+        """merge_all_of, and the recursive refs it inlined (see _node_inlining)."""
+        mark = len(self._inlined)
+        try:
+            return merge_all_of(schema, ptr, self._resolve_for_merge), self._inlined[mark:]
+        finally:
+            del self._inlined[mark:]
+
+    def _node_inlining(self, merged: object, refs: list[str], ptr: str) -> object:
+        """node(merged), where `merged` holds the inlined content of the recursive `refs`:
+        while it compiles, those refs may not be inlined again (that would never end)."""
+        self._inlining.extend(refs)
+        try:
+            return self.node(merged, ptr)
+        finally:
+            del self._inlining[len(self._inlining) - len(refs):]
 
     def any_value(self) -> object:
         idx = self.ref_rule.get("")
@@ -257,10 +317,14 @@ class SchemaCompiler(ObjectRules):
             if keys == {"$ref"}:
                 return self._ref(schema["$ref"], ptr)
             # Sibling keywords next to $ref: both must hold (an implicit allOf).
-            merged = with_all_of(schema, "$ref", [{"$ref": schema["$ref"]}], ptr)
-            return self.node(merge_all_of(merged, ptr, self._resolve_schema), ptr)
+            return self._node_inlining(*self._merge(with_all_of(schema, "$ref", [{"$ref": schema["$ref"]}], ptr), ptr), ptr)
         if "allOf" in keys:
-            return self.node(merge_all_of(schema, ptr, self._resolve_schema), ptr)
+            subs = schema["allOf"]
+            if keys == {"allOf"} and isinstance(subs, list):
+                live = [i for i, x in enumerate(subs) if x is not True and not (isinstance(x, dict) and not constraint_keys(x))]
+                if len(live) == 1:   # nothing to merge: a lone $ref stays a call
+                    return self.node(subs[live[0]], f"{ptr}/allOf/{live[0]}")
+            return self._node_inlining(*self._merge(schema, ptr), ptr)
         for comb in ("anyOf", "oneOf"):
             if comb in keys:
                 return self._combinator(schema, comb, keys, ptr, nullable)
@@ -295,7 +359,7 @@ class SchemaCompiler(ObjectRules):
             # branch" is unchanged by intersecting every branch with the same schema.
             written = {k: v for k, v in schema.items() if k in others or k == comb}
             siblings = {k: v for k, v in schema.items() if k in others}
-            merged = []
+            merged, inlined = [], {}
             for i, sub in enumerate(subs):
                 values = _enum_values(sub)
                 verdicts = None if values is None else [quick_check(v, siblings) for v in values]
@@ -307,16 +371,20 @@ class SchemaCompiler(ObjectRules):
                     continue
                 try:
                     where = f"{ptr}/{comb}/{i}"
-                    merged.append(merge_all_of(with_all_of(written, comb, [sub], where), where, self._resolve_schema))
+                    branch, inlined[len(merged)] = self._merge(with_all_of(written, comb, [sub], where), where)
+                    merged.append(branch)
                 except UnsupportedSchemaError:
                     raise
                 except SchemaError:
                     merged.append(False)       # this branch cannot match anything
             subs = merged
+        else:
+            inlined = {}
         if comb == "oneOf" and len(subs) > 1:
-            from .oneof import check_disjoint
-            check_disjoint(subs, ptr, self._resolve_schema)
-        body = ir.alt(*(self.node(s, f"{ptr}/{comb}/{i}") for i, s in enumerate(subs) if s is not False))
+            from .oneof import disjoint_branches
+            subs = disjoint_branches(subs, ptr, self._resolve_to_analyse, self.open_objects)
+        body = ir.alt(*(self._node_inlining(s, inlined.get(i, []), f"{ptr}/{comb}/{i}")
+                        for i, s in enumerate(subs) if s is not False))
         return ir.alt(NULL, body) if nullable else body
 
     def _satisfies(self, value: object, schema: dict, ptr: str) -> bool:
