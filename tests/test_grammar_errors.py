@@ -8,7 +8,7 @@ from tests.test_grammar_support import VOCAB
 
 
 @pytest.mark.parametrize("schema,keyword,where", [
-    ({"type": "integer", "multipleOf": 3}, "multipleOf", "/"),
+    ({"type": "number", "multipleOf": 0.5}, "multipleOf", "/"),
     ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True, "minItems": 2}}},
      "uniqueItems", "/properties/a"),
     ({"not": {"type": "string"}}, "not", "/"),

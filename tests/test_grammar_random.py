@@ -52,6 +52,8 @@ LEAVES = st.one_of(
               st.lists(st.sampled_from(["", "a", "bb", "ccc"]), min_size=1, max_size=4), st.integers(0, 3)),
     st.builds(lambda lo: {"type": "number", "exclusiveMinimum": lo, "maximum": lo + 2}, st.integers(-3, 3)),
     st.just({"type": "string", "x-vendor": {"a": 1}, "id": "x", "_format": "date"}),
+    st.builds(lambda k, lo: {"type": "integer", "multipleOf": k, **({} if lo is None else {"minimum": lo, "maximum": lo + 40})},
+              st.integers(2, 9), st.one_of(st.none(), st.integers(-30, 30))),
     st.just({}),
 )
 
@@ -93,6 +95,15 @@ def _compound(children):
         st.builds(lambda a, b: {"type": "object", "properties": {"k": {"type": "integer"}, "s": a},
                                 "anyOf": [{"required": ["k"]}, {"required": ["s"]}, b]}, children, children),
         st.builds(lambda a: {"anyOf": [a, {"type": "null"}], "title": "t", "x-vendor": 1, "minLength": 1}, children),
+        # oneOf: proven apart, or narrowed (a member only one closed branch allows, an optional
+        # discriminator, an untyped branch made an object) or dropped.
+        st.builds(lambda a, b: {"oneOf": [a, b]}, children, children),
+        st.builds(lambda a, b, c: {"oneOf": [{"type": "object", "properties": {"k": a, "x": b}, "additionalProperties": False},
+                                             {"properties": {"k": a, "y": c}, "additionalProperties": False}]},
+                  children, children, children),
+        st.builds(lambda a, b: {"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "v": a}},
+                                          {"type": "object", "properties": {"kind": {"enum": ["b", "c"]}, "v": b}}]},
+                  children, children),
     )
 
 

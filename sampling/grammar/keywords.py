@@ -24,8 +24,8 @@ TYPE_KEYWORDS: dict[str, frozenset[str]] = {
                          "dependentRequired", "dependencies", "minProperties", "maxProperties"}),
     "array": frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"}),
     "string": frozenset({"minLength", "maxLength", "pattern", "format"}),
-    "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}),
-    "integer": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}),
+    "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}),
+    "integer": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}),
 }
 TYPED = frozenset().union(*TYPE_KEYWORDS.values())
 
@@ -36,7 +36,7 @@ SUPPORTED = TYPED | GENERAL
 # Keywords that constrain validity and that this compiler cannot enforce: refused by name.
 # (Draft 3's validating keywords are here too, so that an old schema is never half-enforced.)
 REFUSED = frozenset({
-    "not", "if", "then", "else", "multipleOf", "contains", "minContains", "maxContains",
+    "not", "if", "then", "else", "contains", "minContains", "maxContains",
     "propertyNames", "unevaluatedProperties", "unevaluatedItems", "dependentSchemas",
     "$dynamicRef", "$recursiveRef", "divisibleBy", "disallow", "extends",
 })

@@ -206,3 +206,27 @@ def _digits_between(a: str, b: str, i: int, tight_low: bool, tight_high: bool) -
         if free_lo <= free_hi:
             options.append(ir.seq(_digit(free_lo, free_hi), ir.Repeat(_D, 0, width - i - 1)))
     return ir.alt(*options)
+
+
+MAX_DIVISOR = 4096
+
+
+def multiples(k: int) -> ir.Table:
+    """The JSON integers divisible by k: the remainder of the digits so far is the state."""
+    digits = [ir.byte_mask([ord(str(d))]) for d in range(10)]
+    first = 2           # states: 0 start, 1 after "-", 2 the integer 0, 3 + r remainder r
+    rem = lambda r: 3 + r
+    edges = [
+        ((ir.byte_mask(b"-"), 1), (digits[0], first)) + tuple((digits[d], rem(d % k)) for d in range(1, 10)),
+        tuple((digits[d], rem(d % k)) for d in range(1, 10)),
+        (),
+    ] + [tuple((digits[d], rem((10 * r + d) % k)) for d in range(10)) for r in range(k)]
+    return ir.Table(tuple(_merge_edges(e) for e in edges), (False, False, True) + tuple(r == 0 for r in range(k)))
+
+
+def _merge_edges(edges: tuple) -> tuple:
+    """One (mask, target) per target, as ir.Table expects."""
+    by_target: dict[int, int] = {}
+    for mask, target in edges:
+        by_target[target] = by_target.get(target, 0) | mask
+    return tuple((m, t) for t, m in sorted(by_target.items()))

@@ -1,13 +1,14 @@
-"""`oneOf` is compiled as `anyOf`, which is only correct when no generated document can match
-two branches. A pair of branches is proven apart when no type one generates is admitted by the
-other, or by disjoint const / enum values, a discriminator (a required property with disjoint
-values), a required property the other forbids, string patterns whose automata share no string,
-or numeric ranges that do not meet.
+"""`oneOf` is compiled as `anyOf`, which is only correct when no generated document matches
+two branches. For each ordered pair of branches we look for a proof that nothing generated from
+the first is valid against the second as written: no type in common (an untyped branch admits
+every type when validated), const / enum values the other refuses, a required property the
+other forbids or gives other values, string patterns whose automata share no string, numeric
+ranges that do not meet.
 
-Object branches left unproven are narrowed (which only loses documents): a property they all
-declare with disjoint values becomes required, or else each must have one of its members that
-its closed partners forbid. Anything else is reported as unsupported rather than risk a
-document matching two branches.
+A branch left without a proof against some other is narrowed, which only loses documents: an
+object branch to the objects holding one of its members that separates it from those others
+(forbidden there, or with values they refuse); any other branch is dropped. When every branch
+would be dropped the oneOf is reported as unsupported.
 """
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ import re
 from typing import Callable
 
 from .errors import SchemaError, unsupported
+from .keywords import JSON_TYPES, TYPE_KEYWORDS, quick_check, value_key
 from .nfa import intersection
 from .regex import search_ir
-from .keywords import JSON_TYPES, TYPE_KEYWORDS, quick_check, value_key
 
 _ALL = frozenset(JSON_TYPES)
+_MAX_SEPARATORS = 3     # members a narrowed branch may choose between (automaton size)
 
 
 def _values(s: object) -> frozenset[str] | None:
@@ -69,26 +71,6 @@ def _kinds(s: object, resolve, inferred: bool, depth: int = 0) -> frozenset[str]
     return frozenset("number" if x == "integer" else x for x in ts)
 
 
-def _discriminated(branches: list) -> bool:
-    if not all(isinstance(b, dict) and isinstance(b.get("properties"), dict) for b in branches):
-        return False
-    common = set.intersection(*(set(b.get("required", [])) & set(b["properties"]) for b in branches))
-    for name in common:
-        vals = [_values(b["properties"][name]) for b in branches]
-        if all(v is not None for v in vals) and _pairwise_disjoint(vals):
-            return True
-    return False
-
-
-def _pairwise_disjoint(sets: list) -> bool:
-    seen: set = set()
-    for s in sets:
-        if seen & s:
-            return False
-        seen |= s
-    return True
-
-
 def _interval(s: object) -> tuple[float, float] | None:
     """[lo, hi] (open ends as +-inf, exclusive bounds nudged) of a numbers-only branch."""
     if not isinstance(s, dict):
@@ -106,18 +88,22 @@ def _interval(s: object) -> tuple[float, float] | None:
     return lo, hi
 
 
-def _objects_apart(a: object, b: object) -> bool:
-    """A property required by one object branch is forbidden by the other (both generate
-    objects only)."""
-    if not (isinstance(a, dict) and isinstance(b, dict)):
-        return False
-    for x, y in ((a, b), (b, a)):
-        props = y.get("properties", {}) if isinstance(y.get("properties"), dict) else {}
-        for name in x.get("required", []) if isinstance(x.get("required"), list) else []:
-            if props.get(name) is False or (name not in props and y.get("additionalProperties") is False
-                                            and not y.get("patternProperties")):
-                return True
-    return False
+def _props(s: dict) -> dict:
+    p = s.get("properties")
+    return p if isinstance(p, dict) else {}
+
+
+def _closed(s: dict) -> bool:
+    return s.get("additionalProperties") is False and not s.get("patternProperties")
+
+
+def _separates(x: dict, name: str, y: dict) -> bool:
+    """An object with member `name` (valid for x) is refused by y."""
+    mine, theirs = _props(x).get(name), _props(y).get(name, None if _closed(y) else True)
+    if theirs is None or theirs is False:
+        return mine is not False
+    vx, vy = _values(mine), _values(theirs)
+    return vx is not None and vy is not None and not (vx & vy)
 
 
 # Classes whose automata approximate Python's Unicode-aware meaning, and inline flags: an
@@ -138,77 +124,64 @@ def _patterns_apart(a: dict, b: dict) -> bool:
     return both is not None and not any(both.accept)
 
 
-def _pair_disjoint(a: object, b: object, resolve, open_types: bool) -> bool:
-    """No document generated from one branch is valid against the other."""
-    made_a, made_b = _kinds(a, resolve, not open_types), _kinds(b, resolve, not open_types)
-    if not (made_a & _kinds(b, resolve, False)) and not (made_b & _kinds(a, resolve, False)):
-        return True
-    va, vb = _values(a), _values(b)
-    if va is not None and vb is not None and not (va & vb):
-        return True
-    if made_a == made_b == {"object"}:
-        return _discriminated([a, b]) or _objects_apart(a, b)
-    if made_a == made_b == {"string"}:
-        return _patterns_apart(a, b)
-    if made_a | made_b <= {"number"}:
-        ia, ib = _interval(a), _interval(b)
-        return ia[1] < ib[0] or ib[1] < ia[0]
-    return False
+class _Branches:
+    """What is known about the resolved branches of one oneOf."""
+
+    def __init__(self, branches: list, resolve: Callable[[object, str], object], open_types: bool) -> None:
+        self.branches = branches
+        self.resolve = resolve
+        self.made = [_kinds(b, resolve, not open_types) for b in branches]    # types generated
+        self.admitted = [_kinds(b, resolve, False) for b in branches]         # types validated
+
+    def apart(self, i: int, j: int) -> bool:
+        """Nothing generated from branch i is valid against branch j."""
+        x, y = self.branches[i], self.branches[j]
+        made = self.made[i]
+        if not (made & self.admitted[j]):
+            return True
+        if not (isinstance(x, dict) and isinstance(y, dict)):
+            return False
+        vx, vy = _values(x), _values(y)
+        if vx is not None and (vy is not None and not (vx & vy)
+                               or all(quick_check(json.loads(v), y) is False for v in vx)):
+            return True
+        if made == {"object"}:
+            required = x.get("required") if isinstance(x.get("required"), list) else []
+            return any(_separates(x, n, y) for n in required if n in _props(x) or not _closed(x))
+        if made == {"string"}:
+            return _patterns_apart(x, y)
+        if made <= {"number"}:
+            ix, iy = _interval(x), _interval(y)
+            return ix[1] < iy[0] or iy[1] < ix[0]
+        return False
+
+    def narrowed(self, i: int, sub: object, others: list[int]) -> object:
+        """Branch i (written `sub`) narrowed to what no branch in `others` admits, or False."""
+        x = self.branches[i]
+        if not isinstance(x, dict) or _kinds(x, self.resolve, True) != {"object"}:
+            return False
+        objects = [self.branches[j] for j in others if "object" in self.admitted[j]]
+        if not all(isinstance(y, dict) for y in objects):
+            return False
+        if not objects:     # the others admit no object: objects only
+            return {"allOf": [sub, {"type": "object"}]}
+        names = [n for n in _props(x) if all(_separates(x, n, y) for y in objects)]
+        if not names:
+            return False
+        return {"anyOf": [{"allOf": [sub, {"type": "object", "required": [n]}]} for n in names[:_MAX_SEPARATORS]]}
 
 
 def disjoint_branches(subs: list, ptr: str, resolve: Callable[[object, str], object], open_types: bool) -> list:
-    """The branches to generate from: `subs` when every pair is proven disjoint; else the
-    branches of the unproven pairs narrowed until they are (a narrowed branch only loses
-    documents, and each stays apart from the others as written); raises when neither works."""
-    branches = [resolve(s, f"{ptr}/oneOf/{i}") for i, s in enumerate(subs)]
-    partners: dict[int, list[int]] = {}
-    for i, a in enumerate(branches):
-        for j in range(i + 1, len(branches)):
-            b = branches[j]
-            if a is not False and b is not False and not _pair_disjoint(a, b, resolve, open_types):
-                partners.setdefault(i, []).append(j)
-                partners.setdefault(j, []).append(i)
-    if not partners:
-        return subs
-    involved = sorted(partners)
-    # Only object branches are narrowed (to objects first: other values would match any of
-    # them, and an untyped branch admits them under JSON Schema's reading).
-    objects = all(_kinds(branches[i], resolve, True) == {"object"}
-                  and isinstance(branches[i].get("properties"), dict) for i in involved)
-    if not objects:
-        raise unsupported("oneOf", ptr, "cannot prove the branches disjoint; use anyOf if overlap is acceptable")
+    """The branches to generate from (False for a dropped one): `subs` when every ordered pair
+    is proven apart, else narrowed as the module says; raises when nothing would be left."""
+    info = _Branches([resolve(s, f"{ptr}/oneOf/{i}") for i, s in enumerate(subs)], resolve, open_types)
     out = list(subs)
-    name = _optional_discriminator([branches[i] for i in involved])
-    if name is not None:
-        # Present, the property's values tell the branches apart: make it required.
-        for i in involved:
-            out[i] = {"allOf": [subs[i], {"type": "object", "required": [name]}]}
-        return out
-    for i in involved:
-        # A member the branch allows and its (closed) partners do not: require one of them.
-        own = _own_members(branches[i], [branches[j] for j in partners[i]])
-        if not own:
-            raise unsupported("oneOf", ptr, "cannot prove the branches disjoint; use anyOf if overlap is acceptable")
-        out[i] = {"anyOf": [{"allOf": [subs[i], {"type": "object", "required": [n]}]} for n in own[:_MAX_OWN]]}
+    for i, x in enumerate(info.branches):
+        if x is False:
+            continue
+        unproven = [j for j, y in enumerate(info.branches) if j != i and y is not False and not info.apart(i, j)]
+        if unproven:
+            out[i] = info.narrowed(i, subs[i], unproven)
+    if all(s is False for s in out) and any(s is not False for s in subs):
+        raise unsupported("oneOf", ptr, "cannot prove the branches disjoint; use anyOf if overlap is acceptable")
     return out
-
-
-_MAX_OWN = 3
-
-
-def _optional_discriminator(branches: list[dict]) -> str | None:
-    """A property every branch declares with pairwise disjoint const / enum values."""
-    names = set.intersection(*(set(b["properties"]) for b in branches))
-    for name in sorted(names):
-        vals = [_values(b["properties"][name]) for b in branches]
-        if all(v is not None for v in vals) and _pairwise_disjoint(vals):
-            return name
-    return None
-
-
-def _own_members(x: dict, others: list[dict]) -> list[str]:
-    """Properties of `x` that every one of `others` forbids (they allow no other members)."""
-    if not all(y.get("additionalProperties") is False and not y.get("patternProperties")
-               and isinstance(y.get("properties"), dict) for y in others):
-        return []
-    return [n for n, v in x["properties"].items() if v is not False and all(n not in y["properties"] for y in others)]

@@ -559,17 +559,37 @@ class SchemaCompiler(ObjectRules):
                 excl = key.startswith("exclusive") or schema.get("exclusiveMaximum") is True
                 if hi is None or v < hi or (v == hi and excl):
                     hi, hi_x = v, excl
-        if t == "integer":
-            if lo is None and hi is None:
-                return ir.Leaf(numeric.integer())
+        divisor = self._divisor(schema, ptr)
+        if t == "integer" or divisor is not None:
+            # (A whole divisor: integers only, also for "number": 5.0 is a multiple of 5, but
+            # writing integers is enough.)
             ilo = None if lo is None else (math.floor(lo) + 1 if lo_x else math.ceil(lo))
             ihi = None if hi is None else (math.ceil(hi) - 1 if hi_x else math.floor(hi))
             if ilo is not None and ihi is not None and ihi < ilo:
                 return ir.NEVER
-            return ir.Leaf(numeric.integer_range(ilo, ihi))
+            ints = numeric.integer() if lo is None and hi is None else numeric.integer_range(ilo, ihi)
+            if divisor is None or divisor == 1:
+                return ir.Leaf(ints)
+            both = intersection(ints, numeric.multiples(divisor))
+            if both is None:
+                raise unsupported("multipleOf", ptr, "too many states with these bounds")
+            return ir.Leaf(both) if any(both.accept) else ir.NEVER
         if lo is None and hi is None:
             return ir.Leaf(numeric.number())
         return ir.Leaf(numeric.bounded_number(lo, lo_x, hi, hi_x))
+
+    @staticmethod
+    def _divisor(schema: dict, ptr: str) -> int | None:
+        m = schema.get("multipleOf")
+        if m is None:
+            return None
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0:
+            raise SchemaError(f"'multipleOf' at {ptr or '/'} must be a number above 0")
+        # A fractional divisor is refused: validators divide in floating point (0.3 / 0.1 is
+        # 2.9999999999999996), so which decimals pass is not decimal arithmetic.
+        if not float(m).is_integer() or m > numeric.MAX_DIVISOR:
+            raise unsupported("multipleOf", ptr, f"only whole divisors up to {numeric.MAX_DIVISOR}")
+        return int(m)
 
     # ---------------------------------------------------------------- arrays
     def _array_schema(self, schema: dict, ptr: str) -> object:
