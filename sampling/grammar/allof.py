@@ -142,7 +142,9 @@ def _merge_objects(branches: list[dict], out: dict, ptr: str) -> None:
                 raise SchemaError(f"no JSON document satisfies this schema (property {name!r} "
                                   f"required but forbidden by allOf at {ptr or '/'})")
             continue
-        uniq = parts if len(parts) == 1 else list({value_key(p): p for p in parts}.values())
+        uniq = list({id(p): p for p in parts}.values())      # the same sub-schema object: cheap
+        if len(uniq) > 1:
+            uniq = list({value_key(p): p for p in uniq}.values())
         props[name] = uniq[0] if len(uniq) == 1 else {"allOf": uniq}
     out["properties"] = props
     extras = [b["additionalProperties"] for b in branches if "additionalProperties" in b]

@@ -51,7 +51,11 @@ def _same_length(lo: str, hi: str) -> object:
 
 
 def _non_negative(lo: int, hi: int | None) -> object:
-    """Canonical decimal (no leading zeros) of integers in [lo, hi], lo >= 0, hi None = inf."""
+    """Canonical decimal (no leading zeros) of integers in [lo, hi], lo >= 0, hi None = inf.
+    A bound past 40 digits (a float's 1.8e308 read as an integer) is drawn in to 40 digits:
+    the automaton would nest one level per digit, and no one writes those integers."""
+    if hi is not None and hi > _HUGE >= lo:
+        hi = _HUGE
     if hi is not None and hi < lo:
         return ir.NEVER
     parts = []
@@ -73,8 +77,11 @@ def _non_negative(lo: int, hi: int | None) -> object:
     return ir.alt(*parts)
 
 
+_HUGE = 10 ** 40 - 1
+
+
 def integer_range(lo: int | None, hi: int | None) -> object:
-    """Exact automaton for integers in [lo, hi] (either bound may be None)."""
+    """Exact automaton for integers in [lo, hi] (either bound may be None), but see _HUGE."""
     parts = []
     if hi is None or hi >= 0:
         parts.append(_non_negative(max(lo, 0) if lo is not None else 0, hi))

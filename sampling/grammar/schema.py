@@ -107,6 +107,7 @@ class SchemaCompiler(ObjectRules):
         self._resolving: list[str] = []
         self._inlining: list[str] = []
         self._inlined: list[str] = []
+        self.merged_memo: dict[int, tuple[dict, object]] = {}
 
     # ---------------------------------------------------------------- references
     def _resolve_pointer(self, ref: object, ptr: str) -> object:
@@ -262,6 +263,20 @@ class SchemaCompiler(ObjectRules):
         finally:
             del self._inlined[mark:]
 
+    def _merged_node(self, written: dict, to_merge: dict, ptr: str) -> object:
+        """node() of an allOf (or $ref with siblings) written in the schema as `written`. One that
+        inlines a recursive ref is built once and called wherever it recurs: copies of it
+        would multiply through the recursion."""
+        memo = self.merged_memo.get(id(written))
+        if memo is not None:
+            return memo[1]
+        merged, refs = self._merge(to_merge, ptr)
+        body = self._node_inlining(merged, refs, ptr)
+        if refs:
+            body = self._shared(body)
+            self.merged_memo[id(written)] = (written, body)    # holding `written` keeps its id
+        return body
+
     def _node_inlining(self, merged: object, refs: list[str], ptr: str) -> object:
         """node(merged), where `merged` holds the inlined content of the recursive `refs`:
         while it compiles, those refs may not be inlined again (that would never end)."""
@@ -317,14 +332,14 @@ class SchemaCompiler(ObjectRules):
             if keys == {"$ref"}:
                 return self._ref(schema["$ref"], ptr)
             # Sibling keywords next to $ref: both must hold (an implicit allOf).
-            return self._node_inlining(*self._merge(with_all_of(schema, "$ref", [{"$ref": schema["$ref"]}], ptr), ptr), ptr)
+            return self._merged_node(schema, with_all_of(schema, "$ref", [{"$ref": schema["$ref"]}], ptr), ptr)
         if "allOf" in keys:
             subs = schema["allOf"]
             if keys == {"allOf"} and isinstance(subs, list):
                 live = [i for i, x in enumerate(subs) if x is not True and not (isinstance(x, dict) and not constraint_keys(x))]
                 if len(live) == 1:   # nothing to merge: a lone $ref stays a call
                     return self.node(subs[live[0]], f"{ptr}/allOf/{live[0]}")
-            return self._node_inlining(*self._merge(schema, ptr), ptr)
+            return self._merged_node(schema, schema, ptr)
         for comb in ("anyOf", "oneOf"):
             if comb in keys:
                 return self._combinator(schema, comb, keys, ptr, nullable)
