@@ -162,7 +162,9 @@ def test_unique_items():
     g, docs = generated({"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True}, n=40)
     assert accepts(g, ["a", "c"]) and not accepts(g, ["a", "a"])
     g, _ = generated({"type": "array", "items": {"type": "string"}, "uniqueItems": True})
-    assert accepts(g, ["x"]) and not accepts(g, ["x", "x"])
+    assert accepts(g, ["x"]) and accepts(g, ["x", "y"]) and not accepts(g, ["x", "x"])
+    g, _ = generated({"type": "array", "items": {"type": "integer"}, "uniqueItems": True})
+    assert accepts(g, [1]) and not accepts(g, [1, 2])     # other items: held to one
 
 
 def test_additional_items_next_to_schema_items_is_ignored():

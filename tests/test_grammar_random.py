@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sampling.grammar import CompiledGrammar, SchemaError, UnsupportedSchemaError, compile_grammar
+from sampling.grammar import CompiledGrammar, SchemaError, UnsupportedSchemaError, compile_grammar, unique
 from sampling.grammar.vocab_index import index_for
 from tests.test_grammar_support import EOG, VOCAB, drive, standard
 
@@ -160,19 +160,25 @@ def _check_outputs(schema, seed, runs=4, compile=compile_grammar):
 
 
 def _check_masks_brute_force(g, rng, steps=12):
-    """allowed_mask (with and without budget) equals running every token's bytes."""
+    """allowed_mask (with and without budget) equals running every token's bytes (through the
+    guard of arrays of distinct strings, unique.py, where the schema has them)."""
     m = g.matcher()
     for _ in range(steps):
         S = m._S
-        brute = np.array([g.distance(g.run(S, b)) if not g.idx.excluded[i] and b else 2**30
-                          for i, b in enumerate(VOCAB.token_bytes)])
+        rem = m.min_tokens_to_complete() + rng.choice([0, 1, 3])
+        if m._lexer is None:
+            brute = np.array([g.distance(g.run(S, b)) if not g.idx.excluded[i] and b else 2**30
+                              for i, b in enumerate(VOCAB.token_bytes)])
+            expect, expect_b = brute < 2**30, brute <= rem - 1
+        else:
+            ok = [not g.idx.excluded[i] and bool(b) and unique.allows(g, S, m._lexer, i, r)
+                  and g.distance(unique.feed(g, S, m._lexer, b)[0]) <= (2**30 - 1 if r is None else r - 1)
+                  for r in (None, rem) for i, b in enumerate(VOCAB.token_bytes)]
+            expect, expect_b = np.array(ok[:len(VOCAB.token_bytes)]), np.array(ok[len(VOCAB.token_bytes):])
         mask = m.allowed_mask()
-        expect = brute < 2**30
         expect[EOG] = m.is_complete
         assert (mask == expect).all()
-        rem = m.min_tokens_to_complete() + rng.choice([0, 1, 3])
         bm = m.allowed_mask(rem)
-        expect_b = brute <= rem - 1
         expect_b[EOG] = m.is_complete
         assert (bm == expect_b).all()
         choices = np.flatnonzero(mask & (np.arange(mask.size) != EOG))

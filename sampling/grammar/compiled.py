@@ -72,6 +72,10 @@ class CompiledGrammar:
         self.calls = [tuple((q, r) for q, r in cs if finite[r] < INF and finite[starts[q]] < INF) if cs else ()
                       for cs in aut.calls]
         self.has_out = trans.any(axis=1).tolist()       # DEAD is 0
+        # States inside arrays whose strings the matcher keeps distinct (unique.py); an array
+        # rule accepts only once its ']' is written.
+        self.unique_states = (np.isin(aut.rule_of, sorted(comp.unique_rules)) & ~aut.accept).tolist() \
+            if comp.unique_rules else None
         boundary = np.array([1 if c else 0 for c in self.calls], dtype=np.uint8)
         boundary |= (aut.accept & (aut.rule_of > 0)).astype(np.uint8) * 2
         self.boundary = boundary

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import distance
+from . import distance, unique
 from .frames import U16_INF
 
 if TYPE_CHECKING:  # compiled.py builds matchers, so it imports this module, not the reverse
@@ -21,6 +21,9 @@ class GrammarMatcher:
         self._g = grammar
         self._S: StateSet = grammar.start
         self._ended = False           # an EOG token was accepted
+        # Arrays of distinct strings (unique.py): where strings stand, and the last guarded mask.
+        self._lexer = unique.Lexer() if grammar.unique_states is not None else None
+        self._guarded: tuple[object, np.ndarray] | None = None
 
     # ------------------------------------------------------------ queries
     @property
@@ -46,6 +49,15 @@ class GrammarMatcher:
         only tokens after which the document can still be completed in remaining_tokens - 1
         tokens; if no token meets the budget (the caller gave less than
         min_tokens_to_complete()), the tokens getting closest to completion are allowed."""
+        if self._lexer is None:
+            return self._automaton_mask(remaining_tokens)
+        key = (self._S, self._lexer, remaining_tokens)
+        if self._guarded is None or self._guarded[0] != key:
+            base = self._automaton_mask(remaining_tokens)
+            self._guarded = (key, unique.mask(self._g, self._S, self._lexer, base, remaining_tokens))
+        return self._guarded[1]
+
+    def _automaton_mask(self, remaining_tokens: int | None) -> np.ndarray:
         g = self._g
         if self._ended:
             return np.zeros(g.idx.size, dtype=bool)
@@ -69,6 +81,8 @@ class GrammarMatcher:
             return False
         if token in g.idx.eog_set:
             return g.is_complete(self._S)
+        if self._lexer is not None:
+            return bool(self.allowed_mask(remaining_tokens)[token])
         d = g.token_distance(self._S, token)
         if remaining_tokens is None:
             return d < INF
@@ -98,14 +112,20 @@ class GrammarMatcher:
             return
         if g.idx.excluded[token]:
             raise ValueError(f"token {token} is a special token and never allowed here")
-        S = g.run(self._S, g.idx.token_bytes[token])
-        if not S:
+        if not self._run(g.idx.token_bytes[token]):
             raise ValueError(f"token {token} ({g.idx.token_bytes[token]!r}) is not allowed here")
-        self._S = S
 
     def advance_bytes(self, data: bytes) -> None:
         """Consume raw bytes (e.g. a forced prefix); ValueError if they are not allowed."""
-        S = self._g.run(self._S, data)
-        if not S:
+        if not self._run(data):
             raise ValueError(f"bytes {data!r} are not allowed here")
-        self._S = S
+
+    def _run(self, data: bytes) -> bool:
+        if self._lexer is None:
+            S, lexer = self._g.run(self._S, data), None
+        else:
+            S, lexer = unique.feed(self._g, self._S, self._lexer, data)
+        if not S:
+            return False
+        self._S, self._lexer = S, lexer
+        return True

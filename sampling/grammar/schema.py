@@ -108,6 +108,7 @@ class SchemaCompiler(ObjectRules):
         self._inlining: list[str] = []
         self._inlined: list[str] = []
         self.merged_memo: dict[int, tuple[dict, object]] = {}
+        self.unique_rules: set[int] = set()    # rules that are arrays of distinct free strings
 
     # ---------------------------------------------------------------- references
     def _resolve_pointer(self, ref: object, ptr: str) -> object:
@@ -642,10 +643,28 @@ class SchemaCompiler(ObjectRules):
                 return ir.Obj(members, None, lo, hi, True, b"[", b"]") if len(values) >= lo else ir.NEVER
             if lo > 1:
                 raise unsupported("uniqueItems", ptr, "items are not a finite set of values and minItems > 1")
+            if not prefix and self._free_string(items, f"{ptr}/items"):
+                # Strings of any content: distinct ones are always at hand, so the matcher
+                # keeps them distinct (unique.py); the array is a rule of its own, which
+                # tells the matcher where it is.
+                self.rules.append(self._array([], rest, lo, hi))
+                self.unique_rules.add(len(self.rules) - 1)
+                return ir.Call(len(self.rules) - 1)
             hi = 1     # at most one item: unique whatever it is
         if rest is not None and max(lo, hi or 0) > MAX_UNROLLED_ITEMS:
             rest = self._shared(rest, min_size=1)
         return self._array(pre, rest, lo, hi)
+
+    def _free_string(self, items: object, where: str) -> bool:
+        """`items` allows every string (but perhaps the empty one), and nothing else."""
+        try:
+            sub = self._resolve_schema(items, where)
+        except SchemaError:
+            return False
+        if not isinstance(sub, dict) or sub.get("type") not in ("string", ["string"]):
+            return False
+        keys = constraint_keys(sub)
+        return keys <= {"type", "minLength"} and count_keyword(sub, "minLength", where) in (None, 0, 1)
 
     def _finite_values(self, items: object, where: str) -> list[bytes] | None:
         """The distinct JSON encodings an item may take, when `items` allows finitely many."""
