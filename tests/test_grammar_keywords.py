@@ -163,8 +163,9 @@ def test_unique_items():
     assert accepts(g, ["a", "c"]) and not accepts(g, ["a", "a"])
     g, _ = generated({"type": "array", "items": {"type": "string"}, "uniqueItems": True})
     assert accepts(g, ["x"]) and accepts(g, ["x", "y"]) and not accepts(g, ["x", "x"])
-    g, _ = generated({"type": "array", "items": {"type": "integer"}, "uniqueItems": True})
-    assert accepts(g, [1]) and not accepts(g, [1, 2])     # other items: held to one
+    g, docs = generated({"type": "array", "items": {"type": "integer"}, "uniqueItems": True})
+    assert accepts(g, [1, 2]) and not accepts(g, [1, 2, 1])
+    assert all(len(d) <= 1 for d in docs)     # other items: read distinct, written one at a time
 
 
 def test_additional_items_next_to_schema_items_is_ignored():
@@ -182,6 +183,10 @@ def test_number_bounds():
     g, _ = generated({"$schema": "http://json-schema.org/draft-04/schema#", "type": "number",
                       "minimum": 0, "exclusiveMinimum": True})
     assert accepts(g, 3) and not accepts(g, 0)
+    # The largest double as a bound: drawn in to 40 digits (it used to nest 309 levels deep).
+    for t in ("integer", "number"):
+        g, _ = generated({"type": t, "minimum": -1.7976931348623157e308, "maximum": 1.7976931348623157e308})
+        assert accepts(g, 10 ** 39) and accepts(g, -5) and not accepts(g, 10 ** 41)
 
 
 def test_every_format_generates_what_the_installed_format_checkers_accept():

@@ -72,10 +72,16 @@ class CompiledGrammar:
         self.calls = [tuple((q, r) for q, r in cs if finite[r] < INF and finite[starts[q]] < INF) if cs else ()
                       for cs in aut.calls]
         self.has_out = trans.any(axis=1).tolist()       # DEAD is 0
-        # States inside arrays whose strings the matcher keeps distinct (unique.py); an array
-        # rule accepts only once its ']' is written.
-        self.unique_states = (np.isin(aut.rule_of, sorted(comp.unique_rules)) & ~aut.accept).tolist() \
-            if comp.unique_rules else None
+        # Arrays whose items the matcher keeps distinct (unique.py): the kind of each state
+        # inside one (an array rule accepts only once its ']' is written), and the states
+        # right after their '['.
+        self.unique_states = self.unique_open = None
+        if comp.unique_rules:
+            kinds = np.zeros(len(aut.rule_start), dtype=np.int8)
+            for r, kind in comp.unique_rules.items():
+                kinds[r] = kind
+            self.unique_states = np.where(aut.accept, 0, kinds[aut.rule_of]).tolist()
+            self.unique_open = frozenset(int(trans[aut.rule_start[r], ord("[")]) for r in comp.unique_rules) - {dfa.DEAD}
         boundary = np.array([1 if c else 0 for c in self.calls], dtype=np.uint8)
         boundary |= (aut.accept & (aut.rule_of > 0)).astype(np.uint8) * 2
         self.boundary = boundary

@@ -21,7 +21,7 @@ class GrammarMatcher:
         self._g = grammar
         self._S: StateSet = grammar.start
         self._ended = False           # an EOG token was accepted
-        # Arrays of distinct strings (unique.py): where strings stand, and the last guarded mask.
+        # Arrays whose items are kept distinct (unique.py): where the bytes stand, the last mask.
         self._lexer = unique.Lexer() if grammar.unique_states is not None else None
         self._guarded: tuple[object, np.ndarray] | None = None
 
@@ -53,8 +53,9 @@ class GrammarMatcher:
             return self._automaton_mask(remaining_tokens)
         key = (self._S, self._lexer, remaining_tokens)
         if self._guarded is None or self._guarded[0] != key:
-            base = self._automaton_mask(remaining_tokens)
-            self._guarded = (key, unique.mask(self._g, self._S, self._lexer, base, remaining_tokens))
+            mask = unique.mask(self._g, self._S, self._lexer, self._automaton_mask(remaining_tokens), remaining_tokens)
+            mask.flags.writeable = False
+            self._guarded = (key, mask)
         return self._guarded[1]
 
     def _automaton_mask(self, remaining_tokens: int | None) -> np.ndarray:

@@ -5,10 +5,11 @@ every type when validated), const / enum values the other refuses, a required pr
 other forbids or gives other values, string patterns whose automata share no string, numeric
 ranges that do not meet.
 
-A branch left without a proof against some other is narrowed, which only loses documents: an
-object branch to the objects holding one of its members that separates it from those others
-(forbidden there, or with values they refuse); any other branch is dropped. When every branch
-would be dropped the oneOf is reported as unsupported.
+A branch left without a proof against some other is dropped when that other admits everything
+it generates (an untyped object schema admits every string: strings can never match just one),
+else narrowed, which only loses documents: an object branch to the objects holding one of its
+members that separates it from those others (forbidden there, or with values they refuse).
+Anything else is reported as unsupported.
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ from .regex import search_ir
 
 _ALL = frozenset(JSON_TYPES)
 _MAX_SEPARATORS = 3     # members a narrowed branch may choose between (automaton size)
+# Keywords that constrain a value whatever its type.
+_NOT_TYPED = frozenset({"enum", "const", "anyOf", "oneOf", "allOf", "not", "$ref", "$dynamicRef", "$recursiveRef",
+                        "if", "then", "else", "nullable", "extends", "disallow"})
 
 
 def _values(s: object) -> frozenset[str] | None:
@@ -97,15 +101,6 @@ def _closed(s: dict) -> bool:
     return s.get("additionalProperties") is False and not s.get("patternProperties")
 
 
-def _separates(x: dict, name: str, y: dict) -> bool:
-    """An object with member `name` (valid for x) is refused by y."""
-    mine, theirs = _props(x).get(name), _props(y).get(name, None if _closed(y) else True)
-    if theirs is None or theirs is False:
-        return mine is not False
-    vx, vy = _values(mine), _values(theirs)
-    return vx is not None and vy is not None and not (vx & vy)
-
-
 # Classes whose automata approximate Python's Unicode-aware meaning, and inline flags: an
 # empty intersection of the automata proves nothing then.
 _APPROXIMATE = re.compile(r"\\[dDwWsSbB]|\(\?[a-zA-Z]")
@@ -147,7 +142,7 @@ class _Branches:
             return True
         if made == {"object"}:
             required = x.get("required") if isinstance(x.get("required"), list) else []
-            return any(_separates(x, n, y) for n in required if n in _props(x) or not _closed(x))
+            return any(self._separates(x, n, y) for n in required if n in _props(x) or not _closed(x))
         if made == {"string"}:
             return _patterns_apart(x, y)
         if made <= {"number"}:
@@ -155,20 +150,49 @@ class _Branches:
             return ix[1] < iy[0] or iy[1] < ix[0]
         return False
 
-    def narrowed(self, i: int, sub: object, others: list[int]) -> object:
-        """Branch i (written `sub`) narrowed to what no branch in `others` admits, or False."""
+    def _separates(self, x: dict, name: str, y: dict) -> bool:
+        """An object with member `name` (valid for x) is refused by y."""
+        mine, theirs = _props(x).get(name), _props(y).get(name, None if _closed(y) else True)
+        if theirs is None or theirs is False:
+            return mine is not False
+        vx, vy = _values(self._look(mine)), _values(self._look(theirs))
+        return vx is not None and vy is not None and not (vx & vy)
+
+    def _look(self, schema: object) -> object:
+        try:
+            return self.resolve(schema, "")
+        except SchemaError:
+            return None
+
+    def narrowed(self, i: int, sub: object, others: list[int]) -> object | None:
+        """Branch i (written `sub`) narrowed to what no branch in `others` admits: False when
+        another branch admits all it generates (it adds no valid document), None when it
+        cannot be narrowed."""
         x = self.branches[i]
-        if not isinstance(x, dict) or _kinds(x, self.resolve, True) != {"object"}:
+        if any(self._subsumes(j, i) for j in others):
             return False
+        if not isinstance(x, dict) or _kinds(x, self.resolve, True) != {"object"}:
+            return None
         objects = [self.branches[j] for j in others if "object" in self.admitted[j]]
         if not all(isinstance(y, dict) for y in objects):
-            return False
+            return None
         if not objects:     # the others admit no object: objects only
             return {"allOf": [sub, {"type": "object"}]}
-        names = [n for n in _props(x) if all(_separates(x, n, y) for y in objects)]
+        names = [n for n in _props(x) if all(self._separates(x, n, y) for y in objects)]
         if not names:
-            return False
+            return None
         return {"anyOf": [{"allOf": [sub, {"type": "object", "required": [n]}]} for n in names[:_MAX_SEPARATORS]]}
+
+    def _subsumes(self, j: int, i: int) -> bool:
+        """Every value branch i generates is valid against branch j: j's keywords only
+        constrain types that i does not generate (e.g. an untyped object schema and strings)."""
+        y = self.branches[j]
+        if y is True:
+            return True
+        if not isinstance(y, dict) or "type" in y or set(y) & _NOT_TYPED:
+            return False
+        constrained = {t for t, kws in TYPE_KEYWORDS.items() if set(y) & kws}
+        return not (self.made[i] & {"number" if t == "integer" else t for t in constrained})
 
 
 def disjoint_branches(subs: list, ptr: str, resolve: Callable[[object, str], object], open_types: bool) -> list:
@@ -182,6 +206,6 @@ def disjoint_branches(subs: list, ptr: str, resolve: Callable[[object, str], obj
         unproven = [j for j, y in enumerate(info.branches) if j != i and y is not False and not info.apart(i, j)]
         if unproven:
             out[i] = info.narrowed(i, subs[i], unproven)
-    if all(s is False for s in out) and any(s is not False for s in subs):
-        raise unsupported("oneOf", ptr, "cannot prove the branches disjoint; use anyOf if overlap is acceptable")
+            if out[i] is None:
+                raise unsupported("oneOf", ptr, "cannot prove the branches disjoint; use anyOf if overlap is acceptable")
     return out

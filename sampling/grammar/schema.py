@@ -24,6 +24,7 @@ from .formats import FORMATS, REFUSED_FORMATS
 from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json, quick_check, value_key
 from .nfa import intersection
 from .objects import ObjectRules
+from .unique import FREE, READ
 from .regex import counted_split, length_bounded_pattern, pattern_ir, search_ir, search_pattern
 
 # Length bounds up to this are unrolled one character at a time (exact distances); larger
@@ -108,7 +109,7 @@ class SchemaCompiler(ObjectRules):
         self._inlining: list[str] = []
         self._inlined: list[str] = []
         self.merged_memo: dict[int, tuple[dict, object]] = {}
-        self.unique_rules: set[int] = set()    # rules that are arrays of distinct free strings
+        self.unique_rules: dict[int, int] = {}   # array rules whose items unique.py keeps distinct: kind
 
     # ---------------------------------------------------------------- references
     def _resolve_pointer(self, ref: object, ptr: str) -> object:
@@ -643,27 +644,43 @@ class SchemaCompiler(ObjectRules):
                 return ir.Obj(members, None, lo, hi, True, b"[", b"]") if len(values) >= lo else ir.NEVER
             if lo > 1:
                 raise unsupported("uniqueItems", ptr, "items are not a finite set of values and minItems > 1")
-            if not prefix and self._free_string(items, f"{ptr}/items"):
-                # Strings of any content: distinct ones are always at hand, so the matcher
-                # keeps them distinct (unique.py); the array is a rule of its own, which
-                # tells the matcher where it is.
-                self.rules.append(self._array([], rest, lo, hi))
-                self.unique_rules.add(len(self.rules) - 1)
-                return ir.Call(len(self.rules) - 1)
-            hi = 1     # at most one item: unique whatever it is
-        if rest is not None and max(lo, hi or 0) > MAX_UNROLLED_ITEMS:
-            rest = self._shared(rest, min_size=1)
-        return self._array(pre, rest, lo, hi)
+            # The matcher keeps the items distinct (unique.py); the array is a rule of its own,
+            # which tells the matcher where it is. Strings of any content are generated any
+            # number at a time (a distinct one is always at hand); other items one at a time.
+            kind = FREE if not prefix and self._free_string(items, f"{ptr}/items") else READ
+            self.rules.append(self._array(pre, self._items_rule(rest, lo, hi), lo, hi))
+            self.unique_rules[len(self.rules) - 1] = kind
+            return ir.Call(len(self.rules) - 1)
+        return self._array(pre, self._items_rule(rest, lo, hi), lo, hi)
 
-    def _free_string(self, items: object, where: str) -> bool:
-        """`items` allows every string (but perhaps the empty one), and nothing else."""
+    def _items_rule(self, rest: object | None, lo: int, hi: int | None) -> object | None:
+        """An item repeated many times by the bounds is a rule called once per item."""
+        if rest is not None and max(lo, hi or 0) > MAX_UNROLLED_ITEMS:
+            return self._shared(rest, min_size=1)
+        return rest
+
+    def _free_string(self, items: object, where: str, strings_only: bool = False) -> bool:
+        """`items` allows every string (but perhaps the empty one), and nothing else; with
+        `strings_only`, True also for any schema allowing only strings (an anyOf branch)."""
         try:
             sub = self._resolve_schema(items, where)
         except SchemaError:
             return False
-        if not isinstance(sub, dict) or sub.get("type") not in ("string", ["string"]):
+        if not isinstance(sub, dict):
             return False
         keys = constraint_keys(sub)
+        if keys == {"anyOf"} and isinstance(sub["anyOf"], list):
+            # A free string among branches of strings: every string again (anyOf, not oneOf).
+            branches = sub["anyOf"]
+            return (all(self._free_string(b, where, strings_only=True) for b in branches)
+                    and any(self._free_string(b, where) for b in branches))
+        if strings_only and ("enum" in keys or "const" in keys) and keys <= {"enum", "const", "type"}:
+            values = sub["enum"] if "enum" in sub else [sub["const"]]
+            return isinstance(values, list) and all(isinstance(v, str) for v in values)
+        if sub.get("type") not in ("string", ["string"]):
+            return False
+        if strings_only:
+            return True
         return keys <= {"type", "minLength"} and count_keyword(sub, "minLength", where) in (None, 0, 1)
 
     def _finite_values(self, items: object, where: str) -> list[bytes] | None:

@@ -1,52 +1,69 @@
-"""Arrays of distinct strings (`uniqueItems` over strings of any content): the automaton admits
-any strings there; this guard, one per matcher, keeps them distinct.
+"""`uniqueItems` over items the automaton cannot keep distinct: the automaton admits any items
+there; this guard, one per matcher, keeps them distinct.
 
-Such an array is a rule of its own (schema.py), so a parse is inside one when its top state is
-one of that rule's. The array holds only strings, so its items are the strings completed since
-the last '[' outside a string. A parse inside the array that completes a string equal (as JSON)
-to an earlier item is dropped, and a token that leaves no parse is not allowed.
+Such an array is a rule of its own (schema.py): a parse is inside one when a state of that rule
+is on its stack, and an array opened by a parse entering such a rule is guarded. The guard follows the bytes (strings, brackets, the items of
+every open array); when an item of a guarded innermost array ends (its closing quote for a
+string, else the ',' or ']' after it) and equals an earlier item as JSON, the parses inside the
+array are dropped, and a token that leaves no parse is not allowed.
 
-The budget stays kept: once the array has an item, a token that leaves a parse inside it needs
-one token to spare (remaining - 1 >= U + 1), unless it stops right after a string or at a
-character boundary of a string that would be a new item if closed there. From such a place the
-string can close; from any other there is a token to spare for a character making it new (a
-single-byte token: there are far more of those than items so far). So a mask is never left
-empty and the document still completes within the budget.
+Two kinds of guarded array:
+- strings of any content ("free"): generated with any number of items. Once the array has an
+  item, a token that leaves a parse inside it needs one token to spare (remaining - 1 >= U + 1)
+  unless it stops right after a string or at a character boundary of a string that would be a
+  new item if closed there. From such a place the string can close; from any other there is a
+  token to spare for a character making it new (a single-byte token: there are far more of
+  those than items so far). So a mask is never left empty and the budget still closes the
+  document.
+- any other items ("read"): documents with distinct items are accepted (reading a document, the
+  dataset walks), but generation writes at most one item there, where no distinct item could be
+  out of reach.
 """
 from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .frames import U16_INF
+from .keywords import value_key
 from .vocab_index import VocabIndex
 
 if TYPE_CHECKING:
     from .compiled import CompiledGrammar, StateSet
 
-_QUOTE, _BACKSLASH, _OPEN = 0x22, 0x5C, 0x5B
+FREE, READ = 1, 2       # kinds of guarded array state (CompiledGrammar.unique_states)
+_QUOTE, _BACKSLASH = 0x22, 0x5C
+_OPENS, _WHITESPACE = frozenset(b"[{"), frozenset(b" \t\r\n")
 
 
 @dataclass(frozen=True)
 class Lexer:
-    """Where the bytes so far stand, as far as strings and arrays go."""
+    """Where the bytes so far stand: strings, open containers and their items."""
+    text: bytes = b""
     in_string: bool = False
     escape: bool = False          # the last byte was a backslash inside a string
-    raw: bytes = b""              # the current string's bytes so far (escapes as written)
-    items: tuple[str, ...] = ()   # strings completed since the last '[' outside a string
+    string_start: int = 0         # offset of the current (or last) string's opening quote
+    # Open containers, innermost last: (b"[" or b"{", offset where the current item starts,
+    # keys of the items so far, whether the current item was already counted, guarded).
+    open: tuple[tuple[int, int, tuple[str, ...], bool, bool], ...] = ()
     after_string: bool = False    # the last byte closed a string
+
+    def items(self) -> tuple[str, ...]:
+        """Keys of the items of the innermost container, when it is a guarded array."""
+        return self.open[-1][2] if self.open and self.open[-1][4] else ()
 
 
 @dataclass
 class _Tables:
     quotes: np.ndarray            # int per token: number of '"' bytes
+    commas: np.ndarray            # bool: a ',' byte
     plain: np.ndarray             # bool: no backslash and whole UTF-8 characters
     by_text: dict[bytes, list[int]]
-    entering: np.ndarray          # bool: a '[' and enough quotes to complete two strings
+    entering: np.ndarray          # bool: a '[' and enough to end an item inside the token
 
 
 _TABLES: dict[int, tuple[VocabIndex, _Tables]] = {}
@@ -60,6 +77,7 @@ def _tables(idx: VocabIndex) -> _Tables:
             return hit[1]
     toks = idx.token_bytes
     quotes = np.array([t.count(b'"') for t in toks], dtype=np.int64)
+    commas = np.array([b"," in t for t in toks])
     plain = np.zeros(len(toks), dtype=bool)
     by_text: dict[bytes, list[int]] = {}
     for i, t in enumerate(toks):
@@ -71,24 +89,40 @@ def _tables(idx: VocabIndex) -> _Tables:
             continue
         plain[i] = True
         by_text.setdefault(t, []).append(i)
-    entering = np.array([b"[" in t for t in toks]) & (quotes >= 4)
-    tables = _Tables(quotes, plain, by_text, entering)
+    entering = np.array([b"[" in t for t in toks]) & ((quotes >= 2) | commas)
+    tables = _Tables(quotes, commas, plain, by_text, entering)
     with _LOCK:
         _TABLES[id(idx)] = (idx, tables)
     return tables
 
 
-def inside(g: CompiledGrammar, S: StateSet) -> bool:
-    """Some parse stands inside an array of distinct strings."""
+def _kind(g: CompiledGrammar, config: tuple) -> int:
+    """The kind of the innermost guarded array the parse stands in (0: none); its items may be
+    rules it called."""
     unique, n = g.unique_states, g.n_states
-    return any(unique[c[-1] % n] for c in S)
+    for x in reversed(config):
+        if unique[x % n]:
+            return unique[x % n]
+    return 0
 
 
-def feed(g: CompiledGrammar, S: StateSet, lex: Lexer, data: bytes) -> tuple[StateSet, Lexer]:
-    """Run `data` from S, dropping the parses inside an array that repeat one of its strings;
-    an empty state set when no parse is left."""
-    in_string, escape, raw, items, after = lex.in_string, lex.escape, lex.raw, lex.items, lex.after_string
-    unique, n = g.unique_states, g.n_states
+def inside(g: CompiledGrammar, S: StateSet, kind: int) -> bool:
+    """Some parse stands inside a guarded array of this kind."""
+    return any(_kind(g, c) == kind for c in S)
+
+
+def _drop(g: CompiledGrammar, S: StateSet, kinds: tuple[int, ...]) -> StateSet:
+    return frozenset(c for c in S if _kind(g, c) not in kinds)
+
+
+def feed(g: CompiledGrammar, S: StateSet, lex: Lexer, data: bytes, generating: bool = False) -> tuple[StateSet, Lexer]:
+    """Run `data` from S, dropping the parses inside a guarded array that repeat one of its
+    items (and, `generating`, those starting a second item of a READ array); an empty state set
+    when no parse is left."""
+    text, in_string, escape, string_start = lex.text, lex.in_string, lex.escape, lex.string_start
+    frames, after = list(lex.open), lex.after_string
+    pos = len(text)
+    text += data
     for b in data:
         after = False
         if in_string:
@@ -97,43 +131,77 @@ def feed(g: CompiledGrammar, S: StateSet, lex: Lexer, data: bytes) -> tuple[Stat
             elif b == _BACKSLASH:
                 escape = True
             elif b == _QUOTE:
+                in_string, after = False, True
                 S = g.step(S, b)
-                value = json.loads(b'"' + raw + b'"')
-                if value in items:
-                    S = frozenset(c for c in S if not unique[c[-1] % n])
-                else:
-                    items = items + (value,)
+                if S and frames and frames[-1][4] and not text[frames[-1][1]:string_start].strip():
+                    S = _item_end(g, S, frames, text[string_start:pos + 1])   # a string item: it ends here
                 if not S:
                     break
-                in_string, raw, after = False, b"", True
+                pos += 1
                 continue
-            raw += bytes((b,))
         elif b == _QUOTE:
-            in_string, escape, raw = True, False, b""
-        elif b == _OPEN:
-            items = ()
+            in_string, escape, string_start = True, False, pos
+        elif b in _OPENS:
+            S = g.step(S, b)
+            opened = b == 0x5B and any(c[-1] % g.n_states in g.unique_open for c in S)
+            frames.append((b, pos + 1, (), False, opened))
+            if not S:
+                break
+            pos += 1
+            continue
+        elif b in b",]}" and frames:
+            bracket, start, items, counted, guarded = frames[-1]
+            if guarded and not counted and text[start:pos].strip():
+                S = _item_end(g, S, frames, text[start:pos])
+            if b == 0x2C:
+                if generating and guarded:
+                    S = _drop(g, S, (READ,))      # generation writes one item there
+                frames[-1] = (bracket, pos + 1, frames[-1][2], False, guarded)
+            else:
+                frames.pop()
         S = g.step(S, b)
         if not S:
             break
-    return S, Lexer(in_string, escape, raw, items, after)
+        pos += 1
+    return S, Lexer(text, in_string, escape, string_start, tuple(frames), after)
+
+
+def _item_end(g: CompiledGrammar, S: StateSet, frames: list, item: bytes) -> StateSet:
+    """The innermost array's current item is `item`: drop the guarded parses if it repeats."""
+    bracket, start, items, _, guarded = frames[-1]
+    try:
+        key = value_key(json.loads(item))
+    except ValueError:      # not a whole value: the next step refuses it
+        return S
+    if key in items:
+        return _drop(g, S, (FREE, READ))
+    frames[-1] = (bracket, start, items + (key,), True, guarded)
+    return S
+
+
+def _string_so_far(lex: Lexer) -> str | None:
+    """The current string's value if it closed here; None inside a character or an escape."""
+    try:
+        return json.loads(lex.text[lex.string_start:] + b'"')
+    except ValueError:
+        return None
 
 
 def _needs_spare(g: CompiledGrammar, S: StateSet, lex: Lexer) -> bool:
-    """A parse inside an array with items, not right after a string nor at a boundary of a
+    """A parse inside a FREE array with items, not right after a string nor at a boundary of a
     string that would be new if closed: it must keep a token in hand."""
-    if not lex.items or lex.after_string or not inside(g, S):
+    items = lex.items()
+    if not items or lex.after_string or not inside(g, S, FREE):
         return False
     if lex.in_string and not lex.escape:
-        try:
-            return json.loads(b'"' + lex.raw + b'"') in lex.items
-        except ValueError:      # in the middle of a character or an escape
-            return True
+        value = _string_so_far(lex)
+        return value is None or value_key(value) in items
     return True
 
 
 def allows(g: CompiledGrammar, S: StateSet, lex: Lexer, token: int, remaining: int | None) -> bool:
     """The guard's verdict on one token the automaton allows within the budget."""
-    S2, lex2 = feed(g, S, lex, g.idx.token_bytes[token])
+    S2, lex2 = feed(g, S, lex, g.idx.token_bytes[token], generating=True)
     if not S2:
         return False
     if remaining is None:
@@ -146,30 +214,29 @@ def mask(g: CompiledGrammar, S: StateSet, lex: Lexer, base: np.ndarray, remainin
     """`base` (the automaton's mask within the budget) less what the guard refuses."""
     t = _tables(g.idx)
     out = base.copy()
-    if not inside(g, S):
-        for tok in np.flatnonzero(out & t.entering).tolist():
-            out[tok] = allows(g, S, lex, tok, remaining)
-        return out
-    tight = np.zeros_like(out)
-    if remaining is not None and lex.items:
+    free, read = inside(g, S, FREE), inside(g, S, READ)
+    if not (free or read):
+        check = out & t.entering
+    elif lex.in_string:
+        check = out & (t.quotes > 0)     # a ',' ends an item only once the string is closed
+    else:
+        check = out & ((t.quotes > 0) | t.commas)
+    if free and remaining is not None and lex.items():
         best = g.best(S)
         tight = out & (best.astype(np.int64) >= remaining - 1) & (best != U16_INF)
-    check = out & ((t.quotes > 0) | (tight & ~t.plain))
-    if not lex.in_string or lex.escape:
-        check |= tight          # few tokens there; in a string the plain ones are vectorised
-    elif tight.any():
-        # Tight plain tokens staying in the string: refused where the string would then be an
-        # earlier item (closing there would repeat it; nothing spare to make it new).
-        try:
-            prefix = json.loads(b'"' + lex.raw + b'"')
-        except ValueError:
-            check |= tight
-        else:
+        check |= tight & ~t.plain
+        value = _string_so_far(lex) if lex.in_string and not lex.escape else None
+        if value is None:
+            check |= tight          # few tokens outside a string; rare inside a character
+        elif tight.any():
+            # Tight plain tokens staying in the string: refused where the string would then be
+            # an earlier item (closing there would repeat it; nothing spare to make it new).
             repeat = np.zeros_like(out)
-            for item in lex.items:
-                if item.startswith(prefix):
-                    repeat[t.by_text.get(item[len(prefix):].encode("utf-8"), [])] = True
-            out &= ~(tight & (t.quotes == 0) & t.plain & repeat)
+            for item in lex.items():
+                item = json.loads(item)
+                if isinstance(item, str) and item.startswith(value):
+                    repeat[t.by_text.get(item[len(value):].encode("utf-8"), [])] = True
+            out &= ~(tight & (t.quotes == 0) & ~t.commas & t.plain & repeat)
     for tok in np.flatnonzero(check).tolist():
         out[tok] = allows(g, S, lex, tok, remaining)
     return out
