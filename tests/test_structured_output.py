@@ -46,6 +46,21 @@ def test_a_tight_budget_still_gives_complete_valid_json(engine, max_tokens):
     jsonschema.validate(json.loads(r.text), REVIEW)
 
 
+TAGS = {"type": "object", "required": ["tags"],
+        "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "maxItems": 30}}}
+
+
+@pytest.mark.parametrize("max_tokens", [5, 9, 40])   # 5: the shortest TAGS document
+def test_distinct_strings_on_the_real_model_within_the_budget(engine, max_tokens):
+    # A prompt inviting repeats; the matcher's guard (sampling/grammar/unique.py) refuses them.
+    handles = [engine.submit('Tags, the same one again and again: {"tags":["a","a","a"', json_schema=TAGS,
+                             max_tokens=max_tokens, temperature=1.0, seed=seed) for seed in range(4)]
+    for h in handles:
+        r = h.result(timeout=600)
+        assert r.metrics.tokens_generated <= max_tokens
+        jsonschema.validate(json.loads(r.text), TAGS)
+
+
 def test_json_object_mode_gives_an_object(engine):
     r = engine.generate("Describe a cat as JSON:", format="json", max_tokens=24)[0]
     assert isinstance(json.loads(r.text), dict) and r.structured_data == json.loads(r.text)
