@@ -121,3 +121,37 @@ def test_a_fractional_multiple_of_is_refused_by_name():
     assert not jsonschema.Draft7Validator({"multipleOf": 0.1}).is_valid(0.3)
     with pytest.raises(UnsupportedSchemaError, match="'multipleOf'"):
         compile_grammar({"type": "number", "multipleOf": 0.1}, VOCAB)
+
+
+def test_more_proofs_that_branches_are_apart():
+    schemas = [
+        # an enum whose every value the other branch's pattern refuses
+        {"oneOf": [{"type": "string", "pattern": "^#[0-9a-f]{6}$"}, {"enum": ["red", "blue"]}]},
+        # a member the other branch requires and this one (closed) never writes
+        {"oneOf": [{"type": "object", "properties": {"p": {"type": "string"}, "new": {"type": "string"}},
+                    "required": ["p", "new"], "additionalProperties": False},
+                   {"type": "object", "properties": {"p": {"type": "string"}, "old": {"type": "string"},
+                                                     "new": {"type": "string"}},
+                    "required": ["p", "old", "new"], "additionalProperties": False}]},
+        # a required member no pattern of the other (closed) branch matches
+        {"oneOf": [{"type": "object", "properties": {"ios": {"type": "string"}}, "required": ["ios"],
+                    "additionalProperties": False},
+                   {"type": "object", "patternProperties": {"^[0-9]x$": {"type": "string"}},
+                    "additionalProperties": False, "minProperties": 1}]},
+    ]
+    for schema in schemas:
+        g, docs = generated(schema, n=20, open_objects=True)
+        validator = jsonschema.Draft202012Validator(schema)
+        assert all(validator.is_valid(d) for d in docs)
+    g = compile_grammar(schemas[0], VOCAB)
+    assert accepts(g, "#00ff00") and accepts(g, "red") and not accepts(g, "green")
+    g = compile_grammar(schemas[1], VOCAB, open_objects=True)
+    assert accepts(g, {"p": "a", "new": "b"}) and accepts(g, {"old": "x", "p": "a", "new": "b"})
+
+
+def test_a_false_pattern_takes_its_keys_away_from_the_other_patterns():
+    schema = {"type": "object", "additionalProperties": False,
+              "patternProperties": {".*": {"type": "array", "items": {"type": "string"}}, "forbidden": False}}
+    g, docs = generated(schema, n=20, open_objects=True)
+    assert accepts(g, {"a": ["x"], "b": []}) and not accepts(g, {"a": [], "my-forbidden": []})
+    assert all("forbidden" not in k for d in docs for k in d)

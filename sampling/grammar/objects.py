@@ -14,11 +14,12 @@ import re
 from . import ir, utf8
 from .errors import SchemaError, unsupported
 from .keywords import count_keyword, dump_json, escape_pointer
-from .regex import search_ir
+from .nfa import difference
+from .regex import INEXACT, search_ir
 
 MAX_TRIGGERS = 4          # 2**4 variants at most
 ANY_ORDER_MAX = 6         # open objects: members in any order, tracking up to this many (2**6 sets)...
-ANY_ORDER_BYTES = 8192    # ...while sets x key bytes (automaton size) over the schema stay under this
+ANY_ORDER_BYTES = 16384   # ...while sets x key bytes (automaton size) over the schema stay under this
 _RAW = [(0x20, 0x21), (0x23, 0x5B), (0x5D, utf8.MAX_CP)]   # characters JSON lets us write unescaped
 
 
@@ -310,10 +311,19 @@ class ObjectRules:
         safely (a declared name matches it, or its value schemas do not combine): generating
         fewer members than allowed keeps output valid."""
         where = f"{ptr}/patternProperties/{escape_pointer(pattern)}"
-        # The key may match other patterns too: its value must satisfy their schemas as well.
-        schemas = [patterns[i][1]] + [s for j, (q, s) in enumerate(patterns) if j != i and keys_overlap(pattern, q)]
+        # The key may match other patterns too: its value must satisfy their schemas as well,
+        # and a pattern whose schema is `false` forbids the keys it matches.
+        others = [(q, s) for j, (q, s) in enumerate(patterns) if j != i and keys_overlap(pattern, q)]
+        schemas = [patterns[i][1]] + [s for _, s in others if s is not False]
         try:
-            key = ir.Leaf(search_ir(pattern, where))
+            key = search_ir(pattern, where)
+            for q in (q for q, s in others if s is False):
+                if INEXACT.search(q):    # \d \w \s are ASCII subsets here: too little taken away
+                    return None
+                key = difference(key, search_ir(q, where))
+                if key is None:
+                    return None
+            key = ir.Leaf(key)
             value = self.node(schemas[0] if len(schemas) == 1 else {"allOf": schemas}, where)
         except SchemaError:
             return None

@@ -101,6 +101,18 @@ def _closed(s: dict) -> bool:
     return s.get("additionalProperties") is False and not s.get("patternProperties")
 
 
+def _forbids_extra(s: dict, name: str) -> bool:
+    """`s` refuses a member `name` it does not declare: no extra members, and no pattern of its
+    patternProperties matches the name."""
+    if s.get("additionalProperties") is not False:
+        return False
+    patterns = s.get("patternProperties") or {}
+    try:
+        return isinstance(patterns, dict) and not any(re.search(p, name) for p in patterns)
+    except (re.error, TypeError):
+        return False
+
+
 # Classes whose automata approximate Python's Unicode-aware meaning, and inline flags: an
 # empty intersection of the automata proves nothing then.
 _APPROXIMATE = re.compile(r"\\[dDwWsSbB]|\(\?[a-zA-Z]")
@@ -140,9 +152,15 @@ class _Branches:
         if vx is not None and (vy is not None and not (vx & vy)
                                or all(quick_check(json.loads(v), y) is False for v in vx)):
             return True
+        if vy is not None and all(quick_check(json.loads(v), x) is False for v in vy):
+            return True     # y admits only values x refuses
         if made == {"object"}:
             required = x.get("required") if isinstance(x.get("required"), list) else []
-            return any(self._separates(x, n, y) for n in required if n in _props(x) or not _closed(x))
+            if any(self._separates(x, n, y) for n in required if n in _props(x) or not _closed(x)):
+                return True
+            # y requires a member x never writes
+            needed = y.get("required") if isinstance(y.get("required"), list) else []
+            return any(_props(x).get(n) is False or (n not in _props(x) and _forbids_extra(x, n)) for n in needed)
         if made == {"string"}:
             return _patterns_apart(x, y)
         if made <= {"number"}:
@@ -152,7 +170,7 @@ class _Branches:
 
     def _separates(self, x: dict, name: str, y: dict) -> bool:
         """An object with member `name` (valid for x) is refused by y."""
-        mine, theirs = _props(x).get(name), _props(y).get(name, None if _closed(y) else True)
+        mine, theirs = _props(x).get(name), _props(y).get(name, None if _forbids_extra(y, name) else True)
         if theirs is None or theirs is False:
             return mine is not False
         vx, vy = _values(self._look(mine)), _values(self._look(theirs))

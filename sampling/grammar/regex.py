@@ -319,7 +319,7 @@ def search_ir(pattern: str, where: str) -> object:
     rest, looks = split
     node = pattern_ir(search_pattern(rest), where)
     for negative, body in looks:
-        if negative and _INEXACT.search(body):
+        if negative and INEXACT.search(body):
             # `\d \w \s` are ASCII subsets here: subtracting a subset would let through
             # strings the validator's lookahead refuses.
             raise _Parser(pattern, where).fail("negative lookahead with \\d, \\w or \\s")
@@ -332,7 +332,7 @@ def search_ir(pattern: str, where: str) -> object:
     return node
 
 
-_INEXACT = re.compile(r"(?<!\\)(?:\\\\)*\\[dws]")
+INEXACT = re.compile(r"(?<!\\)(?:\\\\)*\\[dws]")
 
 
 def _leading_lookaheads(pattern: str) -> tuple[str, list[tuple[bool, str]]] | None:
