@@ -67,3 +67,12 @@ def test_annotations_are_accepted_and_oneof_disjoint_is_fine():
     compile_grammar({"oneOf": [
         {"type": "object", "properties": {"k": {"const": "a"}, "x": {"type": "integer"}}, "required": ["k"]},
         {"type": "object", "properties": {"k": {"const": "b"}}, "required": ["k"]}]}, VOCAB)
+
+
+def test_a_schema_past_the_compile_limit_is_refused_as_a_whole():
+    big = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(12_000)}}
+    for schema in (big,
+                   # inside a pattern's value, where other errors only drop the pattern's members
+                   {"type": "object", "patternProperties": {"^x": big}, "properties": {"a": {"type": "null"}}}):
+        with pytest.raises(SchemaError, match="too large"):
+            compile_grammar(schema, VOCAB, open_objects=True)

@@ -85,3 +85,30 @@ def test_ir_nodes_keep_their_hash_but_not_across_pickling():
     assert node.__dict__["_hash"] == h and hash(node) == h
     copy = pickle.loads(pickle.dumps(node))
     assert "_hash" not in copy.__dict__ and copy == node and hash(copy) == h
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 40), st.data())
+def test_shortest_distances_are_the_least_fixpoint_with_calls(n, data):
+    edges = data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=4 * n))
+    calls = data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1), st.integers(0, n - 1)),
+                               max_size=n))
+    accept = np.array([x > 0 and data.draw(st.booleans()) for x in range(n)])
+    inf = 2**30
+    expect = [0 if accept[x] else inf for x in range(n)]
+    changed = True
+    while changed:              # relax to the fixpoint; state 0 (dead) stays out
+        changed = False
+        for p, x in edges:
+            if p and expect[x] + 1 < expect[p]:
+                expect[p], changed = expect[x] + 1, True
+        for g, a, b in calls:
+            if g and expect[a] < inf and expect[b] < inf and expect[a] + expect[b] < expect[g]:
+                expect[g], changed = expect[a] + expect[b], True
+    src = np.array([p for p, _ in edges], dtype=np.int64)
+    dst = np.array([x for _, x in edges], dtype=np.int64)
+    order = np.argsort(dst, kind="stable")
+    start = np.searchsorted(dst[order], np.arange(n + 1))
+    hyper = tuple(np.array([c[i] for c in calls], dtype=np.int32) for i in range(3))
+    U = native.shortest_distances(n, start, src[order], accept, hyper, inf)
+    assert U.tolist() == expect

@@ -10,8 +10,9 @@ upper bound on the true minimum (tokens outside T, or crossing a call boundary, 
 better); with T = the whole vocabulary (small vocabularies), no recursion and no counted
 string (counting.py: its formula writes one character per token) it is exact.
 
-Computed with a bucket-queue Dijkstra over unit token edges plus the call hyperedges
-(Knuth's generalisation: a hyperedge fires once both of its inputs are final).
+Computed with Dijkstra over unit token edges plus the call hyperedges (Knuth's
+generalisation: a hyperedge fires once both of its inputs are final): in C (csrc/automaton.c)
+when no string is counted, else with a bucket queue here, where counted strings join in.
 """
 from __future__ import annotations
 
@@ -98,6 +99,10 @@ def token_distances(aut: Automaton, toks: list[bytes], counting: Counting | None
     order = np.argsort(dst, kind="stable")
     src = src[order]
     start = np.searchsorted(dst[order], np.arange(n + 1))
+    if not by_exit:
+        calls = [(g, aut.rule_start[q], ret) for g, cs in enumerate(aut.calls) for q, ret in cs]
+        g_a_b = tuple(np.array([e[i] for e in calls], dtype=np.int32) for i in range(3))
+        return native.shortest_distances(n, start, src, aut.accept, g_a_b, int(INF))
     hyper: dict[int, list[tuple[int, int, int]]] = {}
     for g, cs in enumerate(aut.calls):
         for q, ret in cs:

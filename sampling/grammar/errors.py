@@ -14,6 +14,11 @@ class UnsupportedSchemaError(SchemaError):
     """
 
 
+class SchemaTooLarge(SchemaError):
+    """Compiling the schema would take more work than the limits allow. Never read as "this
+    part admits nothing": it stops the whole compilation."""
+
+
 def unsupported(keyword: str, pointer: str, why: str = "") -> UnsupportedSchemaError:
     where = pointer or "/"
     extra = f": {why}" if why else ""

@@ -128,3 +128,23 @@ def token_edges(trans: np.ndarray, counted: np.ndarray, trie: tuple[np.ndarray, 
         return _copy(out.src, out.n_pairs, np.int32).astype(np.int64), _copy(out.dst, out.n_pairs, np.int32).astype(np.int64)
     finally:
         lib.pairs_free(out)
+
+
+def shortest_distances(n: int, pred_off: np.ndarray, pred: np.ndarray, accept: np.ndarray,
+                       hyper: tuple[np.ndarray, np.ndarray, np.ndarray], inf: int) -> np.ndarray:
+    """U per state (csrc/automaton.h): unit edges by target (CSR), call hyperedges (g, a, b)."""
+    pred_off, pred = _i32(pred_off), _i32(pred)
+    accept = np.ascontiguousarray(accept, dtype=np.uint8)
+    hg, ha, hb = (_i32(x) for x in hyper)
+    # For each state, the hyperedges it is an input of.
+    inputs = np.concatenate([ha, hb]).astype(np.int64)
+    edge = np.concatenate([np.arange(hg.size), np.arange(hg.size)])
+    order = np.argsort(inputs, kind="stable")
+    by_input = _i32(edge[order])
+    hyper_off = _i32(np.searchsorted(inputs[order], np.arange(n + 1)))
+    U = np.empty(n, dtype=np.int32)
+    status = lib.shortest_distances(n, _ptr(pred_off), _ptr(pred), _ptr(accept, "uint8_t *"), _ptr(hg), _ptr(ha),
+                                    _ptr(hb), _ptr(hyper_off), _ptr(by_input), inf, _ptr(U))
+    if status != lib.AUTOMATON_OK:
+        raise MemoryError("shortest distances ran out of memory")
+    return U

@@ -12,7 +12,7 @@ import itertools
 import re
 
 from . import ir, utf8
-from .errors import SchemaError, unsupported
+from .errors import SchemaError, SchemaTooLarge, unsupported
 from .keywords import count_keyword, dump_json, escape_pointer
 from .nfa import difference
 from .regex import INEXACT, search_ir
@@ -293,6 +293,8 @@ class ObjectRules:
                 try:
                     value = self.node({"allOf": [extra, *(s for _, s in patterns)]}, where)
                     extras.append(ir.seq(key_not_in(names), ir.lit(b":"), value))
+                except SchemaTooLarge:
+                    raise
                 except SchemaError:
                     pass
         if any_order:
@@ -325,6 +327,8 @@ class ObjectRules:
                     return None
             key = ir.Leaf(key)
             value = self.node(schemas[0] if len(schemas) == 1 else {"allOf": schemas}, where)
+        except SchemaTooLarge:
+            raise
         except SchemaError:
             return None
         declared = [n for n in names if re.search(pattern, n)]

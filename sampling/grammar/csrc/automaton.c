@@ -560,3 +560,77 @@ void pairs_free(pair_result *out) {
     free(out->src); free(out->dst);
     memset(out, 0, sizeof(*out));
 }
+
+
+/* ------------------------------------------------------------------ shortest distances */
+
+typedef struct {
+    int64_t *key;           /* distance << 32 | state */
+    int64_t size, cap;
+} heap;
+
+static int heap_push(heap *h, int64_t key) {
+    if (h->size == h->cap) {
+        int64_t cap = h->cap ? 2 * h->cap : 1024;
+        int64_t *grown = realloc(h->key, (size_t)cap * sizeof(int64_t));
+        if (!grown)
+            return 0;
+        h->key = grown;
+        h->cap = cap;
+    }
+    int64_t i = h->size++;
+    while (i > 0 && h->key[(i - 1) / 2] > key) {
+        h->key[i] = h->key[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h->key[i] = key;
+    return 1;
+}
+
+static int64_t heap_pop(heap *h) {
+    int64_t top = h->key[0], last = h->key[--h->size];
+    int64_t i = 0;
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= h->size)
+            break;
+        if (c + 1 < h->size && h->key[c + 1] < h->key[c])
+            c++;
+        if (h->key[c] >= last)
+            break;
+        h->key[i] = h->key[c];
+        i = c;
+    }
+    if (h->size)
+        h->key[i] = last;
+    return top;
+}
+
+int shortest_distances(int32_t n, const int32_t *pred_off, const int32_t *pred, const uint8_t *accept,
+                       const int32_t *hyper_g, const int32_t *hyper_a, const int32_t *hyper_b,
+                       const int32_t *hyper_off, const int32_t *hyper, int32_t inf, int32_t *U) {
+    heap h = {NULL, 0, 0};
+    int ok = 1;
+    for (int32_t x = 0; x < n; x++)
+        U[x] = inf;
+    for (int32_t x = 1; x < n && ok; x++)
+        if (accept[x])
+            ok = heap_push(&h, (int64_t)x);
+    while (ok && h.size) {
+        int64_t key = heap_pop(&h);
+        int32_t x = (int32_t)(key & 0xffffffff), d = (int32_t)(key >> 32);
+        if (U[x] != inf)
+            continue;
+        U[x] = d;
+        for (int32_t k = pred_off[x]; k < pred_off[x + 1] && ok; k++)
+            if (pred[k] != 0 && U[pred[k]] == inf)
+                ok = heap_push(&h, ((int64_t)(d + 1) << 32) | pred[k]);
+        for (int32_t k = hyper_off[x]; k < hyper_off[x + 1] && ok; k++) {
+            int32_t e = hyper[k], g = hyper_g[e], a = hyper_a[e], b = hyper_b[e];
+            if (g != 0 && U[g] == inf && U[a] != inf && U[b] != inf)
+                ok = heap_push(&h, ((int64_t)(U[a] + U[b]) << 32) | g);
+        }
+    }
+    free(h.key);
+    return ok ? AUTOMATON_OK : AUTOMATON_NO_MEMORY;
+}

@@ -56,3 +56,12 @@ int32_t minimize(int32_t n, int32_t n_cls, const int32_t *trans,
                  int32_t n_extra, const int32_t *extra_src, const int32_t *extra_label,
                  const int32_t *extra_dst, int32_t n_extra_labels,
                  const int32_t *first_block, int32_t n_first, int32_t *block);
+
+/* Fewest tokens from each state to acceptance (distance.py): unit edges p -> x, listed per
+   target x as pred[pred_off[x] .. pred_off[x + 1]], and call hyperedges into g of weight
+   U[a] + U[b], listed per input state as hyper[hyper_off[x] .. hyper_off[x + 1]] (indices into
+   hyper_g / hyper_a / hyper_b). Accepting states are at 0; state 0 (dead) stays at inf; so does
+   any state that cannot reach acceptance. Dijkstra with a binary heap. */
+int shortest_distances(int32_t n, const int32_t *pred_off, const int32_t *pred, const uint8_t *accept,
+                       const int32_t *hyper_g, const int32_t *hyper_a, const int32_t *hyper_b,
+                       const int32_t *hyper_off, const int32_t *hyper, int32_t inf, int32_t *U);
