@@ -55,7 +55,7 @@ def test_generate_json_stream_ends_with_the_document(live, http):
 
 def test_unsupported_schema_keyword_is_400_naming_it(http, live):
     steps = live.engine.stats().steps
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}
+    schema = {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.5}}}
     error = _error(http.post("/generate", json={"prompt": "x", "format": "json", "json_schema": schema}), 400)
     assert "multipleOf" in error["message"] and error["message"].startswith("json_schema:")
     assert error["param"] == "json_schema"
@@ -97,8 +97,8 @@ def test_openai_json_object_and_schema_errors(openai_client):
         model=MODEL, messages=[{"role": "user", "content": "Describe a dog as JSON."}], max_tokens=30,
         temperature=0, response_format={"type": "json_object"})
     assert isinstance(json.loads(chat.choices[0].message.content), dict)
-    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 2,
-                                                                          "multipleOf": 3}}}
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "number", "minimum": 2,
+                                                                          "multipleOf": 0.5}}}
     with pytest.raises(openai.BadRequestError, match="multipleOf") as info:
         openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
                                        response_format=bad)
