@@ -119,3 +119,14 @@ def test_a_guarded_array_behind_shared_refs_and_alternatives():
         assert not accepts(g, {"entries": ["a"], "options": {"lib": ["x", "x"]}})
     g = compile_grammar(schema, VOCAB, open_objects=True)
     assert accepts(g, {"targets": {"t": "x", "u": ["x", "y"]}}) and not accepts(g, {"targets": {"t": ["n", "n"]}})
+
+
+def test_under_a_tight_budget_a_string_may_not_grow_into_an_earlier_item():
+    g = compile_grammar({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, VOCAB)
+    m = g.matcher()
+    m.advance_bytes(b'["a,","a')
+    tight = m.min_tokens_to_complete() + 1        # one token more than closing needs
+    comma, b = VOCAB.token_bytes.index(b","), VOCAB.token_bytes.index(b"b")
+    mask = m.allowed_mask(tight)
+    assert not mask[comma] and not m.is_allowed(comma, tight)   # "a," would be a repeat, nothing spare
+    assert mask[b] and m.allowed_mask()[comma]                  # "ab" is new; unbudgeted, "a," may grow

@@ -236,7 +236,7 @@ def mask(g: CompiledGrammar, S: StateSet, lex: Lexer, base: np.ndarray, remainin
                 item = json.loads(item)
                 if isinstance(item, str) and item.startswith(value):
                     repeat[t.by_text.get(item[len(value):].encode("utf-8"), [])] = True
-            out &= ~(tight & (t.quotes == 0) & ~t.commas & t.plain & repeat)
+            out &= ~(tight & (t.quotes == 0) & t.plain & repeat)
     for tok in np.flatnonzero(check).tolist():
         out[tok] = allows(g, S, lex, tok, remaining)
     return out
