@@ -92,6 +92,11 @@ def _interval(s: object) -> tuple[float, float] | None:
     return lo, hi
 
 
+# Classes whose automata approximate Python's Unicode-aware meaning, and inline flags: an
+# empty intersection of the automata proves nothing then.
+_APPROXIMATE = re.compile(r"\\[dDwWsSbB]|\(\?[a-zA-Z]")
+
+
 def _props(s: dict) -> dict:
     p = s.get("properties")
     return p if isinstance(p, dict) else {}
@@ -107,15 +112,12 @@ def _forbids_extra(s: dict, name: str) -> bool:
     if s.get("additionalProperties") is not False:
         return False
     patterns = s.get("patternProperties") or {}
+    if not isinstance(patterns, dict) or any(_APPROXIMATE.search(p) for p in patterns):
+        return False        # the automaton's keys may then differ from what `re` matches
     try:
-        return isinstance(patterns, dict) and not any(re.search(p, name) for p in patterns)
+        return not any(re.search(p, name) for p in patterns)
     except (re.error, TypeError):
         return False
-
-
-# Classes whose automata approximate Python's Unicode-aware meaning, and inline flags: an
-# empty intersection of the automata proves nothing then.
-_APPROXIMATE = re.compile(r"\\[dDwWsSbB]|\(\?[a-zA-Z]")
 
 
 def _patterns_apart(a: dict, b: dict) -> bool:
