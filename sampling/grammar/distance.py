@@ -36,23 +36,16 @@ def budget_tokens(idx: VocabIndex, literals: set[bytes], exact_limit: int = 4096
     return sorted(base | (subs & texts))
 
 
-_VOCAB_BUDGET: dict[int, tuple[VocabIndex, frozenset[bytes], frozenset[bytes] | None]] = {}
-
-
 def _vocab_budget(idx: VocabIndex, exact_limit: int) -> tuple[frozenset[bytes], frozenset[bytes] | None]:
     """(every allowed token text, the schema-independent part of the budget set or None when the
     whole vocabulary is used); computed once per vocabulary, since it costs ~0.3 s on 262k tokens."""
-    hit = _VOCAB_BUDGET.get(id(idx))
-    if hit is not None and hit[0] is idx:
-        return hit[1], hit[2]
-    texts = frozenset(idx.token_bytes[i] for i in np.flatnonzero(~idx.excluded))
-    base = None
-    if len(texts) > exact_limit:
-        base = frozenset(t for t in texts if len(t) == 1 or (len(t) <= 8 and _STRUCTURAL.issuperset(t)))
-    if len(_VOCAB_BUDGET) > 8:
-        _VOCAB_BUDGET.clear()
-    _VOCAB_BUDGET[id(idx)] = (idx, texts, base)
-    return texts, base
+    def build() -> tuple[frozenset[bytes], frozenset[bytes] | None]:
+        texts = frozenset(idx.token_bytes[i] for i in np.flatnonzero(~idx.excluded))
+        base = None
+        if len(texts) > exact_limit:
+            base = frozenset(t for t in texts if len(t) == 1 or (len(t) <= 8 and _STRUCTURAL.issuperset(t)))
+        return texts, base
+    return idx.derived(("budget", exact_limit), build)
 
 
 def _token_edges(aut: Automaton, toks: list[bytes], counted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

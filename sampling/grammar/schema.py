@@ -667,14 +667,19 @@ class SchemaCompiler(ObjectRules):
             return self._shared(rest, min_size=1)
         return rest
 
+    def _resolved_dict(self, schema: object, where: str) -> dict | None:
+        """`schema` with its $refs followed, when that gives a schema object (for a look at it)."""
+        try:
+            sub = self._resolve_schema(schema, where)
+        except SchemaError:
+            return None
+        return sub if isinstance(sub, dict) else None
+
     def _free_string(self, items: object, where: str, strings_only: bool = False) -> bool:
         """`items` allows every string (but perhaps the empty one), and nothing else; with
         `strings_only`, True also for any schema allowing only strings (an anyOf branch)."""
-        try:
-            sub = self._resolve_schema(items, where)
-        except SchemaError:
-            return False
-        if not isinstance(sub, dict):
+        sub = self._resolved_dict(items, where)
+        if sub is None:
             return False
         keys = constraint_keys(sub)
         if keys == {"anyOf"} and isinstance(sub["anyOf"], list):
@@ -693,11 +698,8 @@ class SchemaCompiler(ObjectRules):
 
     def _finite_values(self, items: object, where: str) -> list[bytes] | None:
         """The distinct JSON encodings an item may take, when `items` allows finitely many."""
-        try:
-            sub = self._resolve_schema(items, where)
-        except SchemaError:
-            return None
-        if not isinstance(sub, dict):
+        sub = self._resolved_dict(items, where)
+        if sub is None:
             return None
         keys = constraint_keys(sub)
         if "enum" in keys or "const" in keys:

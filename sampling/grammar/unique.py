@@ -22,7 +22,6 @@ Two kinds of guarded array:
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -66,15 +65,11 @@ class _Tables:
     entering: np.ndarray          # bool: a '[' and enough to end an item inside the token
 
 
-_TABLES: dict[int, tuple[VocabIndex, _Tables]] = {}
-_LOCK = threading.Lock()
-
-
 def _tables(idx: VocabIndex) -> _Tables:
-    with _LOCK:
-        hit = _TABLES.get(id(idx))
-        if hit is not None and hit[0] is idx:
-            return hit[1]
+    return idx.derived("unique", lambda: _build_tables(idx))
+
+
+def _build_tables(idx: VocabIndex) -> _Tables:
     toks = idx.token_bytes
     quotes = np.array([t.count(b'"') for t in toks], dtype=np.int64)
     commas = np.array([b"," in t for t in toks])
@@ -90,10 +85,7 @@ def _tables(idx: VocabIndex) -> _Tables:
         plain[i] = True
         by_text.setdefault(t, []).append(i)
     entering = np.array([b"[" in t for t in toks]) & ((quotes >= 2) | commas)
-    tables = _Tables(quotes, commas, plain, by_text, entering)
-    with _LOCK:
-        _TABLES[id(idx)] = (idx, tables)
-    return tables
+    return _Tables(quotes, commas, plain, by_text, entering)
 
 
 def _kind(g: CompiledGrammar, config: tuple) -> int:
@@ -124,32 +116,20 @@ def feed(g: CompiledGrammar, S: StateSet, lex: Lexer, data: bytes, generating: b
     pos = len(text)
     text += data
     for b in data:
-        after = False
+        closing = opening = after = False
         if in_string:
             if escape:
                 escape = False
             elif b == _BACKSLASH:
                 escape = True
             elif b == _QUOTE:
-                in_string, after = False, True
-                S = g.step(S, b)
-                if S and frames and frames[-1][4] and not text[frames[-1][1]:string_start].strip():
-                    S = _item_end(g, S, frames, text[string_start:pos + 1])   # a string item: it ends here
-                if not S:
-                    break
-                pos += 1
-                continue
+                in_string, closing, after = False, True, True
         elif b == _QUOTE:
             in_string, escape, string_start = True, False, pos
         elif b in _OPENS:
-            S = g.step(S, b)
-            opened = b == 0x5B and any(c[-1] % g.n_states in g.unique_open for c in S)
-            frames.append((b, pos + 1, (), False, opened))
-            if not S:
-                break
-            pos += 1
-            continue
+            opening = True
         elif b in b",]}" and frames:
+            # A non-string item ends before its separator is consumed.
             bracket, start, items, counted, guarded = frames[-1]
             if guarded and not counted and text[start:pos].strip():
                 S = _item_end(g, S, frames, text[start:pos])
@@ -160,6 +140,11 @@ def feed(g: CompiledGrammar, S: StateSet, lex: Lexer, data: bytes, generating: b
             else:
                 frames.pop()
         S = g.step(S, b)
+        if S and closing and frames and frames[-1][4] and not text[frames[-1][1]:string_start].strip():
+            S = _item_end(g, S, frames, text[string_start:pos + 1])   # a string item ends at its quote
+        elif S and opening:
+            guarded = b == 0x5B and any(c[-1] % g.n_states in g.unique_open for c in S)
+            frames.append((b, pos + 1, (), False, guarded))
         if not S:
             break
         pos += 1

@@ -8,11 +8,15 @@ subtrees be skipped once their prefix is dead.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
 import numpy as np
 
 from ..vocabulary import TokenVocabulary
+
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -29,6 +33,16 @@ class VocabIndex:
     eog_set: frozenset[int]
     excluded: np.ndarray           # bool: never allowed as text (empty bytes or special)
     single_byte: dict[int, int]    # byte value -> a token that is exactly that byte
+    # Tables other modules derive from the vocabulary, built once per index (derived()).
+    _derived: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def derived(self, key: object, build: Callable[[], T]) -> T:
+        """`build()`'s result, kept with this index under `key` (racing threads may both build;
+        one result is kept)."""
+        hit = self._derived.get(key)
+        if hit is None:
+            hit = self._derived.setdefault(key, build())
+        return hit
 
 
 _CACHE: dict[int, tuple[None, TokenVocabulary, VocabIndex]] = {}
