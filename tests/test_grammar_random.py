@@ -330,11 +330,30 @@ def test_a_large_target_used_twice_is_one_rule():
                                                                        "rating": {"enum": [1, "abc", None]}}}])
 def test_token_edges_walk_equals_every_state_times_every_token(schema):
     from sampling.grammar import distance
-    from sampling.grammar.dfa import DEAD
 
     single = np.ones(256, dtype=bool)
     comp, aut, counting = CompiledGrammar._automaton(schema, False, single, count_strings=True)
-    toks = distance.budget_tokens(index_for(VOCAB), comp.literals)
+    budget = distance.budget_tokens(index_for(VOCAB), comp.literals)
+    _assert_token_edges(aut, counting, budget.every + budget.narrow)
+
+
+def test_token_edges_through_wide_trie_nodes():
+    # Trie nodes with many children met in states with few live bytes (keys, enum values) are
+    # walked through the state's bytes: every pair must still come out.
+    schema = {"type": "object", "properties": {"alpha": {"enum": ["abcde", "bacon", "cab"]}, "beta": {"type": "string"},
+                                               "gamma": {"type": "integer", "minimum": 10}}}
+    single = np.ones(256, dtype=bool)
+    _, aut, counting = CompiledGrammar._automaton(schema, False, single, count_strings=True)
+    letters = "abcdeghlmnopt"
+    toks = [bytes([b]) for b in range(256)] + [f"{x}{y}".encode() for x in letters for y in letters] \
+        + [f"{x}{y}{z}".encode() for x in "abc" for y in letters for z in letters] + [b'":', b'","', b"1", b"10"]
+    _assert_token_edges(aut, counting, toks)
+
+
+def _assert_token_edges(aut, counting, toks: list[bytes]) -> None:
+    from sampling.grammar import distance
+    from sampling.grammar.dfa import DEAD
+
     counted = counting.counted if counting.any else np.zeros(aut.n_states, dtype=bool)
     expected = set()
     for s in range(1, aut.n_states):
@@ -348,3 +367,7 @@ def test_token_edges_walk_equals_every_state_times_every_token(schema):
                 expected.add((s, g))
     src, dst = distance._token_edges(aut, toks, counting.counted if counting.any else None)
     assert set(zip(src.tolist(), dst.tolist())) == expected and len(src) == len(expected)
+    used = {b for t in toks for b in t.translate(aut.class_rep)}     # one byte per class, as walked
+    narrow = {s for s in range(aut.n_states) if sum(aut.trans[s, b] != DEAD for b in used) <= 3}
+    src, dst = distance._token_edges(aut, toks, counting.counted if counting.any else None, max_start_live=3)
+    assert set(zip(src.tolist(), dst.tolist())) == {(s, g) for s, g in expected if s in narrow}

@@ -41,6 +41,9 @@ class Automaton:
     rule_of: np.ndarray          # int32 [n_states]
     count_tag: np.ndarray        # int32 [n_states]: 0, or 1 + index into count_tags (counted string states)
     count_tags: list[tuple[int, int | None, bool]]   # (lo, hi, at a character boundary)
+    # bytes.translate table: each byte to the first byte of its class (bytes no edge tells
+    # apart: every state's transitions on them are the same)
+    class_rep: bytes = bytes(range(256))
 
     @property
     def n_states(self) -> int:
@@ -65,18 +68,20 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
     except native.CountConflictError:
         raise CountConflict() from None
     table, accept, calls, starts = _trim(sub.trans, sub.accept, sub.calls, sub.starts)
-    table, accept, calls, starts, rule_of, tags = _minimize(table, accept, calls, starts, sub.rule_of, sub.count_tag)
+    table, accept, calls, starts, rule_of, tags = _minimize(table, accept, calls, starts, sub.rule_of, sub.count_tag,
+                                                            classes)
     per_state: list[tuple[tuple[int, int], ...]] = [()] * table.shape[0]
     for g, q, ret in sorted(calls.tolist()):
         per_state[g] += ((q, ret),)
     return Automaton(
-        trans=np.take(table, classes, axis=1),      # C-ordered (table[:, classes] is not, and slow)
+        trans=table,
         accept=accept,
         calls=per_state,
         rule_start=starts,
         rule_of=rule_of,
         count_tag=tags,
         count_tags=sorted(tag_ids, key=tag_ids.get),
+        class_rep=bytes(np.asarray(class_rep, dtype=np.uint8)[classes].tolist()),
     )
 
 
@@ -124,9 +129,10 @@ def _trim(table, accept, calls, starts):
     return table, accept & live, calls, starts
 
 
-def _minimize(table, accept, calls, starts, rule_of, tags):
+def _minimize(table, accept, calls, starts, rule_of, tags, classes):
     """Merge states with the same future (Hopcroft's partition refinement, in C); call edges are
-    labelled by their rule; states of different rules, acceptance or counter tags never merge."""
+    labelled by their rule; states of different rules, acceptance or counter tags never merge.
+    The table comes back over bytes: [states, 256] (classes: each byte's column in `table`)."""
     n = table.shape[0]
     key = (rule_of.astype(np.int64) + 1) << 33 | tags.astype(np.int64) << 1 | accept
     key[DEAD] = -1
@@ -142,5 +148,5 @@ def _minimize(table, accept, calls, starts, rule_of, tags):
     is_rep[rep] = True
     kept = calls[is_rep[calls[:, 0]]]
     new_calls = np.stack([block[kept[:, 0]], kept[:, 1], block[kept[:, 2]]], axis=1)
-    return block[table[rep]].astype(np.int32), accept[rep], new_calls, [int(block[s]) for s in starts], \
+    return native.quotient_table(table, rep, block, classes), accept[rep], new_calls, [int(block[s]) for s in starts], \
         rule_of[rep], tags[rep]

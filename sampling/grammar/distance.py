@@ -1,7 +1,8 @@
 """Distance to completion, in tokens, for every automaton state ("complete within budget").
 
 U[g] = fewest tokens that take state g to its rule's accepting state, using only tokens from a
-budget set T (every single-byte token, plus multi-byte tokens likely to matter) and counting a
+budget set T (every single-byte token, plus multi-byte tokens likely to matter: BudgetTokens;
+some count from some states only) and counting a
 call edge g -call(q)-> r as U[start q] + U[r]. Because U is an exact shortest-path fixpoint
 over real tokens, it is *achievable*: from any state with U = u there is a token leading to a
 state with U = u - 1. So a mask that only allows tokens whose successor has U <= remaining - 1
@@ -16,6 +17,8 @@ when no string is counted, else with a bucket queue here, where counted strings 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from . import native
@@ -25,15 +28,25 @@ from .vocab_index import VocabIndex
 
 INF = np.int32(2**30)
 _STRUCTURAL = frozenset(b'{}[]",:-.0123456789')
+NARROW_LIVE = 32      # a free string's states have about 200 live bytes, a key's 1
 
 
-def budget_tokens(idx: VocabIndex, literals: set[bytes], exact_limit: int = 4096) -> list[bytes]:
-    """The token byte strings the distance is computed over."""
+@dataclass(frozen=True)
+class BudgetTokens:
+    """The tokens distances are computed over: `every` from every state, `narrow` (pieces of the
+    schema's keys and enum values) only from states with at most NARROW_LIVE live bytes. Any
+    subset of real tokens keeps U achievable; a piece of a literal shortens no way out of a free
+    string, and walking thousands of them from every string state was most of this pass."""
+    every: list[bytes]
+    narrow: list[bytes]
+
+
+def budget_tokens(idx: VocabIndex, literals: set[bytes], exact_limit: int = 4096) -> BudgetTokens:
     texts, base = _vocab_budget(idx, exact_limit)
     if base is None:
-        return sorted(texts)
+        return BudgetTokens(sorted(texts), [])
     subs = {lit[i:j] for lit in literals for i in range(len(lit)) for j in range(i + 2, min(len(lit), i + 24) + 1)}
-    return sorted(base | (subs & texts))
+    return BudgetTokens(sorted(base), sorted((subs & texts) - base))
 
 
 def _vocab_budget(idx: VocabIndex, exact_limit: int) -> tuple[frozenset[bytes], frozenset[bytes] | None]:
@@ -48,14 +61,25 @@ def _vocab_budget(idx: VocabIndex, exact_limit: int) -> tuple[frozenset[bytes], 
     return idx.derived(("budget", exact_limit), build)
 
 
-def _token_edges(aut: Automaton, toks: list[bytes], counted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Unique (src, dst) state pairs with some token in `toks` leading src -> dst (bytes only).
-    With `counted` (states of length-bounded strings), paths that start in or pass through one
-    are left out: only a counted state's entry (its count then 0) may end a path."""
+def _token_edges(aut: Automaton, toks: list[bytes], counted: np.ndarray | None = None,
+                 max_start_live: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """Unique (src, dst) state pairs with some token in `toks` leading src -> dst (bytes only),
+    src with at most `max_start_live` live bytes among the tokens' (< 0: any). With `counted`
+    (states of length-bounded strings), paths that start in or pass through one are left out:
+    only a counted state's entry (its count then 0) may end a path."""
     n = aut.n_states
     if n <= 1 or not toks:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return native.token_edges(aut.trans, counted if counted is not None else np.zeros(n, dtype=bool), _trie(toks))
+    # Tokens that differ only in bytes of one class take the same paths: walk one of them.
+    toks = list({t.translate(aut.class_rep) for t in toks})
+    counted = counted if counted is not None else np.zeros(n, dtype=bool)
+    return native.token_edges(aut.trans, counted, _trie(toks), max_start_live)
+
+
+def _budget_edges(aut: Automaton, budget: BudgetTokens, counted: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    src, dst = _token_edges(aut, budget.every, counted)
+    src2, dst2 = _token_edges(aut, budget.narrow, counted, NARROW_LIVE)
+    return np.concatenate([src, src2]), np.concatenate([dst, dst2])
 
 
 def _trie(toks: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -78,12 +102,12 @@ def _trie(toks: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     return offsets, byte[children], children, is_token
 
 
-def token_distances(aut: Automaton, toks: list[bytes], counting: Counting | None = None) -> np.ndarray:
+def token_distances(aut: Automaton, budget: BudgetTokens, counting: Counting | None = None) -> np.ndarray:
     """U per state; a counted state's U is for a count of 0 (its formula: counting.py), set once
     the state after its closing quote has its own."""
     n = aut.n_states
     counts = counting is not None and counting.any
-    src, dst = _token_edges(aut, toks, counting.counted if counts else None)
+    src, dst = _budget_edges(aut, budget, counting.counted if counts else None)
     by_exit: dict[int, np.ndarray] = {}
     if counts:
         cs = np.flatnonzero(counting.counted & (counting.exit != DEAD))

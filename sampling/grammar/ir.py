@@ -128,8 +128,11 @@ def range_mask(lo: int, hi: int) -> int:
     return ((1 << (hi + 1)) - 1) ^ ((1 << lo) - 1)
 
 
+_BYTE = tuple(Bytes(1 << b) for b in range(256))   # shared: a large schema spells ~10^5 literal bytes
+
+
 def lit(data: bytes) -> Seq:
-    return Seq(tuple(Bytes(1 << b) for b in data))
+    return Seq(tuple(map(_BYTE.__getitem__, data)))
 
 
 def seq(*items) -> object:
@@ -167,10 +170,14 @@ def chars(ranges: list[tuple[int, int]]) -> object:
 
 
 def size(node: object, limit: int) -> int:
-    """The number of IR nodes under `node` (each shared subtree once), counting stops at `limit`."""
+    """The number of IR nodes under `node` (each shared subtree once, each byte every time), counting
+    stops at `limit`."""
     seen, todo, n = set(), [node], 0
     while todo and n < limit:
         x = todo.pop()
+        if isinstance(x, Bytes):     # lit() shares these: each use is a byte of the body
+            n += 1
+            continue
         if id(x) in seen:
             continue
         seen.add(id(x))

@@ -172,21 +172,12 @@ def key_not_in(names: list[str], prefixes: tuple[str, ...] = ()) -> object:
     of the prefixes (so an extra member never repeats a declared one, nor falls under a
     patternProperties prefix), built directly as a small DFA (ir.Table): a byte trie of the
     names whose every other byte falls into one shared "any further characters" automaton."""
-    from .nfa import leaf_dfa
-
-    free_edges, free_accept = leaf_dfa(_free_key(all(_raw(w) for w in (*names, *prefixes))))
+    free_edges, free_out = _free_key_states(all(_raw(w) for w in (*names, *prefixes)))
     # states: 0 = before the opening quote, 1 = after the closing quote, then the free
     # automaton's states (offset 2), then trie nodes.
-    edges: list[dict[int, int]] = [{}, {}] + [{} for _ in free_edges]
+    edges: list[dict[int, int]] = [{}, {}] + list(free_edges)   # shared, never changed here
     accept = [False, True] + [False] * len(free_edges)
     quote = ord('"')
-    for i, out in enumerate(free_edges):
-        for mask, t in out:
-            for b in range(256):
-                if mask >> b & 1:
-                    edges[2 + i][b] = 2 + t
-        if free_accept[i]:
-            edges[2 + i][quote] = 1
     free_start = edges[2]
 
     def new_node(at_boundary: bool) -> int:
@@ -218,13 +209,32 @@ def key_not_in(names: list[str], prefixes: tuple[str, ...] = ()) -> object:
                 kinds[node] = "prefix"
             elif kinds.get(node) != "prefix":
                 edges[node].pop(quote, None)   # the name itself may not be the key
-    out_edges = []
-    for e in edges:
-        by_target: dict[int, int] = {}
-        for b, t in e.items():
-            by_target[t] = by_target.get(t, 0) | (1 << b)
-        out_edges.append(tuple((m, t) for t, m in sorted(by_target.items())))
+    out_edges = [_by_target(e) for e in edges[:2]] + list(free_out) + [_by_target(e) for e in edges[2 + len(free_out):]]
     return ir.Table(tuple(out_edges), tuple(accept))
+
+
+def _by_target(edges: dict[int, int]) -> tuple[tuple[int, int], ...]:
+    by_target: dict[int, int] = {}
+    for b, t in edges.items():
+        by_target[t] = by_target.get(t, 0) | (1 << b)
+    return tuple((m, t) for t, m in sorted(by_target.items()))
+
+
+@functools.lru_cache(maxsize=2)
+def _free_key_states(escapes: bool) -> tuple[tuple[dict[int, int], ...], tuple]:
+    """_free_key's automaton as states 2.. of key_not_in's table: per state its byte -> target
+    map (a closing quote where it accepts), and the same as (mask, target) edges. Built once:
+    expanding the masks byte by byte took most of key_not_in's time."""
+    from .nfa import leaf_dfa
+
+    free_edges, free_accept = leaf_dfa(_free_key(escapes))
+    states: list[dict[int, int]] = []
+    for i, out in enumerate(free_edges):
+        e = {b: 2 + t for mask, t in out for b in range(256) if mask >> b & 1}
+        if free_accept[i]:
+            e[ord('"')] = 1
+        states.append(e)
+    return tuple(states), tuple(_by_target(e) for e in states)
 
 
 class ObjectRules:

@@ -519,22 +519,91 @@ done:
     return result;
 }
 
+void quotient_table(int32_t n_out, int32_t n_cls, const int32_t *trans, const int64_t *rep,
+                    const int32_t *block, const int64_t *cls, int32_t *out) {
+    int32_t row[256];
+    for (int32_t i = 0; i < n_out; i++) {
+        const int32_t *from = trans + rep[i] * n_cls;
+        for (int32_t c = 0; c < n_cls; c++)
+            row[c] = block[from[c]];
+        int32_t *to = out + (int64_t)i * 256;
+        for (int b = 0; b < 256; b++)
+            to[b] = row[cls[b]];
+    }
+}
+
 /* ---- token edges: every state walks the token trie at once, pruned at the dead state ---- */
 
-int token_edges(int32_t n, const int32_t *trans, const uint8_t *counted,
+/* A trie node with many children, met in a state with few live bytes (a key's letters), is
+   walked through the state's bytes (binary search among the children, which are in byte order)
+   instead of through its children: most of a large schema's states have one live byte. */
+#define FEW 4
+
+typedef struct {
+    const int32_t *trans;
+    uint8_t used[256];      /* the bytes the trie uses */
+    int n_used;
+    int16_t *count;         /* per state: how many of `used` are live (-1: not yet counted) */
+    uint8_t *few;           /* per state: the first FEW of them */
+} live_bytes;
+
+static int live_count(live_bytes *lb, int32_t s) {
+    if (lb->count[s] < 0) {
+        int m = 0;
+        const int32_t *row = lb->trans + (int64_t)s * 256;
+        for (int i = 0; i < lb->n_used; i++)
+            if (row[lb->used[i]]) {
+                if (m < FEW) lb->few[(int64_t)s * FEW + m] = lb->used[i];
+                m++;
+            }
+        lb->count[s] = (int16_t)m;
+    }
+    return lb->count[s];
+}
+
+static int32_t child_with_byte(const uint8_t *child_byte, int32_t lo, int32_t hi, uint8_t b) {
+    int32_t end = hi;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (child_byte[mid] < b) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < end && child_byte[lo] == b ? lo : -1;
+}
+
+int token_edges(int32_t n, const int32_t *trans, const uint8_t *counted, int32_t max_start_live,
                 const int32_t *child_off, const uint8_t *child_byte, const int32_t *child_node,
                 const uint8_t *is_token, pair_result *out) {
     memset(out, 0, sizeof(*out));
-    vec src = {0}, dst = {0}, stack = {0};
+    vec src = {0}, dst = {0}, stack = {0}, todo = {0};
+    live_bytes lb = {trans, {0}, 0, malloc((size_t)n * sizeof(int16_t)), malloc((size_t)n * FEW)};
     int32_t *seen = calloc((size_t)n + 1, sizeof(int32_t));     /* seen[t] == s + 1: pair (s, t) out */
-    int ok = seen != NULL;
+    int ok = seen != NULL && lb.count != NULL && lb.few != NULL && vec_push(&todo, 0);
+    if (ok) {
+        memset(lb.count, -1, (size_t)n * sizeof(int16_t));
+        uint8_t is_used[256] = {0};
+        while (todo.n) {                /* the bytes the trie uses */
+            int32_t node = todo.v[--todo.n];
+            for (int32_t k = child_off[node]; ok && k < child_off[node + 1]; k++) {
+                is_used[child_byte[k]] = 1;
+                ok = vec_push(&todo, child_node[k]);
+            }
+        }
+        for (int b = 0; b < 256; b++)
+            if (is_used[b]) lb.used[lb.n_used++] = (uint8_t)b;
+    }
     for (int32_t s = 1; ok && s < n; s++) {
-        if (counted[s]) continue;
+        if (counted[s] || (max_start_live >= 0 && live_count(&lb, s) > max_start_live)) continue;
         stack.n = 0;
         ok = vec_push(&stack, 0) && vec_push(&stack, s);
         while (ok && stack.n) {
             int32_t cur = stack.v[--stack.n], node = stack.v[--stack.n];
-            for (int32_t k = child_off[node]; k < child_off[node + 1]; k++) {
+            int32_t lo = child_off[node], hi = child_off[node + 1];
+            int m = hi - lo > 2 * FEW ? live_count(&lb, cur) : FEW + 1;
+            int32_t count = m <= FEW ? m : hi - lo;
+            for (int32_t j = 0; ok && j < count; j++) {
+                int32_t k = m <= FEW ? child_with_byte(child_byte, lo, hi, lb.few[(int64_t)cur * FEW + j]) : lo + j;
+                if (k < 0) continue;
                 int32_t next = trans[(int64_t)cur * 256 + child_byte[k]];
                 if (!next) continue;
                 int32_t child = child_node[k];
@@ -549,6 +618,9 @@ int token_edges(int32_t n, const int32_t *trans, const uint8_t *counted,
     }
     free(seen);
     free(stack.v);
+    free(todo.v);
+    free(lb.count);
+    free(lb.few);
     if (!ok) { free(src.v); free(dst.v); return AUTOMATON_NO_MEMORY; }
     out->n_pairs = src.n;
     out->src = src.v;
