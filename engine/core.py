@@ -161,19 +161,41 @@ class EngineCore:
                 self.finish(seq, reason)
 
     def _jump_forward(self, seq: Sequence) -> FinishReason | None:
-        """Append the tokens the grammar forces next; why the sequence ends, if it does."""
+        """Append the tokens the grammar forces next, and those a tight budget leaves no choice
+        for (the one way to close the document in time); why the sequence ends, if it does."""
         if self.jump is None or seq.matcher is None or seq.logprobs is not None:
             return None  # logprobs need the model's distribution at every position
-        for token in self.jump.forced_tokens(seq.matcher):
-            # The budget rule the sampler applies: the document must still close in time.
-            if not seq.matcher.is_allowed(token, min(seq.remaining_tokens, self.n_ctx + 1 - len(seq.tokens))):
-                break
-            seq.forced_tokens += 1
-            self.tokens_forced += 1
-            reason = append_token(seq, token, self.model.eog_tokens, self.n_ctx)
-            if reason is not None:
-                return reason
-        return None
+        while True:
+            appended = 0
+            for token in self.jump.forced_tokens(seq.matcher):
+                # The budget rule the sampler applies: the document must still close in time.
+                if not seq.matcher.is_allowed(token, self._budget(seq)):
+                    break
+                reason = self._append_forced(seq, token)
+                appended += 1
+                if reason is not None:
+                    return reason
+            token = self._only_token(seq)
+            if token is not None:
+                reason = self._append_forced(seq, token)
+                if reason is not None:
+                    return reason
+            elif not appended:
+                return None
+
+    def _only_token(self, seq: Sequence) -> int | None:
+        """The token a tight budget leaves as the only choice, in the model's spelling."""
+        text = seq.matcher.only_text(self._budget(seq))
+        token = None if text is None else self.jump.token_spelling(text)
+        return token if token is not None and seq.matcher.is_allowed(token, self._budget(seq)) else None
+
+    def _budget(self, seq: Sequence) -> int:
+        return min(seq.remaining_tokens, self.n_ctx + 1 - len(seq.tokens))
+
+    def _append_forced(self, seq: Sequence, token: int) -> FinishReason | None:
+        seq.forced_tokens += 1
+        self.tokens_forced += 1
+        return append_token(seq, token, self.model.eog_tokens, self.n_ctx)
 
     def _recover(self, outcome: DecodeOutcome) -> None:
         # llama.cpp rolls back a failed batch, so only the choice of who runs next changes.

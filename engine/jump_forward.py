@@ -36,6 +36,14 @@ class JumpForward:
             self._tokens[key] = tokens
         return tokens
 
+    def token_spelling(self, text: bytes) -> int | None:
+        """The model's one token for `text`, if its tokenization is a single token spelling it."""
+        try:
+            tokens = self._tokenize(text.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+        return tokens[0] if len(tokens) == 1 and self._token_bytes[tokens[0]] == text else None
+
     def _tokenized(self, data: bytes, finishes: bool) -> tuple[int, ...]:
         tokens = self._tokenize(data.decode("utf-8"))
         if not finishes:

@@ -76,6 +76,25 @@ def test_review_documents_count_their_forced_tokens(engine):
     assert engine.stats().tokens_forced - before == sum(r.metrics.forced_tokens for r in results)
 
 
+def test_a_tight_budget_can_leave_a_single_token(engine):
+    matcher = compile_grammar({"enum": ["a", "abcdefghijklmnopqrstuvwxyz"]}, engine.vocabulary).matcher()
+    matcher.advance_bytes(b'"a')
+    assert matcher.forced_bytes() == (b"", False)  # close the string, or go on to the long value
+    assert matcher.only_text(1) == b'"'  # one token left: it must close the string
+    assert matcher.only_text(30) is None
+
+
+def test_documents_at_their_smallest_budget_are_mostly_forced(engine):
+    smallest = compile_grammar(REVIEW, engine.vocabulary).matcher().min_tokens_to_complete()
+    for seed in range(3):
+        r = engine.generate("Review as JSON:", json_schema=REVIEW, max_tokens=smallest, temperature=0.8, seed=seed)[0]
+        assert r.finish_reason is FinishReason.STOP
+        jsonschema.validate(json.loads(r.text), REVIEW)
+        assert r.metrics.tokens_generated <= smallest
+        # Sampled: the rating's digit and the few places where several tokens fit the budget.
+        assert r.metrics.forced_tokens >= r.metrics.tokens_generated - 5
+
+
 def test_logprobs_requests_sample_every_token(engine):
     r = engine.generate("Review as JSON:", json_schema=REVIEW, max_tokens=32, logprobs=2)[0]
     jsonschema.validate(json.loads(r.text), REVIEW)

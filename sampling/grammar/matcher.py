@@ -93,6 +93,19 @@ class GrammarMatcher:
             return False
         return bool(self.allowed_mask(remaining_tokens)[token])   # the rare over-budget fallback
 
+    def only_text(self, remaining_tokens: int) -> bytes | None:
+        """The text of the next token when the budget allows tokens of one text only (the
+        document must close along a single path; a byte may have two tokens: its own and its
+        byte-fallback one), else None. Only a tight budget is looked at: without one, a single
+        continuation is forced_bytes' business."""
+        if self._ended or remaining_tokens - 1 >= self._g.unbudgeted_mask(self._S)[1]:
+            return None
+        allowed = np.flatnonzero(self.allowed_mask(remaining_tokens))
+        if not 0 < allowed.size <= 4:
+            return None
+        texts = {self._g.idx.token_bytes[t] for t in allowed.tolist()}
+        return texts.pop() if len(texts) == 1 else None
+
     def forced_bytes(self, limit: int = 64) -> tuple[bytes, bool]:
         """(the next bytes the grammar allows as the only continuation, b"" when there is a
         choice or the document may end here; whether those bytes finish the document)."""
