@@ -3,11 +3,14 @@
 They are the model's own tokenization of the forced text, fed as one chunk of the next step with
 logits on its last row only: no step of their own and no output projection over the vocabulary.
 The tokenization's last token is left to sampling unless the text finishes the document, since it
-could merge with what the model writes next (`":"` then `"J...` may tokenize as `":` + `"J`).
+could merge with what the model writes next (`":"` then `"J...` may tokenize as `":` + `"J`); once
+it is all that is left, it is appended too if no token the grammar allows runs past it.
 """
 from __future__ import annotations
 
 from typing import Callable, Sequence as Seq
+
+import numpy as np
 
 from sampling.grammar.matcher import GrammarMatcher
 
@@ -34,7 +37,17 @@ class JumpForward:
             if len(self._tokens) >= _CACHE_LIMIT:
                 self._tokens.clear()
             self._tokens[key] = tokens
+        if not tokens and not key[1]:
+            # The text is one token, held back in case it merges with what follows; it cannot
+            # if no token the grammar allows here runs past it.
+            token = self.token_spelling(whole)
+            if token is not None and self._nothing_runs_past(matcher, whole):
+                return (token,)
         return tokens
+
+    def _nothing_runs_past(self, matcher: GrammarMatcher, text: bytes) -> bool:
+        allowed = np.flatnonzero(matcher.allowed_mask())
+        return allowed.size <= 64 and all(text.startswith(self._token_bytes[t]) for t in allowed.tolist())
 
     def token_spelling(self, text: bytes) -> int | None:
         """The model's one token for `text`, if its tokenization is a single token spelling it."""

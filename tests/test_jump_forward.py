@@ -40,6 +40,20 @@ def test_the_last_forced_token_is_left_to_sampling_unless_the_document_ends(engi
     assert b"".join(model.token_bytes[t] for t in whole) == b'{"a":"hi"}'
 
 
+def test_a_held_back_token_is_appended_once_nothing_can_merge_with_it(engine):
+    model = engine.model
+    jump = JumpForward(lambda text: model.tokenize(text, add_bos=False), model.token_bytes)
+    grammar = compile_grammar(REVIEW, engine.vocabulary)
+    before_array = grammar.matcher()
+    before_array.advance_bytes(b'{"rating":3,"pros')
+    assert before_array.forced_bytes() == (b'":[', False)
+    assert jump.forced_tokens(before_array) == ()  # `":["` runs past it: the array's first string
+    before_digit = grammar.matcher()
+    before_digit.advance_bytes(b'{"rating')
+    assert before_digit.forced_bytes() == (b'":', False)
+    assert [model.token_bytes[t] for t in jump.forced_tokens(before_digit)] == [b'":']  # no token joins `":` to a digit
+
+
 def test_a_fully_forced_document_needs_no_sampling(engine):
     before = engine.stats().tokens_forced
     r = engine.generate("Anything:", json_schema={"const": {"a": "hi"}}, max_tokens=32)[0]
