@@ -3,8 +3,8 @@
 They are the model's own tokenization of the forced text, fed as one chunk of the next step with
 logits on its last row only: no step of their own and no output projection over the vocabulary.
 The tokenization's last token is left to sampling unless the text finishes the document, since it
-could merge with what the model writes next (`":"` then `"J...` may tokenize as `":` + `"J`); once
-it is all that is left, it is appended too if no token the grammar allows runs past it.
+could merge with what the model writes next (`":"` then `"` tokenizes as `":` + `""`); once it is
+all that is left, it is appended too where nothing the grammar allows next can merge with it.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ class JumpForward:
         self._token_bytes = token_bytes
         self._max_bytes = max_bytes
         self._tokens: dict[tuple[bytes, bool], tuple[int, ...]] = {}
+        self._alone: dict[tuple[bytes, frozenset[int]], bool] = {}
 
     def forced_tokens(self, matcher: GrammarMatcher) -> tuple[int, ...]:
         """Tokens the grammar forces next, in the model's canonical tokenization."""
@@ -41,13 +42,28 @@ class JumpForward:
             # The text is one token, held back in case it merges with what follows; it cannot
             # if no token the grammar allows here runs past it.
             token = self.token_spelling(whole)
-            if token is not None and self._nothing_runs_past(matcher, whole):
+            if token is not None and self._stands_alone(matcher, whole, token):
                 return (token,)
         return tokens
 
-    def _nothing_runs_past(self, matcher: GrammarMatcher, text: bytes) -> bool:
+    def _stands_alone(self, matcher: GrammarMatcher, text: bytes, token: int) -> bool:
+        """No token the grammar allows here runs past `text`, and the model spells `text` followed
+        by any byte the grammar allows after it with `token` first (one byte of lookahead: `":"`
+        before `"` is `":` + `""`)."""
         allowed = np.flatnonzero(matcher.allowed_mask())
-        return allowed.size <= 64 and all(text.startswith(self._token_bytes[t]) for t in allowed.tolist())
+        if allowed.size > 64 or not all(text.startswith(self._token_bytes[t]) for t in allowed.tolist()):
+            return False
+        after = matcher.next_bytes_after(text)
+        key = (text, after)
+        alone = self._alone.get(key)
+        if alone is None:
+            # a byte from 0x80 up begins a character this check cannot spell alone: not proven
+            alone = all(b < 0x80 and self._tokenize((text + bytes([b])).decode("utf-8"))[:1] == [token]
+                        for b in after)
+            if len(self._alone) >= _CACHE_LIMIT:
+                self._alone.clear()
+            self._alone[key] = alone
+        return alone
 
     def token_spelling(self, text: bytes) -> int | None:
         """The model's one token for `text`, if its tokenization is a single token spelling it."""

@@ -52,6 +52,10 @@ def test_a_held_back_token_is_appended_once_nothing_can_merge_with_it(engine):
     before_digit.advance_bytes(b'{"rating')
     assert before_digit.forced_bytes() == (b'":', False)
     assert [model.token_bytes[t] for t in jump.forced_tokens(before_digit)] == [b'":']  # no token joins `":` to a digit
+    before_string = grammar.matcher()
+    before_string.advance_bytes(b'{"rating":3,"pros":[],"cons":[],"summary')
+    assert before_string.forced_bytes() == (b'":"', False)
+    assert jump.forced_tokens(before_string) == ()  # an empty summary is spelled `":` + `""`
 
 
 def test_a_fully_forced_document_needs_no_sampling(engine):

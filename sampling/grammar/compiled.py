@@ -211,15 +211,25 @@ class CompiledGrammar:
         self._forced[key] = forced = (bytes(out), bool(out) and self.is_finished(S))
         return forced
 
+    def next_bytes(self, S: StateSet) -> frozenset[int]:
+        """Bytes some configuration of S has a transition on (length bounds aside: a superset)."""
+        out: set[int] = set()
+        for c in (S if not self.recursive else self.closure(S)):
+            out.update(self._live_bytes(c[-1] % self.n_states))
+        return frozenset(out)
+
+    def _live_bytes(self, g: int) -> tuple[int, ...]:
+        live = self._live.get(g)
+        if live is None:
+            live = self._live[g] = tuple(np.flatnonzero(self.trans[g] != dfa.DEAD).tolist())
+        return live
+
     def _only_byte(self, S: StateSet) -> int | None:
         only = None
         for c in (S if not self.recursive else self.closure(S)):
             x = c[-1]
             g = x % self.n_states
-            live = self._live.get(g)
-            if live is None:
-                live = self._live[g] = tuple(np.flatnonzero(self.trans[g] != dfa.DEAD).tolist())
-            for b in live:
+            for b in self._live_bytes(g):
                 if self.counting is not None and not self.counting.step(x, self.row(g)[b]):
                     continue
                 if only is None:

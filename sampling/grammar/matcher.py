@@ -106,6 +106,11 @@ class GrammarMatcher:
         texts = {self._g.idx.token_bytes[t] for t in allowed.tolist()}
         return texts.pop() if len(texts) == 1 else None
 
+    def next_bytes_after(self, data: bytes) -> frozenset[int]:
+        """The bytes that may follow `data` from here (a superset: length bounds and distinct
+        items aside); the state is unchanged."""
+        return frozenset() if self._ended else self._g.next_bytes(self._g.run(self._S, data))
+
     def forced_bytes(self, limit: int = 64) -> tuple[bytes, bool]:
         """(the next bytes the grammar allows as the only continuation, b"" when there is a
         choice or the document may end here; whether those bytes finish the document)."""
