@@ -32,14 +32,16 @@ from sampling.params import SamplingParams
 SAMPLING = {"temperature": 0.7, "top_k": 40, "top_p": 0.9}
 
 
-def measure(engine: Engine, prompts: list[str], lengths: list[int], schema: dict | None) -> dict:
-    """One round: with a schema, each prompt up to its length; without, exactly its length."""
+def measure(engine: Engine, prompts: list[str], lengths: list[int], schema: dict | None, batch: int) -> dict:
+    """One round: with a schema, each prompt up to its length; without, exactly its length;
+    `batch` requests at a time, the next group once the last is done."""
     requests = [Request(prompt=p, max_tokens=n, sampling=SamplingParams(seed=3, **SAMPLING),
                         **({"format": "json", "json_schema": schema} if schema else {"ignore_eos": True}))
                 for p, n in zip(prompts, lengths)]
     steps_before = engine.stats().steps
     start = time.perf_counter()
-    results = [h.result() for h in engine.submit_many(requests)]
+    results = [h.result() for i in range(0, len(requests), batch)
+               for h in engine.submit_many(requests[i : i + batch])]
     wall = time.perf_counter() - start
     steps = engine.stats().steps - steps_before
     tokens = sum(r.metrics.tokens_generated for r in results)
@@ -82,7 +84,7 @@ MODES = ("jump", "sampled", "free")  # constrained with jump-forward, constraine
 
 
 def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, model: str | None,
-        record: RunRecord | None = None, schema_name: str = "review") -> tuple[str, dict]:
+        record: RunRecord | None = None, schema_name: str = "review", documents: int = 8) -> tuple[str, dict]:
     schema, asked_for = NAMED[schema_name]
     settings = dict(n_ctx=8192, max_batch=max(batch_sizes), n_threads=threads, step_token_budget=512)
     with Engine(model, **settings) as engine, Engine(model, jump_forward=False, **settings) as plain:
@@ -95,22 +97,24 @@ def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, mode
         rows, headline = [], {}
         documents: list[list[int]] = []
         for b in batch_sizes:
-            prompts = [f"{p} Answer as {asked_for}." for p in benchmark_prompts(b)]
+            # The same documents at every batch size (at least `documents`): one prompt's document
+            # would make B = 1 a figure about that document.
+            prompts = [f"{p} Answer as {asked_for}." for p in benchmark_prompts(max(b, documents))]
             budget = [max_tokens] * len(prompts)
-            lengths = measure(engine, prompts, budget, schema)["lengths"]  # warm-up: fills the caches
-            measure(plain, prompts, budget, schema)
+            lengths = measure(engine, prompts, budget, schema, b)["lengths"]  # warm-up: fills the caches
+            measure(plain, prompts, budget, schema, b)
             runs: dict[str, list[dict]] = {m: [] for m in MODES}
             jump_ratio, sampled_ratio = [], []
             for i in range(rounds):
                 # rotate the order of the modes, so a drift in speed during a round cancels out
                 for mode in MODES[i % 3:] + MODES[: i % 3]:
                     if mode == "jump":
-                        runs[mode].append(measure(engine, prompts, budget, schema))
+                        runs[mode].append(measure(engine, prompts, budget, schema, b))
                         lengths = runs[mode][-1]["lengths"]
                     elif mode == "sampled":
-                        runs[mode].append(measure(plain, prompts, budget, schema))
+                        runs[mode].append(measure(plain, prompts, budget, schema, b))
                     else:
-                        runs[mode].append(measure(engine, prompts, [max(n, 1) for n in lengths], None))
+                        runs[mode].append(measure(engine, prompts, [max(n, 1) for n in lengths], None, b))
                 free = runs["free"][-1]["tok_s"]
                 jump_ratio.append(runs["jump"][-1]["tok_s"] / free)
                 sampled_ratio.append(runs["sampled"][-1]["tok_s"] / free)
@@ -137,7 +141,8 @@ def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, mode
     table = f"{table}\n\nMask time per token, replaying the constrained outputs above:\n\n{mask_table}"
     headline["compile_first_ms"] = round(first_compile * 1000)
     headline["schema"] = schema_name
-    return (f"{rounds} round(s) per batch size; the three modes run in an order rotating between rounds; "
+    return (f"{rounds} round(s) per batch size, each over the same {documents} or more documents, B at a time; "
+            f"the three modes run in an order rotating between rounds; "
             f"each unconstrained run generates exactly the token counts of the latest jump-forward run; "
             f"tok/s is tokens over wall time from submission to the last result; figures are medians "
             f"over rounds, each ratio the median of the rounds' ratios. Tokens per step include the "
@@ -152,15 +157,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", default="1,8")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--documents", type=int, default=8,
+                        help="documents per round at each batch size (at least B), generated B at a time")
     parser.add_argument("--schema", choices=sorted(NAMED), default="review",
                         help="review: string-heavy (the product spec's); order: fixed keys, enums, numbers")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     if args.quick:
-        sizes, args.tokens, args.rounds = [1, 2], 16, 1
+        sizes, args.tokens, args.rounds, args.documents = [1, 2], 16, 1, 2
     record = RunRecord("structured", args, args.model, argv)
-    publish(record, *run(sizes, args.tokens, args.rounds, args.threads, args.model, record, args.schema))
+    publish(record, *run(sizes, args.tokens, args.rounds, args.threads, args.model, record, args.schema, args.documents))
     return 0
 
 
