@@ -84,7 +84,7 @@ MODES = ("jump", "sampled", "free")  # constrained with jump-forward, constraine
 
 
 def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, model: str | None,
-        record: RunRecord | None = None, schema_name: str = "review", documents: int = 8) -> tuple[str, dict]:
+        record: RunRecord | None = None, schema_name: str = "review", n_documents: int = 8) -> tuple[str, dict]:
     schema, asked_for = NAMED[schema_name]
     settings = dict(n_ctx=8192, max_batch=max(batch_sizes), n_threads=threads, step_token_budget=512)
     with Engine(model, **settings) as engine, Engine(model, jump_forward=False, **settings) as plain:
@@ -97,9 +97,9 @@ def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, mode
         rows, headline = [], {}
         documents: list[list[int]] = []
         for b in batch_sizes:
-            # The same documents at every batch size (at least `documents`): one prompt's document
+            # The same documents at every batch size (at least n_documents): one prompt's document
             # would make B = 1 a figure about that document.
-            prompts = [f"{p} Answer as {asked_for}." for p in benchmark_prompts(max(b, documents))]
+            prompts = [f"{p} Answer as {asked_for}." for p in benchmark_prompts(max(b, n_documents))]
             budget = [max_tokens] * len(prompts)
             lengths = measure(engine, prompts, budget, schema, b)["lengths"]  # warm-up: fills the caches
             measure(plain, prompts, budget, schema, b)
@@ -141,7 +141,7 @@ def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, mode
     table = f"{table}\n\nMask time per token, replaying the constrained outputs above:\n\n{mask_table}"
     headline["compile_first_ms"] = round(first_compile * 1000)
     headline["schema"] = schema_name
-    return (f"{rounds} round(s) per batch size, each over the same {documents} or more documents, B at a time; "
+    return (f"{rounds} round(s) per batch size, each over the same {n_documents} or more documents, B at a time; "
             f"the three modes run in an order rotating between rounds; "
             f"each unconstrained run generates exactly the token counts of the latest jump-forward run; "
             f"tok/s is tokens over wall time from submission to the last result; figures are medians "
