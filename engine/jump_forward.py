@@ -39,8 +39,8 @@ class JumpForward:
                 self._tokens.clear()
             self._tokens[key] = tokens
         if not tokens and not key[1]:
-            # The text is one token, held back in case it merges with what follows; it cannot
-            # if no token the grammar allows here runs past it.
+            # The text is one token, held back in case it merges with what follows; appended
+            # where nothing that may follow can merge with it.
             token = self.token_spelling(whole)
             if token is not None and self._stands_alone(matcher, whole, token):
                 return (token,)
