@@ -360,14 +360,14 @@ def _assert_token_edges(aut, counting, toks: list[bytes]) -> None:
         for t in toks:
             g = s
             for b in t:
-                g = DEAD if counted[g] else int(aut.trans[g, b])
+                g = DEAD if counted[g] else int(aut.row(g)[b])
                 if g == DEAD:
                     break
             if g != DEAD:
                 expected.add((s, g))
     src, dst = distance._token_edges(aut, toks, counting.counted if counting.any else None)
     assert set(zip(src.tolist(), dst.tolist())) == expected and len(src) == len(expected)
-    used = {b for t in toks for b in t.translate(aut.class_rep)}     # one byte per class, as walked
-    narrow = {s for s in range(aut.n_states) if sum(aut.trans[s, b] != DEAD for b in used) <= 3}
+    used = {c for t in toks for c in t.translate(aut.byte_class)}     # the columns walked
+    narrow = {s for s in range(aut.n_states) if sum(aut.trans[s, c] != DEAD for c in used) <= 3}
     src, dst = distance._token_edges(aut, toks, counting.counted if counting.any else None, max_start_live=3)
     assert set(zip(src.tolist(), dst.tolist())) == {(s, g) for s, g in expected if s in narrow}

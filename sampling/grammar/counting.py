@@ -43,7 +43,7 @@ class Counting:
         self.exit = np.zeros(n, dtype=np.int64)     # the state after the closing quote (heads and mids)
         if self.any:
             self._check(aut)
-            self._distances(aut.trans, single)
+            self._distances(aut, single)
 
     def _check(self, aut: Automaton) -> None:
         """The shape the counter relies on; anything else is unrolled by the caller instead."""
@@ -66,9 +66,10 @@ class Counting:
         if (counted[entered] & ~self.head[entered]).any():
             raise CountConflict()      # a string entered inside a character
 
-    def _distances(self, trans: np.ndarray, single: np.ndarray) -> None:
+    def _distances(self, aut: Automaton, single: np.ndarray) -> None:
         counted, head = self.counted, self.head
-        cols = np.flatnonzero(single)
+        trans, byte_class = aut.trans, np.frombuffer(aut.byte_class, dtype=np.uint8)
+        cols = np.unique(byte_class[np.flatnonzero(single)])
         mids = np.flatnonzero(counted & ~head)
         r = np.where(head, 0, INF).astype(np.int64)
         head_of = np.where(head, np.arange(self.n_states), -1)
@@ -87,7 +88,7 @@ class Counting:
         heads = np.flatnonzero(head)
         nxt = trans[heads][:, cols]
         c1 = np.where(counted[nxt], r[nxt], INF).min(axis=1) + 1
-        quote = trans[heads, ord('"')]
+        quote = trans[heads, byte_class[ord('"')]]
         closes = single[ord('"')] & (quote == self.exit[heads]) & (quote != DEAD)
         self.c1[heads] = c1
         self.exit[heads] = np.where(closes, self.exit[heads], DEAD)

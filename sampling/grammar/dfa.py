@@ -34,20 +34,24 @@ class CountConflict(Exception):
 
 @dataclass
 class Automaton:
-    trans: np.ndarray            # int32 [n_states, 256]
+    trans: np.ndarray            # int32 [n_states, n_classes]: column byte_class[b] for byte b
     accept: np.ndarray           # bool [n_states]: the state's rule may end here
     calls: list[tuple[tuple[int, int], ...]]  # per state: (rule, return state) pairs
     rule_start: list[int]
     rule_of: np.ndarray          # int32 [n_states]
     count_tag: np.ndarray        # int32 [n_states]: 0, or 1 + index into count_tags (counted string states)
     count_tags: list[tuple[int, int | None, bool]]   # (lo, hi, at a character boundary)
-    # bytes.translate table: each byte to the first byte of its class (bytes no edge tells
-    # apart: every state's transitions on them are the same)
-    class_rep: bytes = bytes(range(256))
+    # Each byte's class (bytes no edge tells apart: every state's transitions on them are the
+    # same), as a bytes.translate table. A table over classes is a third of one over bytes.
+    byte_class: bytes = bytes(range(256))
 
     @property
     def n_states(self) -> int:
         return self.trans.shape[0]
+
+    def row(self, g: int) -> np.ndarray:
+        """State g's transitions over all 256 bytes."""
+        return self.trans[g][np.frombuffer(self.byte_class, dtype=np.uint8)]
 
 
 def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> Automaton:
@@ -68,8 +72,7 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
     except native.CountConflictError:
         raise CountConflict() from None
     table, accept, calls, starts = _trim(sub.trans, sub.accept, sub.calls, sub.starts)
-    table, accept, calls, starts, rule_of, tags = _minimize(table, accept, calls, starts, sub.rule_of, sub.count_tag,
-                                                            classes)
+    table, accept, calls, starts, rule_of, tags = _minimize(table, accept, calls, starts, sub.rule_of, sub.count_tag)
     per_state: list[tuple[tuple[int, int], ...]] = [()] * table.shape[0]
     for g, q, ret in sorted(calls.tolist()):
         per_state[g] += ((q, ret),)
@@ -81,7 +84,7 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
         rule_of=rule_of,
         count_tag=tags,
         count_tags=sorted(tag_ids, key=tag_ids.get),
-        class_rep=bytes(np.asarray(class_rep, dtype=np.uint8)[classes].tolist()),
+        byte_class=bytes(classes.astype(np.uint8).tolist()),
     )
 
 
@@ -129,10 +132,9 @@ def _trim(table, accept, calls, starts):
     return table, accept & live, calls, starts
 
 
-def _minimize(table, accept, calls, starts, rule_of, tags, classes):
+def _minimize(table, accept, calls, starts, rule_of, tags):
     """Merge states with the same future (Hopcroft's partition refinement, in C); call edges are
-    labelled by their rule; states of different rules, acceptance or counter tags never merge.
-    The table comes back over bytes: [states, 256] (classes: each byte's column in `table`)."""
+    labelled by their rule; states of different rules, acceptance or counter tags never merge."""
     n = table.shape[0]
     key = (rule_of.astype(np.int64) + 1) << 33 | tags.astype(np.int64) << 1 | accept
     key[DEAD] = -1
@@ -148,5 +150,5 @@ def _minimize(table, accept, calls, starts, rule_of, tags, classes):
     is_rep[rep] = True
     kept = calls[is_rep[calls[:, 0]]]
     new_calls = np.stack([block[kept[:, 0]], kept[:, 1], block[kept[:, 2]]], axis=1)
-    return native.quotient_table(table, rep, block, classes), accept[rep], new_calls, [int(block[s]) for s in starts], \
+    return native.quotient_table(table, rep, block), accept[rep], new_calls, [int(block[s]) for s in starts], \
         rule_of[rep], tags[rep]

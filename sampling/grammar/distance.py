@@ -70,8 +70,9 @@ def _token_edges(aut: Automaton, toks: list[bytes], counted: np.ndarray | None =
     n = aut.n_states
     if n <= 1 or not toks:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    # Tokens that differ only in bytes of one class take the same paths: walk one of them.
-    toks = list({t.translate(aut.class_rep) for t in toks})
+    # Spelled in the table's columns (byte classes): tokens that differ only in bytes of one
+    # class take the same paths, and are walked once.
+    toks = list({t.translate(aut.byte_class) for t in toks})
     counted = counted if counted is not None else np.zeros(n, dtype=bool)
     return native.token_edges(aut.trans, counted, _trie(toks), max_start_live)
 

@@ -89,9 +89,11 @@ class _Counts:
         return np.where((self.phase == 0) & (st != DEAD), 0, out)
 
 
-def walk(idx: VocabIndex, trans_flat: np.ndarray, start: int, u16: np.ndarray, boundary: np.ndarray,
-         counting: Counting | None = None, U: np.ndarray | None = None) -> Frame:
-    """`u16[g]` is U clipped to uint16 (65535 = unreachable); `boundary[g]` the flag bits.
+def walk(idx: VocabIndex, trans_flat: np.ndarray, n_cls: int, columns: list[np.ndarray], start: int,
+         u16: np.ndarray, boundary: np.ndarray, counting: Counting | None = None, U: np.ndarray | None = None) -> Frame:
+    """`trans_flat`: the table over byte classes (n_cls columns), flat; `columns[d]`: the column
+    of each byte in `idx.bytes_[d]`. `u16[g]` is U clipped to uint16 (65535 = unreachable);
+    `boundary[g]` the flag bits.
     With `counting` (None unless the grammar has counted strings; U: int64 distances), counts are
     followed along each token; from a counted `start`, relative to its count (Frame.values).
 
@@ -109,7 +111,7 @@ def walk(idx: VocabIndex, trans_flat: np.ndarray, start: int, u16: np.ndarray, b
         node_left = np.zeros(idx.n_nodes + 1, dtype=np.int64)
     cur = None                                   # None = every node of the level, in order
     if depth_max:
-        st = trans_flat[start * 256 + idx.bytes_[0]]
+        st = trans_flat[start * n_cls + columns[0]]
         fl = np.zeros(st.size, dtype=np.uint8)
         if counting is not None:
             counts = _Counts(counting, st.size, bool(counting.counted[start]))
@@ -144,7 +146,7 @@ def walk(idx: VocabIndex, trans_flat: np.ndarray, start: int, u16: np.ndarray, b
                     full[at] = arr
                     carried.append(full[par])
             prev = pst[par]
-            st = trans_flat[prev * 256 + idx.bytes_[d]]
+            st = trans_flat[prev * n_cls + columns[d]]
             fl = pfl[par]
             cur = None
         else:
@@ -160,7 +162,7 @@ def walk(idx: VocabIndex, trans_flat: np.ndarray, start: int, u16: np.ndarray, b
             if counts is not None:
                 carried = [arr[keep][rep] for arr in counts.take(slice(None))]
             prev = pst[rep]
-            st = trans_flat[prev * 256 + idx.bytes_[d][cur]]
+            st = trans_flat[prev * n_cls + columns[d][cur]]
             fl = pfl[rep]
         if counts is not None:
             st = counts.advance(prev, st, tuple(carried))

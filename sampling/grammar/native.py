@@ -95,16 +95,14 @@ def live_states(table: np.ndarray, accept: np.ndarray, calls: np.ndarray, starts
     return live.astype(bool), productive.astype(bool)
 
 
-def quotient_table(table: np.ndarray, rep: np.ndarray, block: np.ndarray, classes: np.ndarray) -> np.ndarray:
-    """int32 [len(rep), 256]: block[table[rep[i], classes[b]]] (one pass: the numpy way took three
+def quotient_table(table: np.ndarray, rep: np.ndarray, block: np.ndarray) -> np.ndarray:
+    """int32 [len(rep), classes]: block[table[rep[i], c]] (one pass: the numpy way took three
     arrays of a large schema's 10^7 cells)."""
     table = _i32(table)
     rep = np.ascontiguousarray(rep, dtype=np.int64)
     block = _i32(block)
-    classes = np.ascontiguousarray(classes, dtype=np.int64)
-    out = np.empty((len(rep), 256), dtype=np.int32)
-    lib.quotient_table(len(rep), table.shape[1], _ptr(table), _ptr(rep, "int64_t *"), _ptr(block),
-                       _ptr(classes, "int64_t *"), _ptr(out))
+    out = np.empty((len(rep), table.shape[1]), dtype=np.int32)
+    lib.quotient_table(len(rep), table.shape[1], _ptr(table), _ptr(rep, "int64_t *"), _ptr(block), _ptr(out))
     return out
 
 
@@ -133,7 +131,7 @@ def token_edges(trans: np.ndarray, counted: np.ndarray, trie: tuple[np.ndarray, 
     child_byte = np.ascontiguousarray(child_byte, dtype=np.uint8)
     is_token = np.ascontiguousarray(is_token, dtype=np.uint8)
     out = ffi.new("pair_result *")
-    status = lib.token_edges(trans.shape[0], _ptr(trans), _ptr(counted, "uint8_t *"), max_start_live, _ptr(child_off),
+    status = lib.token_edges(trans.shape[0], trans.shape[1], _ptr(trans), _ptr(counted, "uint8_t *"), max_start_live, _ptr(child_off),
                              _ptr(child_byte, "uint8_t *"), _ptr(child_node), _ptr(is_token, "uint8_t *"), out)
     if status != lib.AUTOMATON_OK:
         raise MemoryError("token edges ran out of memory")

@@ -304,7 +304,7 @@ def _edge_lists(aut: dfa.Automaton) -> tuple[list[list[tuple[int, int]]], list[b
     order = [start]
     edges: list[list[tuple[int, int]]] = []
     for g in order:                       # grows while it is walked: breadth-first numbering
-        row = aut.trans[g]
+        row = aut.row(g)
         out = []
         for t in np.unique(row).tolist():
             if t == dfa.DEAD:

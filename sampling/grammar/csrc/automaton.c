@@ -520,15 +520,12 @@ done:
 }
 
 void quotient_table(int32_t n_out, int32_t n_cls, const int32_t *trans, const int64_t *rep,
-                    const int32_t *block, const int64_t *cls, int32_t *out) {
-    int32_t row[256];
+                    const int32_t *block, int32_t *out) {
     for (int32_t i = 0; i < n_out; i++) {
         const int32_t *from = trans + rep[i] * n_cls;
+        int32_t *to = out + (int64_t)i * n_cls;
         for (int32_t c = 0; c < n_cls; c++)
-            row[c] = block[from[c]];
-        int32_t *to = out + (int64_t)i * 256;
-        for (int b = 0; b < 256; b++)
-            to[b] = row[cls[b]];
+            to[c] = block[from[c]];
     }
 }
 
@@ -541,6 +538,7 @@ void quotient_table(int32_t n_out, int32_t n_cls, const int32_t *trans, const in
 
 typedef struct {
     const int32_t *trans;
+    int32_t n_cls;
     uint8_t used[256];      /* the bytes the trie uses */
     int n_used;
     int16_t *count;         /* per state: how many of `used` are live (-1: not yet counted) */
@@ -550,7 +548,7 @@ typedef struct {
 static int live_count(live_bytes *lb, int32_t s) {
     if (lb->count[s] < 0) {
         int m = 0;
-        const int32_t *row = lb->trans + (int64_t)s * 256;
+        const int32_t *row = lb->trans + (int64_t)s * lb->n_cls;
         for (int i = 0; i < lb->n_used; i++)
             if (row[lb->used[i]]) {
                 if (m < FEW) lb->few[(int64_t)s * FEW + m] = lb->used[i];
@@ -571,12 +569,12 @@ static int32_t child_with_byte(const uint8_t *child_byte, int32_t lo, int32_t hi
     return lo < end && child_byte[lo] == b ? lo : -1;
 }
 
-int token_edges(int32_t n, const int32_t *trans, const uint8_t *counted, int32_t max_start_live,
+int token_edges(int32_t n, int32_t n_cls, const int32_t *trans, const uint8_t *counted, int32_t max_start_live,
                 const int32_t *child_off, const uint8_t *child_byte, const int32_t *child_node,
                 const uint8_t *is_token, pair_result *out) {
     memset(out, 0, sizeof(*out));
     vec src = {0}, dst = {0}, stack = {0}, todo = {0};
-    live_bytes lb = {trans, {0}, 0, malloc((size_t)n * sizeof(int16_t)), malloc((size_t)n * FEW)};
+    live_bytes lb = {trans, n_cls, {0}, 0, malloc((size_t)n * sizeof(int16_t)), malloc((size_t)n * FEW)};
     int32_t *seen = calloc((size_t)n + 1, sizeof(int32_t));     /* seen[t] == s + 1: pair (s, t) out */
     int ok = seen != NULL && lb.count != NULL && lb.few != NULL && vec_push(&todo, 0);
     if (ok) {
@@ -604,7 +602,7 @@ int token_edges(int32_t n, const int32_t *trans, const uint8_t *counted, int32_t
             for (int32_t j = 0; ok && j < count; j++) {
                 int32_t k = m <= FEW ? child_with_byte(child_byte, lo, hi, lb.few[(int64_t)cur * FEW + j]) : lo + j;
                 if (k < 0) continue;
-                int32_t next = trans[(int64_t)cur * 256 + child_byte[k]];
+                int32_t next = trans[(int64_t)cur * n_cls + child_byte[k]];
                 if (!next) continue;
                 int32_t child = child_node[k];
                 if (is_token[child] && seen[next] != s + 1) {

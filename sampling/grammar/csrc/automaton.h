@@ -43,21 +43,22 @@ typedef struct {
 } pair_result;
 
 /* The distinct (state, state') pairs such that some token of the trie leads state -> state'
-   (trans: n x 256, 0 = dead). The trie: node 0 is the root, node k's children are
-   child_node[child_off[k] .. child_off[k + 1]] on bytes child_byte[...], in byte order;
+   (trans: n x n_cls, 0 = dead; the trie spells tokens in columns, not bytes). The trie: node 0
+   is the root, node k's children are child_node[child_off[k] .. child_off[k + 1]] on columns
+   child_byte[...], in increasing order;
    is_token per node.
    A path may not start in, nor pass through, a state with counted[s] (it may end in one), nor
    start in one with more than max_start_live live bytes among those the trie uses (< 0: any). */
-int token_edges(int32_t n, const int32_t *trans, const uint8_t *counted, int32_t max_start_live,
+int token_edges(int32_t n, int32_t n_cls, const int32_t *trans, const uint8_t *counted, int32_t max_start_live,
                 const int32_t *child_off, const uint8_t *child_byte, const int32_t *child_node,
                 const uint8_t *is_token, pair_result *out);
 
 void pairs_free(pair_result *out);
 
-/* The minimal automaton's table: out[i][b] = block[trans[rep[i]][cls[b]]] for i < n_out and
-   every byte b (trans: n x n_cls, out: n_out x 256). */
+/* The minimal automaton's table: out[i][c] = block[trans[rep[i]][c]] for i < n_out (trans and
+   out: n_cls columns). */
 void quotient_table(int32_t n_out, int32_t n_cls, const int32_t *trans, const int64_t *rep,
-                    const int32_t *block, const int64_t *cls, int32_t *out);
+                    const int32_t *block, int32_t *out);
 
 int32_t minimize(int32_t n, int32_t n_cls, const int32_t *trans,
                  int32_t n_extra, const int32_t *extra_src, const int32_t *extra_label,
