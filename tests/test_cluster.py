@@ -188,7 +188,9 @@ def test_a_killed_replica_fails_only_its_requests_and_is_replaced(cluster):
     for t in threads:
         t.join(240)
     statuses = sorted(status for status, _ in results)
-    assert len(results) == 6 and statuses[0] == 200 and statuses[-1] >= 500, statuses
+    # Every request is answered. The killed replica's end in a clear 5xx, unless Ray Serve sent them
+    # again to the live replica: once in about ten runs all six came back complete (200).
+    assert len(results) == 6 and statuses[0] == 200, statuses
     for status, body in results:
         if status == 500:  # a clear error naming the cause, not a hang or a dropped connection
             assert body["error"]["code"] == "generation_failed" and "replica" in body["error"]["message"]
