@@ -176,7 +176,17 @@ def test_a_killed_replica_fails_only_its_requests_and_is_replaced(cluster):
                                                "max_tokens": 200, "temperature": 0.7, "seed": i})
             results.append((r.status_code, r.json()))
 
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
+    streams: list[list[tuple[str, dict]]] = []
+
+    def stream(i: int) -> None:
+        body = {"prompt": f"Write a long essay about topic number {i}:", "max_tokens": 200, "temperature": 0.7,
+                "seed": i, "stream": True}
+        with httpx.Client(base_url=cluster.url, timeout=180) as client, \
+                client.stream("POST", "/generate", json=body) as response:
+            streams.append([(name, json.loads(data)) for name, data in sse_events(response.iter_lines())])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)] + \
+        [threading.Thread(target=stream, args=(i,)) for i in range(6, 8)]
     for t in threads:
         t.start()
     busy = wait_until(lambda: (s := cluster.replicas()) and all(x.engine.running > 0 for x in s.values()) and s,
@@ -198,6 +208,13 @@ def test_a_killed_replica_fails_only_its_requests_and_is_replaced(cluster):
             assert body["error"]["code"] == "engine_closed" and "replica" in body["error"]["message"]
         else:
             assert status == 200 and body["finish_reason"] in ("length", "stop")
+    # A stream ends once, with its text sent exactly once: done with the deltas' text, or an error.
+    assert len(streams) == 2
+    for events in streams:
+        names = [name for name, _ in events]
+        assert names and names[-1] in ("done", "error") and names.count("done") + names.count("error") == 1, names
+        if names[-1] == "done":
+            assert "".join(d["text"] for n, d in events if n == "delta") == events[-1][1]["text"]
     # Serve starts a new replica in its place; service resumes on both.
     replaced = wait_until(lambda: (s := cluster.replicas()) and len(s) == 2 and victim not in s and s, 180,
                           "the killed replica was not replaced")
