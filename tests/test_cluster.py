@@ -176,14 +176,17 @@ def test_a_killed_replica_fails_only_its_requests_and_is_replaced(cluster):
                                                "max_tokens": 200, "temperature": 0.7, "seed": i})
             results.append((r.status_code, r.json()))
 
-    streams: list[list[tuple[str, dict]]] = []
+    streams: list[tuple[int, object]] = []
 
     def stream(i: int) -> None:
         body = {"prompt": f"Write a long essay about topic number {i}:", "max_tokens": 200, "temperature": 0.7,
                 "seed": i, "stream": True}
         with httpx.Client(base_url=cluster.url, timeout=180) as client, \
                 client.stream("POST", "/generate", json=body) as response:
-            streams.append([(name, json.loads(data)) for name, data in sse_events(response.iter_lines())])
+            if response.status_code != 200:      # refused before the stream began
+                streams.append((response.status_code, json.loads(response.read())))
+            else:
+                streams.append((200, [(name, json.loads(data)) for name, data in sse_events(response.iter_lines())]))
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)] + \
         [threading.Thread(target=stream, args=(i,)) for i in range(6, 8)]
@@ -210,7 +213,11 @@ def test_a_killed_replica_fails_only_its_requests_and_is_replaced(cluster):
             assert status == 200 and body["finish_reason"] in ("length", "stop")
     # A stream ends once, with its text sent exactly once: done with the deltas' text, or an error.
     assert len(streams) == 2
-    for events in streams:
+    for status, events in streams:
+        if status != 200:   # refused as the replica died, as the plain requests above
+            assert (status, events["error"]["code"]) in ((503, "engine_closed"), (500, "generation_failed")), events
+            assert "replica" in events["error"]["message"]
+            continue
         names = [name for name, _ in events]
         assert names and names[-1] in ("done", "error") and names.count("done") + names.count("error") == 1, names
         if names[-1] == "done":
