@@ -338,8 +338,8 @@ def test_token_edges_walk_equals_every_state_times_every_token(schema):
 
 
 def test_token_edges_through_wide_trie_nodes():
-    # Trie nodes with many children met in states with few live bytes (keys, enum values) are
-    # walked through the state's bytes: every pair must still come out.
+    # Trie nodes with many children met in states with few live columns (keys, enum values) are
+    # walked through the state's columns: every pair must still come out.
     schema = {"type": "object", "properties": {"alpha": {"enum": ["abcde", "bacon", "cab"]}, "beta": {"type": "string"},
                                                "gamma": {"type": "integer", "minimum": 10}}}
     single = np.ones(256, dtype=bool)

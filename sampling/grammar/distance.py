@@ -28,13 +28,16 @@ from .vocab_index import VocabIndex
 
 INF = np.int32(2**30)
 _STRUCTURAL = frozenset(b'{}[]",:-.0123456789')
-NARROW_LIVE = 32      # a free string's states have about 200 live bytes, a key's 1
+# Live columns (byte classes) among those the pieces use: in a large schema a free string's
+# states have nearly all columns live (up to 87 of 91 in service-schema), a key's states 1. A small
+# schema has few columns, and its pieces are then walked from every state, as with no limit.
+NARROW_LIVE = 32
 
 
 @dataclass(frozen=True)
 class BudgetTokens:
     """The tokens distances are computed over: `every` from every state, `narrow` (pieces of the
-    schema's keys and enum values) only from states with at most NARROW_LIVE live bytes. Any
+    schema's keys and enum values) only from states with at most NARROW_LIVE live columns. Any
     subset of real tokens keeps U achievable; a piece of a literal shortens no way out of a free
     string, and walking thousands of them from every string state was most of this pass."""
     every: list[bytes]
@@ -64,7 +67,7 @@ def _vocab_budget(idx: VocabIndex, exact_limit: int) -> tuple[frozenset[bytes], 
 def _token_edges(aut: Automaton, toks: list[bytes], counted: np.ndarray | None = None,
                  max_start_live: int = -1) -> tuple[np.ndarray, np.ndarray]:
     """Unique (src, dst) state pairs with some token in `toks` leading src -> dst (bytes only),
-    src with at most `max_start_live` live bytes among the tokens' (< 0: any). With `counted`
+    src with at most `max_start_live` live columns among the tokens' (< 0: any). With `counted`
     (states of length-bounded strings), paths that start in or pass through one are left out:
     only a counted state's entry (its count then 0) may end a path."""
     n = aut.n_states

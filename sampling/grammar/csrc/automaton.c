@@ -531,15 +531,15 @@ void quotient_table(int32_t n_out, int32_t n_cls, const int32_t *trans, const in
 
 /* ---- token edges: every state walks the token trie at once, pruned at the dead state ---- */
 
-/* A trie node with many children, met in a state with few live bytes (a key's letters), is
-   walked through the state's bytes (binary search among the children, which are in byte order)
-   instead of through its children: most of a large schema's states have one live byte. */
+/* A trie node with many children, met in a state with few live columns (a key's letters), is
+   walked through the state's columns (binary search among the children, which are in column
+   order) instead of through its children: most of a large schema's states have one. */
 #define FEW 4
 
 typedef struct {
     const int32_t *trans;
     int32_t n_cls;
-    uint8_t used[256];      /* the bytes the trie uses */
+    uint8_t used[256];      /* the columns the trie uses */
     int n_used;
     int16_t *count;         /* per state: how many of `used` are live (-1: not yet counted) */
     uint8_t *few;           /* per state: the first FEW of them */
@@ -580,7 +580,7 @@ int token_edges(int32_t n, int32_t n_cls, const int32_t *trans, const uint8_t *c
     if (ok) {
         memset(lb.count, -1, (size_t)n * sizeof(int16_t));
         uint8_t is_used[256] = {0};
-        while (todo.n) {                /* the bytes the trie uses */
+        while (todo.n) {                /* the columns the trie uses */
             int32_t node = todo.v[--todo.n];
             for (int32_t k = child_off[node]; ok && k < child_off[node + 1]; k++) {
                 is_used[child_byte[k]] = 1;

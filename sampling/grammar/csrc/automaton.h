@@ -48,7 +48,7 @@ typedef struct {
    child_byte[...], in increasing order;
    is_token per node.
    A path may not start in, nor pass through, a state with counted[s] (it may end in one), nor
-   start in one with more than max_start_live live bytes among those the trie uses (< 0: any). */
+   start in one with more than max_start_live live columns among those the trie uses (< 0: any). */
 int token_edges(int32_t n, int32_t n_cls, const int32_t *trans, const uint8_t *counted, int32_t max_start_live,
                 const int32_t *child_off, const uint8_t *child_byte, const int32_t *child_node,
                 const uint8_t *is_token, pair_result *out);
