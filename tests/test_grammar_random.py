@@ -205,6 +205,28 @@ def test_random_schemas_generate_valid_documents(schema, seed):
     _check_masks_brute_force(g, random.Random(seed))
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(SCHEMAS, st.integers(0, 2**32))
+def test_unminimised_automata_and_split_walks_give_the_same_grammar(schema, seed):
+    # Large automata skip minimisation and split their token walks over two threads: here every
+    # automaton does, and must generate valid documents within budget with the same distances.
+    from sampling.grammar import dfa, distance
+
+    def compile_fresh(s, vocab, open_objects):
+        return CompiledGrammar(s, index_for(vocab), open_objects=open_objects)
+    try:
+        minimal = compile_fresh(schema, VOCAB, seed % 2 == 1)
+    except SchemaError:
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dfa, "MINIMIZE_MAX_STATES", 0)
+        mp.setattr(distance, "PARALLEL_STATES", 0)
+        g, start = _check_outputs(schema, seed, runs=2, compile=compile_fresh)
+    assert g.n_states >= minimal.n_states
+    assert start == minimal.matcher().min_tokens_to_complete()
+    _check_masks_brute_force(g, random.Random(seed), steps=6)
+
+
 def test_recursive_schemas():
     for schema in RECURSIVE:
         for seed in range(3):
@@ -332,8 +354,7 @@ def test_token_edges_walk_equals_every_state_times_every_token(schema):
     from sampling.grammar import distance
 
     single = np.ones(256, dtype=bool)
-    comp, aut, counting = CompiledGrammar._automaton(schema, False, single, count_strings=True)
-    budget = distance.budget_tokens(index_for(VOCAB), comp.literals)
+    _, aut, counting, budget = CompiledGrammar._automaton(schema, index_for(VOCAB), False, single, count_strings=True)
     _assert_token_edges(aut, counting, budget.every + budget.narrow)
 
 
@@ -343,7 +364,7 @@ def test_token_edges_through_wide_trie_nodes():
     schema = {"type": "object", "properties": {"alpha": {"enum": ["abcde", "bacon", "cab"]}, "beta": {"type": "string"},
                                                "gamma": {"type": "integer", "minimum": 10}}}
     single = np.ones(256, dtype=bool)
-    _, aut, counting = CompiledGrammar._automaton(schema, False, single, count_strings=True)
+    _, aut, counting, _ = CompiledGrammar._automaton(schema, index_for(VOCAB), False, single, count_strings=True)
     letters = "abcdeghlmnopt"
     toks = [bytes([b]) for b in range(256)] + [f"{x}{y}".encode() for x in letters for y in letters] \
         + [f"{x}{y}{z}".encode() for x in "abc" for y in letters for z in letters] + [b'":', b'","', b"1", b"10"]
@@ -365,8 +386,11 @@ def _assert_token_edges(aut, counting, toks: list[bytes]) -> None:
                     break
             if g != DEAD:
                 expected.add((s, g))
-    src, dst = distance._token_edges(aut, toks, counting.counted if counting.any else None)
-    assert set(zip(src.tolist(), dst.tolist())) == expected and len(src) == len(expected)
+    for parallel_states in (10**9, 0):       # one thread, and split between two
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(distance, "PARALLEL_STATES", parallel_states)
+            src, dst = distance._token_edges(aut, toks, counting.counted if counting.any else None)
+        assert set(zip(src.tolist(), dst.tolist())) == expected and len(src) == len(expected)
     used = {c for t in toks for c in t.translate(aut.byte_class)}     # the columns walked
     narrow = {s for s in range(aut.n_states) if sum(aut.trans[s, c] != DEAD for c in used) <= 3}
     src, dst = distance._token_edges(aut, toks, counting.counted if counting.any else None, max_start_live=3)

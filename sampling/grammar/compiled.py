@@ -1,13 +1,14 @@
 """CompiledGrammar: the automaton, token distances and shared caches for one (schema, vocab)."""
 from __future__ import annotations
 
+import functools
 import gc
 import threading
 from collections import OrderedDict
 
 import numpy as np
 
-from . import dfa, distance
+from . import background, dfa, distance
 from .counting import Counting
 from .errors import SchemaError
 from .frames import U16_INF, Frame, walk
@@ -44,11 +45,11 @@ class CompiledGrammar:
         single = np.zeros(256, dtype=bool)
         single[list(idx.single_byte)] = True
         try:
-            comp, aut, counting = self._automaton(schema, open_objects, single, count_strings=True)
+            comp, aut, counting, budget = self._automaton(schema, idx, open_objects, single, count_strings=True)
         except dfa.CountConflict:    # rare: alternatives with different length bounds at one place
-            comp, aut, counting = self._automaton(schema, open_objects, single, count_strings=False)
+            comp, aut, counting, budget = self._automaton(schema, idx, open_objects, single, count_strings=False)
         self._check_left_recursion(aut)
-        U = distance.token_distances(aut, distance.budget_tokens(idx, comp.literals), counting)
+        U = distance.token_distances(aut, budget, counting)
         if U[aut.rule_start[0]] >= INF:
             raise SchemaError("no document satisfying this schema can be written with this vocabulary")
         if (U[U < INF] >= int(U16_INF)).any():
@@ -107,13 +108,19 @@ class CompiledGrammar:
         self._forced: dict[tuple[StateSet, int], tuple[bytes, bool]] = {}
 
     @staticmethod
-    def _automaton(schema: object, open_objects: bool, single: np.ndarray, count_strings: bool):
+    def _automaton(schema: object, idx: VocabIndex, open_objects: bool, single: np.ndarray, count_strings: bool):
         comp = SchemaCompiler(schema, open_objects=open_objects, count_strings=count_strings)
         rules = comp.compile()
+        # The budget set needs only the literals: with many, it is found on the second thread
+        # while the automaton is built (whose C passes leave the GIL free).
+        if sum(map(len, comp.literals)) >= distance.BACKGROUND_LITERAL_BYTES:
+            budget = background.submit(distance.budget_tokens, idx, comp.literals).result
+        else:
+            budget = functools.partial(distance.budget_tokens, idx, comp.literals)
         nfa = NFA()
         frags = [nfa.build(r) for r in rules]
         aut = dfa.build(nfa, frags)
-        return comp, aut, Counting(aut, single)
+        return comp, aut, Counting(aut, single), budget()
 
     @staticmethod
     def _check_left_recursion(aut: dfa.Automaton) -> None:

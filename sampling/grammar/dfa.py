@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from .nfa import NFA
 
 DEAD = 0
+# Minimisation (partition refinement, O(m log n)) merges few of the largest schemas' states, and
+# costs them more time than it saves the passes after it: above this many states it is skipped,
+# and the automaton stays as subset construction made it (trimmed). Same language either way.
+MINIMIZE_MAX_STATES = 50_000
 
 
 class EmptyLanguage(SchemaError):
@@ -54,7 +58,8 @@ class Automaton:
         return self.trans[g][np.frombuffer(self.byte_class, dtype=np.uint8)]
 
 
-def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> Automaton:
+def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000, minimal: bool = False) -> Automaton:
+    """minimal: minimise whatever the size (for callers that rely on a minimal automaton)."""
     masks, mask_bits = _masks(nfa)
     classes, class_rep = _byte_classes(mask_bits)
     mask_id = {m: i for i, m in enumerate(masks)}
@@ -71,8 +76,13 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000) -> 
             tags=tags, rules=rules, max_states=max_states)
     except native.CountConflictError:
         raise CountConflict() from None
-    table, accept, calls, starts = _trim(sub.trans, sub.accept, sub.calls, sub.starts)
-    table, accept, calls, starts, rule_of, tags = _minimize(table, accept, calls, starts, sub.rule_of, sub.count_tag)
+    table, accept, calls, starts, live = _trim(sub.trans, sub.accept, sub.calls, sub.starts)
+    if minimal or table.shape[0] <= MINIMIZE_MAX_STATES:
+        block, count = _minimal_blocks(table, accept, calls, starts, sub.rule_of, sub.count_tag)
+    else:
+        block, count = _live_blocks(live)
+    table, accept, calls, starts, rule_of, tags = _quotient(table, accept, calls, starts, sub.rule_of,
+                                                            sub.count_tag, block, count)
     per_state: list[tuple[tuple[int, int], ...]] = [()] * table.shape[0]
     for g, q, ret in sorted(calls.tolist()):
         per_state[g] += ((q, ret),)
@@ -120,7 +130,7 @@ def _byte_classes(bits: np.ndarray) -> tuple[np.ndarray, list[int]]:
 def _trim(table, accept, calls, starts):
     """Remove states from which no accepting state is reachable; drop calls to rules that
     cannot produce any string. `calls`: int [k, 3] of (state, rule, return state). Raises
-    EmptyLanguage if the root rule becomes empty."""
+    EmptyLanguage if the root rule becomes empty. Also returns which states are live."""
     live, productive = native.live_states(table, accept, calls, starts)
     if not productive[0]:
         raise EmptyLanguage()
@@ -129,21 +139,35 @@ def _trim(table, accept, calls, starts):
         table[~live] = DEAD
     calls = calls[live[calls[:, 0]] & productive[calls[:, 1]] & live[calls[:, 2]]]
     starts = [int(s) if productive[r] else DEAD for r, s in enumerate(starts)]
-    return table, accept & live, calls, starts
+    return table, accept & live, calls, starts, live
 
 
-def _minimize(table, accept, calls, starts, rule_of, tags):
-    """Merge states with the same future (Hopcroft's partition refinement, in C); call edges are
-    labelled by their rule; states of different rules, acceptance or counter tags never merge."""
-    n = table.shape[0]
+def _minimal_blocks(table, accept, calls, starts, rule_of, tags) -> tuple[np.ndarray, int]:
+    """States with the same future share a block (Hopcroft's partition refinement, in C); call
+    edges are labelled by their rule; states of different rules, acceptance or counter tags never
+    merge. Block 0 is DEAD's."""
     key = (rule_of.astype(np.int64) + 1) << 33 | tags.astype(np.int64) << 1 | accept
     key[DEAD] = -1
     _, first_block = np.unique(key, return_inverse=True)
     block, count = native.minimize(table, calls[:, 0], calls[:, 1], calls[:, 2], len(starts), first_block.ravel())
-    # Renumber so that DEAD's block is 0.
     order = np.arange(count)
     order[[0, block[DEAD]]] = order[[block[DEAD], 0]]
-    block = order[block]
+    return order[block], count
+
+
+def _live_blocks(live: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each live state its own block, numbered in order; the dead ones join DEAD's block 0."""
+    live = live.copy()
+    live[DEAD] = False
+    block = np.cumsum(live) * live
+    return block.astype(np.int64), int(live.sum()) + 1
+
+
+def _quotient(table, accept, calls, starts, rule_of, tags, block: np.ndarray, count: int):
+    """The automaton over blocks (every state of a block has the same transitions, in blocks)."""
+    n = table.shape[0]
+    if count == n and (block == np.arange(n)).all():      # nothing to merge or renumber
+        return table, accept, calls, starts, rule_of, tags
     rep = np.zeros(count, dtype=np.int64)
     rep[block[::-1]] = np.arange(n)[::-1]      # first state of each block
     is_rep = np.zeros(n, dtype=bool)

@@ -17,11 +17,12 @@ when no string is counted, else with a bucket queue here, where counted strings 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import native
+from . import background, native
 from .counting import Counting
 from .dfa import DEAD, Automaton
 from .vocab_index import VocabIndex
@@ -32,6 +33,11 @@ _STRUCTURAL = frozenset(b'{}[]",:-.0123456789')
 # states have nearly all columns live (up to 87 of 91 in service-schema), a key's states 1. A small
 # schema has few columns, and its pieces are then walked from every state, as with no limit.
 NARROW_LIVE = 32
+# From this many states on, each token walk is split between two threads (the walk in C runs
+# without the GIL): only the largest schemas, whose walks take a tenth of a second or more.
+PARALLEL_STATES = 20_000
+# Literals this long in all (bytes) make the budget set cost ten milliseconds or more.
+BACKGROUND_LITERAL_BYTES = 5_000
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,13 @@ def _token_edges(aut: Automaton, toks: list[bytes], counted: np.ndarray | None =
     # class take the same paths, and are walked once.
     toks = list({t.translate(aut.byte_class) for t in toks})
     counted = counted if counted is not None else np.zeros(n, dtype=bool)
-    return native.token_edges(aut.trans, counted, _trie(toks), max_start_live)
+    walk = functools.partial(native.token_edges, aut.trans, counted, _trie(toks), max_start_live)
+    if n < PARALLEL_STATES:
+        return walk()
+    odd = background.submit(walk, 1, 2)
+    src, dst = walk(2, 2)
+    src_odd, dst_odd = odd.result()
+    return np.concatenate([src, src_odd]), np.concatenate([dst, dst_odd])
 
 
 def _budget_edges(aut: Automaton, budget: BudgetTokens, counted: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

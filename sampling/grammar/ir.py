@@ -142,7 +142,7 @@ def seq(*items) -> object:
             flat.extend(it.items)
         else:
             flat.append(it)
-    if any(it == NEVER for it in flat):
+    if Alt in map(type, flat) and NEVER in flat:      # the type test first: flat is mostly bytes
         return NEVER
     return flat[0] if len(flat) == 1 else Seq(tuple(flat))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Callable
 
 from .errors import SchemaError
 
@@ -85,53 +86,71 @@ _QUICK = frozenset({"type", "enum", "const", "pattern", "minLength", "maxLength"
 
 
 def quick_check(value, schema: dict) -> bool | None:
-    """Whether `value` is valid against `schema` when only simple keywords constrain it (enum
-    values are checked by the ten thousand in large schemas); None when a full validator is needed."""
+    """Whether `value` is valid against `schema` when only simple keywords constrain it; None
+    when a full validator is needed."""
+    checker = quick_checker(schema)
+    return None if checker is None else checker(value)
+
+
+def quick_checker(schema: dict) -> Callable[[object], bool | None] | None:
+    """quick_check against one schema, its keywords read once: large schemas check enum values
+    by the ten thousand against the same few siblings. None when `schema` needs a validator."""
     if not isinstance(schema, dict) or not constraint_keys(schema) <= _QUICK:
         return None
+    checks: list[Callable[[object], bool | None]] = []
     if "type" in schema:
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        fits = [_has_type(value, t) for t in types]
-        if True not in fits:
-            return None if None in fits else False
+
+        def of_type(value) -> bool | None:
+            fits = [_has_type(value, t) for t in types]
+            return True if True in fits else None if None in fits else False
+        checks.append(of_type)
     for key in ("enum", "const"):
         if key in schema:
             options = schema[key] if key == "enum" else [schema[key]]
             if not isinstance(options, list):
                 return None
-            if value_key(value) not in _option_keys(options):
-                return False
-    if isinstance(value, str):
-        pattern = schema.get("pattern")
-        if pattern is not None:
-            if not isinstance(pattern, str):
-                return None
-            try:
-                if re.search(pattern, value) is None:
-                    return False
-            except re.error:
-                return None
-        for key, ok in (("minLength", lambda n: len(value) >= n), ("maxLength", lambda n: len(value) <= n)):
-            n = schema.get(key)
-            if n is not None:
-                if isinstance(n, bool) or not isinstance(n, int):
-                    return None
-                if not ok(n):
-                    return False
-    return True
+            keys = frozenset(value_key(o) for o in options)
+            checks.append(lambda value, keys=keys: value_key(value) in keys)
+    string_checks = _string_checks(schema)
+    if string_checks is None:
+        return None
+    checks += string_checks
+    if len(checks) == 1:
+        return checks[0]
+
+    def check(value) -> bool | None:
+        for c in checks:
+            verdict = c(value)
+            if verdict is not True:
+                return verdict
+        return True
+    return check
 
 
-_OPTION_KEYS: dict[int, tuple[list, frozenset[str]]] = {}
-
-
-def _option_keys(options: list) -> frozenset[str]:
-    """value_key of each option, kept for the list while its values are checked one by one."""
-    hit = _OPTION_KEYS.get(id(options))
-    if hit is None or hit[0] is not options:
-        if len(_OPTION_KEYS) > 64:
-            _OPTION_KEYS.clear()
-        hit = _OPTION_KEYS[id(options)] = (options, frozenset(value_key(o) for o in options))
-    return hit[1]
+def _string_checks(schema: dict) -> list[Callable[[object], bool]] | None:
+    """Checks of the string keywords (true for any other value), or None if one is malformed."""
+    checks: list[Callable[[object], bool]] = []
+    pattern = schema.get("pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str):
+            return None
+        try:
+            search = re.compile(pattern).search
+        except re.error:
+            return None
+        checks.append(lambda v: not isinstance(v, str) or search(v) is not None)
+    n = schema.get("minLength")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int):
+            return None
+        checks.append(lambda v, n=n: not isinstance(v, str) or len(v) >= n)
+    n = schema.get("maxLength")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int):
+            return None
+        checks.append(lambda v, n=n: not isinstance(v, str) or len(v) <= n)
+    return checks
 
 
 def _has_type(value, t) -> bool | None:

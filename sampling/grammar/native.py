@@ -65,8 +65,12 @@ def subset_construct(eps: tuple[np.ndarray, np.ndarray], edges: tuple[np.ndarray
         raise MemoryError("automaton construction ran out of memory")
     try:
         n = out.n_states
+        # The table (a large schema's 65 MB) is handed over, not copied: numpy's array keeps
+        # the buffer, which frees it with the array.
+        owned = ffi.gc(out.trans, lib.automaton_free)
+        out.trans = ffi.NULL
         return Subsets(
-            trans=_copy(out.trans, n * n_cls, np.int32).reshape(n, n_cls),
+            trans=np.frombuffer(ffi.buffer(owned, n * n_cls * 4), dtype=np.int32).reshape(n, n_cls),
             accept=_copy(out.accept, n, np.uint8).astype(bool),
             rule_of=_copy(out.rule_of, n, np.int32),
             count_tag=_copy(out.count_tag, n, np.int32),
@@ -122,8 +126,9 @@ def minimize(table: np.ndarray, call_src, call_rule, call_dst, n_rules: int,
 
 
 def token_edges(trans: np.ndarray, counted: np.ndarray, trie: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-                max_start_live: int = -1) -> tuple[np.ndarray, np.ndarray]:
-    """(src, dst) arrays of the distinct state pairs some trie token links (csrc/automaton.h)."""
+                max_start_live: int = -1, first: int = 1, step: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(src, dst) arrays of the distinct state pairs some trie token links, from the states
+    first, first + step, ... (csrc/automaton.h). Runs without the GIL."""
     trans = _i32(trans)
     counted = np.ascontiguousarray(counted, dtype=np.uint8)
     child_off, child_byte, child_node, is_token = trie
@@ -131,7 +136,8 @@ def token_edges(trans: np.ndarray, counted: np.ndarray, trie: tuple[np.ndarray, 
     child_byte = np.ascontiguousarray(child_byte, dtype=np.uint8)
     is_token = np.ascontiguousarray(is_token, dtype=np.uint8)
     out = ffi.new("pair_result *")
-    status = lib.token_edges(trans.shape[0], trans.shape[1], _ptr(trans), _ptr(counted, "uint8_t *"), max_start_live, _ptr(child_off),
+    status = lib.token_edges(trans.shape[0], trans.shape[1], _ptr(trans), _ptr(counted, "uint8_t *"), max_start_live,
+                             first, step, _ptr(child_off),
                              _ptr(child_byte, "uint8_t *"), _ptr(child_node), _ptr(is_token, "uint8_t *"), out)
     if status != lib.AUTOMATON_OK:
         raise MemoryError("token edges ran out of memory")

@@ -230,7 +230,7 @@ def leaf_dfa(node) -> tuple[list[list[tuple[int, int]]], list[bool]]:
         return hit
     nfa = NFA()
     try:
-        result = _edge_lists(dfa.build(nfa, [nfa.build(node)]))
+        result = _edge_lists(dfa.build(nfa, [nfa.build(node)], minimal=True))   # _counted relies on it
     except dfa.EmptyLanguage:
         result = [[]], [False]
     if len(_LEAVES) > 4096:

@@ -19,7 +19,7 @@ import re
 from typing import Callable
 
 from .errors import SchemaError, unsupported
-from .keywords import JSON_TYPES, TYPE_KEYWORDS, quick_check, value_key
+from .keywords import JSON_TYPES, TYPE_KEYWORDS, quick_checker, value_key
 from .nfa import intersection
 from .regex import search_ir
 
@@ -44,8 +44,16 @@ def _values(s: object) -> frozenset[str] | None:
             values = part["enum"]
         else:
             continue
-        return frozenset(value_key(v) for v in values if all(quick_check(v, p) is not False for p in parts))
+        checkers = [quick_checker(p) for p in parts]
+        return frozenset(value_key(v) for v in values
+                         if all(c is None or c(v) is not False for c in checkers))
     return None
+
+
+def _refuses_all(schema: dict, value_keys: frozenset[str]) -> bool:
+    """Every value (as value_key JSON) is known to be invalid against `schema`."""
+    checker = quick_checker(schema)
+    return checker is not None and all(checker(json.loads(v)) is False for v in value_keys)
 
 
 def _kinds(s: object, resolve, inferred: bool, depth: int = 0) -> frozenset[str]:
@@ -151,10 +159,9 @@ class _Branches:
         if not (isinstance(x, dict) and isinstance(y, dict)):
             return False
         vx, vy = _values(x), _values(y)
-        if vx is not None and (vy is not None and not (vx & vy)
-                               or all(quick_check(json.loads(v), y) is False for v in vx)):
+        if vx is not None and (vy is not None and not (vx & vy) or _refuses_all(y, vx)):
             return True
-        if vy is not None and all(quick_check(json.loads(v), x) is False for v in vy):
+        if vy is not None and _refuses_all(x, vy):
             return True     # y admits only values x refuses
         if made == {"object"}:
             required = x.get("required") if isinstance(x.get("required"), list) else []

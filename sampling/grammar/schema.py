@@ -21,7 +21,7 @@ from . import ir, jsonstr, numeric
 from .allof import merge_all_of, with_all_of
 from .errors import SchemaError, SchemaTooLarge, UnsupportedSchemaError, unsupported
 from .formats import FORMATS, REFUSED_FORMATS
-from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json, quick_check, value_key
+from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json, quick_check, quick_checker, value_key
 from .nfa import intersection
 from .objects import ObjectRules
 from .unique import FREE, READ
@@ -113,6 +113,7 @@ class SchemaCompiler(ObjectRules):
         self._inlining: list[str] = []
         self._inlined: list[str] = []
         self.merged_memo: dict[int, tuple[dict, object]] = {}
+        self._branch_values_memo: dict[int, tuple[list, list]] = {}
         self.nodes_built = 0
         self.unique_rules: dict[int, int] = {}   # array rules whose items unique.py keeps distinct: kind
 
@@ -385,9 +386,10 @@ class SchemaCompiler(ObjectRules):
             written = {k: v for k, v in schema.items() if k in others or k == comb}
             siblings = {k: v for k, v in schema.items() if k in others}
             merged, inlined = [], {}
-            for i, sub in enumerate(subs):
-                values = _enum_values(sub)
-                verdicts = None if values is None else [quick_check(v, siblings) for v in values]
+            check_siblings = quick_checker(siblings)
+            branch_values = self._branch_values(subs) if check_siblings is not None else [None] * len(subs)
+            for i, (sub, values) in enumerate(zip(subs, branch_values)):
+                verdicts = None if values is None else [check_siblings(v) for v in values]
                 if verdicts is not None and None not in verdicts:
                     # An enum branch under simple siblings: its values filtered, no merge (an
                     # anyOf of 238 task names under each of 238 patterns is 57,000 merges).
@@ -411,6 +413,13 @@ class SchemaCompiler(ObjectRules):
         body = ir.alt(*(self._node_inlining(s, inlined.get(i, []), f"{ptr}/{comb}/{i}")
                         for i, s in enumerate(subs) if s is not False))
         return ir.alt(NULL, body) if nullable else body
+
+    def _branch_values(self, subs: list) -> list[list | None]:
+        """_enum_values of each branch; one anyOf of task names can meet hundreds of siblings."""
+        hit = self._branch_values_memo.get(id(subs))
+        if hit is None or hit[0] is not subs:
+            hit = self._branch_values_memo[id(subs)] = (subs, [_enum_values(sub) for sub in subs])
+        return hit[1]
 
     def _satisfies(self, value: object, schema: dict, ptr: str) -> bool:
         """`value` is valid against `schema` (a sub-schema of the root, $refs resolved there)."""

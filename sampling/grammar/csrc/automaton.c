@@ -313,6 +313,8 @@ int subset_construct(int32_t n_nfa,
     return AUTOMATON_OK;
 }
 
+void automaton_free(void *p) { free(p); }
+
 void subset_free(subset_result *out) {
     free(out->trans); free(out->accept); free(out->rule_of); free(out->count_tag);
     free(out->calls); free(out->starts);
@@ -570,7 +572,7 @@ static int32_t child_with_byte(const uint8_t *child_byte, int32_t lo, int32_t hi
 }
 
 int token_edges(int32_t n, int32_t n_cls, const int32_t *trans, const uint8_t *counted, int32_t max_start_live,
-                const int32_t *child_off, const uint8_t *child_byte, const int32_t *child_node,
+                int32_t first, int32_t step, const int32_t *child_off, const uint8_t *child_byte, const int32_t *child_node,
                 const uint8_t *is_token, pair_result *out) {
     memset(out, 0, sizeof(*out));
     vec src = {0}, dst = {0}, stack = {0}, todo = {0};
@@ -590,7 +592,7 @@ int token_edges(int32_t n, int32_t n_cls, const int32_t *trans, const uint8_t *c
         for (int b = 0; b < 256; b++)
             if (is_used[b]) lb.used[lb.n_used++] = (uint8_t)b;
     }
-    for (int32_t s = 1; ok && s < n; s++) {
+    for (int32_t s = first > 1 ? first : 1; ok && s < n; s += step > 1 ? step : 1) {
         if (counted[s] || (max_start_live >= 0 && live_count(&lb, s) > max_start_live)) continue;
         stack.n = 0;
         ok = vec_push(&stack, 0) && vec_push(&stack, s);

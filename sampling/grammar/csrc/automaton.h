@@ -29,6 +29,9 @@ int subset_construct(int32_t n_nfa,
 
 void subset_free(subset_result *out);
 
+/* free() for a buffer handed over to Python (subset_result.trans, left NULL there). */
+void automaton_free(void *p);
+
 /* The least fixpoint of: an accepting state is live; a state with a byte edge (trans: n x n_cls,
    target 0 = none) to a live state is live; a rule is productive when its start state is live;
    a state with a call edge (call_src -call(call_rule)-> call_dst) is live when the rule is
@@ -48,9 +51,10 @@ typedef struct {
    child_byte[...], in increasing order;
    is_token per node.
    A path may not start in, nor pass through, a state with counted[s] (it may end in one), nor
-   start in one with more than max_start_live live columns among those the trie uses (< 0: any). */
+   start in one with more than max_start_live live columns among those the trie uses (< 0: any).
+   Only paths from states first, first + step, ... (from 1 at least) are walked. */
 int token_edges(int32_t n, int32_t n_cls, const int32_t *trans, const uint8_t *counted, int32_t max_start_live,
-                const int32_t *child_off, const uint8_t *child_byte, const int32_t *child_node,
+                int32_t first, int32_t step, const int32_t *child_off, const uint8_t *child_byte, const int32_t *child_node,
                 const uint8_t *is_token, pair_result *out);
 
 void pairs_free(pair_result *out);
