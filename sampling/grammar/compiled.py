@@ -71,9 +71,11 @@ class CompiledGrammar:
         self.U = U.tolist()
         self.u16 = np.minimum(U, int(U16_INF)).astype(np.uint16)
         self.rule_start = aut.rule_start
-        finite, starts = self.U, aut.rule_start
-        self.calls = [tuple((q, r) for q, r in cs if finite[r] < INF and finite[starts[q]] < INF) if cs else ()
-                      for cs in aut.calls]
+        edges = aut.call_edges      # (state, rule, return state): those that can finish
+        edges = edges[(U[edges[:, 2]] < INF) & (U[np.asarray(aut.rule_start, dtype=np.int64)[edges[:, 1]]] < INF)]
+        self.calls: list[tuple[tuple[int, int], ...]] = [()] * aut.n_states
+        for g, q, r in edges.tolist():
+            self.calls[g] += ((q, r),)
         self.has_out = trans.any(axis=1).tolist()       # DEAD is 0
         # Arrays whose items the matcher keeps distinct (unique.py): the kind of each state
         # inside one (an array rule accepts only once its ']' is written), and the states
@@ -86,7 +88,8 @@ class CompiledGrammar:
             self.unique_states = np.where(aut.accept, 0, kinds[aut.rule_of]).tolist()
             bracket = self.byte_class[ord("[")]
             self.unique_open = frozenset(int(trans[aut.rule_start[r], bracket]) for r in comp.unique_rules) - {dfa.DEAD}
-        boundary = np.array([1 if c else 0 for c in self.calls], dtype=np.uint8)
+        boundary = np.zeros(aut.n_states, dtype=np.uint8)
+        boundary[edges[:, 0]] = 1
         boundary |= (aut.accept & (aut.rule_of > 0)).astype(np.uint8) * 2
         self.boundary = boundary
         self.recursive = len(aut.rule_start) > 1
@@ -111,14 +114,14 @@ class CompiledGrammar:
     def _automaton(schema: object, idx: VocabIndex, open_objects: bool, single: np.ndarray, count_strings: bool):
         comp = SchemaCompiler(schema, open_objects=open_objects, count_strings=count_strings)
         rules = comp.compile()
+        nfa = NFA()
+        frags = [nfa.build(r) for r in rules]
         # The budget set needs only the literals: with many, it is found on the second thread
-        # while the automaton is built (whose C passes leave the GIL free).
+        # while subset construction runs in C (which leaves the GIL free).
         if sum(map(len, comp.literals)) >= distance.BACKGROUND_LITERAL_BYTES:
             budget = background.submit(distance.budget_tokens, idx, comp.literals).result
         else:
             budget = functools.partial(distance.budget_tokens, idx, comp.literals)
-        nfa = NFA()
-        frags = [nfa.build(r) for r in rules]
         aut = dfa.build(nfa, frags)
         return comp, aut, Counting(aut, single), budget()
 

@@ -34,9 +34,9 @@ class Counting:
         self.counted = tag > 0
         self.any = bool(self.counted.any())
         info = [(0, _NO_LIMIT, False)] + [(lo, _NO_LIMIT if hi is None else hi, head) for lo, hi, head in aut.count_tags]
-        self.lo = np.array([info[t][0] for t in tag], dtype=np.int64)
-        self.hi = np.array([info[t][1] for t in tag], dtype=np.int64)
-        self.head = np.array([info[t][2] for t in tag], dtype=bool) & self.counted
+        self.lo = np.array([lo for lo, _, _ in info], dtype=np.int64)[tag]
+        self.hi = np.array([hi for _, hi, _ in info], dtype=np.int64)[tag]
+        self.head = np.array([head for _, _, head in info], dtype=bool)[tag] & self.counted
         self.mid = (self.counted & ~self.head).astype(np.int64)
         self.r = np.zeros(n, dtype=np.int64)
         self.c1 = np.zeros(n, dtype=np.int64)

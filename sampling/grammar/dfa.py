@@ -45,6 +45,7 @@ class Automaton:
     rule_of: np.ndarray          # int32 [n_states]
     count_tag: np.ndarray        # int32 [n_states]: 0, or 1 + index into count_tags (counted string states)
     count_tags: list[tuple[int, int | None, bool]]   # (lo, hi, at a character boundary)
+    call_edges: np.ndarray       # int [k, 3]: `calls` as (state, rule, return state) rows, sorted
     # Each byte's class (bytes no edge tells apart: every state's transitions on them are the
     # same), as a bytes.translate table. A table over classes is a third of one over bytes.
     byte_class: bytes = bytes(range(256))
@@ -83,8 +84,9 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000, min
         block, count = _live_blocks(live)
     table, accept, calls, starts, rule_of, tags = _quotient(table, accept, calls, starts, sub.rule_of,
                                                             sub.count_tag, block, count)
+    calls = calls[np.lexsort(calls.T[::-1])] if len(calls) else calls.reshape(0, 3)
     per_state: list[tuple[tuple[int, int], ...]] = [()] * table.shape[0]
-    for g, q, ret in sorted(calls.tolist()):
+    for g, q, ret in calls.tolist():
         per_state[g] += ((q, ret),)
     return Automaton(
         trans=table,
@@ -94,6 +96,7 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000, min
         rule_of=rule_of,
         count_tag=tags,
         count_tags=sorted(tag_ids, key=tag_ids.get),
+        call_edges=calls,
         byte_class=bytes(classes.astype(np.uint8).tolist()),
     )
 

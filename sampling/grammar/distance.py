@@ -133,8 +133,8 @@ def token_distances(aut: Automaton, budget: BudgetTokens, counting: Counting | N
     src = src[order]
     start = np.searchsorted(dst[order], np.arange(n + 1))
     if not by_exit:
-        calls = [(g, aut.rule_start[q], ret) for g, cs in enumerate(aut.calls) for q, ret in cs]
-        g_a_b = tuple(np.array([e[i] for e in calls], dtype=np.int32) for i in range(3))
+        e = aut.call_edges
+        g_a_b = (e[:, 0], np.asarray(aut.rule_start, dtype=np.int64)[e[:, 1]], e[:, 2])
         return native.shortest_distances(n, start, src, aut.accept, g_a_b, int(INF))
     hyper: dict[int, list[tuple[int, int, int]]] = {}
     for g, cs in enumerate(aut.calls):

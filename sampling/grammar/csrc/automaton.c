@@ -13,8 +13,7 @@
 
 typedef struct { int32_t *v; int64_t n, cap; } vec;
 
-static int vec_reserve(vec *a, int64_t need) {
-    if (need <= a->cap) return 1;
+static int vec_grow(vec *a, int64_t need) {
     int64_t cap = a->cap ? a->cap : 64;
     while (cap < need) cap *= 2;
     int32_t *p = realloc(a->v, (size_t)cap * sizeof(int32_t));
@@ -24,8 +23,13 @@ static int vec_reserve(vec *a, int64_t need) {
     return 1;
 }
 
-static int vec_push(vec *a, int32_t x) {
-    if (!vec_reserve(a, a->n + 1)) return 0;
+/* Inline fast paths: pushes are the inner loops' commonest call. */
+static inline int vec_reserve(vec *a, int64_t need) {
+    return need <= a->cap || vec_grow(a, need);
+}
+
+static inline int vec_push(vec *a, int32_t x) {
+    if (a->n == a->cap && !vec_grow(a, a->n + 1)) return 0;
     a->v[a->n++] = x;
     return 1;
 }
@@ -53,6 +57,24 @@ static int cmp_pair(const void *a, const void *b) {
     const int32_t *x = a, *y = b;
     if (x[0] != y[0]) return (x[0] > y[0]) - (x[0] < y[0]);
     return (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+static void sort_pairs(int32_t *v, int64_t n) {
+    if (n >= 24) {
+        qsort(v, (size_t)n, 2 * sizeof(int32_t), cmp_pair);
+        return;
+    }
+    for (int64_t i = 1; i < n; i++) {   /* a state's few edges: insertion sort, no calls */
+        int32_t k = v[2 * i], x = v[2 * i + 1];
+        int64_t j = i;
+        while (j > 0 && (v[2 * j - 2] > k || (v[2 * j - 2] == k && v[2 * j - 1] > x))) {
+            v[2 * j] = v[2 * j - 2];
+            v[2 * j + 1] = v[2 * j - 1];
+            j--;
+        }
+        v[2 * j] = k;
+        v[2 * j + 1] = x;
+    }
 }
 
 /* ---- the construction's state ---- */
@@ -175,7 +197,7 @@ static int expand(builder *b, int32_t g, vec *cur, vec *pairs, vec *bucket, vec 
             if (!vec_push(pairs, b->edge_mask[e]) || !vec_push(pairs, b->edge_dst[e])) return 0;
     }
     int64_t n_pairs = pairs->n / 2;
-    qsort(pairs->v, (size_t)n_pairs, 2 * sizeof(int32_t), cmp_pair);
+    sort_pairs(pairs->v, n_pairs);
     /* run starts, reusing `bucket` as scratch after the runs are listed in `sigs` head */
     vec runs = {0};
     for (int64_t p = 0; p < n_pairs; p++)
@@ -234,7 +256,7 @@ static int expand(builder *b, int32_t g, vec *cur, vec *pairs, vec *bucket, vec 
             if (!vec_push(pairs, b->call_rule[e]) || !vec_push(pairs, b->call_dst[e])) return 0;
     }
     n_pairs = pairs->n / 2;
-    qsort(pairs->v, (size_t)n_pairs, 2 * sizeof(int32_t), cmp_pair);
+    sort_pairs(pairs->v, n_pairs);
     for (int64_t p = 0; p < n_pairs;) {
         int32_t q = pairs->v[2 * p];
         bucket->n = 0;
