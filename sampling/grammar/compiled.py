@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from . import background, dfa, distance
+from . import background, dfa, distance, frame_room
 from .counting import Counting
 from .errors import SchemaError
 from .frames import U16_INF, Frame, walk
@@ -36,7 +36,7 @@ class CompiledGrammar:
         gc_was_on = gc.isenabled()
         gc.disable()
         try:
-            self._build(schema, idx, open_objects, frame_cache, mask_cache)
+            frame_room.call(self._build, schema, idx, open_objects, frame_cache, mask_cache)
         finally:
             if gc_was_on:
                 gc.enable()

@@ -71,7 +71,7 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000, min
     try:
         sub = native.subset_construct(
             eps=_csr(nfa.n, nfa.eps_src, nfa.eps_dst),
-            edges=_csr(nfa.n, nfa.edge_src, [mask_id[m] for m in nfa.edge_mask], nfa.edge_dst),
+            edges=_csr(nfa.n, nfa.edge_src, list(map(mask_id.__getitem__, nfa.edge_mask)), nfa.edge_dst),
             mask_classes=mask_bits[:, class_rep],
             calls=_csr(nfa.n, nfa.call_src, nfa.call_rule, nfa.call_dst),
             tags=tags, rules=rules, max_states=max_states)

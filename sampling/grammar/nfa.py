@@ -55,7 +55,15 @@ class NFA:
             return e
         if isinstance(node, ir.Seq):
             for it in node.items:
-                s = self._into(it, s)
+                if type(it) is ir.Bytes:    # literal bytes, most of a large schema: no call each
+                    e = self.n
+                    self.n += 1
+                    self.edge_src.append(s)
+                    self.edge_mask.append(it.mask)
+                    self.edge_dst.append(e)
+                    s = e
+                else:
+                    s = self._into(it, s)
             return s
         if isinstance(node, ir.Alt):
             e = self.new()
