@@ -92,21 +92,11 @@ def quick_check(value, schema: dict) -> bool | None:
     return None if checker is None else checker(value)
 
 
-_CHECKERS: dict[int, tuple[dict, Callable[[object], bool | None] | None]] = {}
-
-
 def quick_checker(schema: dict) -> Callable[[object], bool | None] | None:
-    """quick_check against one schema, its keywords read once (kept for the schema while its
-    values are checked one by one: large schemas check enum values by the ten thousand, and
-    reading a long enum per value was quadratic). None when `schema` needs a validator."""
-    if not isinstance(schema, dict):
-        return None
-    hit = _CHECKERS.get(id(schema))
-    if hit is None or hit[0] is not schema:
-        if len(_CHECKERS) > 64:
-            _CHECKERS.clear()
-        hit = _CHECKERS[id(schema)] = (schema, _checker(schema))
-    return hit[1]
+    """quick_check against one schema, its keywords read once: callers checking many values
+    against one schema keep it (reading a long enum again per value is quadratic). None when
+    `schema` needs a validator."""
+    return _checker(schema) if isinstance(schema, dict) else None
 
 
 def _checker(schema: dict) -> Callable[[object], bool | None] | None:

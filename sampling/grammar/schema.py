@@ -12,6 +12,7 @@ import functools
 import math
 import re
 from collections import Counter
+from typing import Callable
 from urllib.parse import unquote
 
 import jsonschema
@@ -21,7 +22,7 @@ from . import ir, jsonstr, numeric
 from .allof import merge_all_of, with_all_of
 from .errors import SchemaError, SchemaTooLarge, UnsupportedSchemaError, unsupported
 from .formats import FORMATS, REFUSED_FORMATS
-from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json, quick_check, quick_checker, value_key
+from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json, quick_checker, value_key
 from .nfa import intersection
 from .objects import ObjectRules
 from .unique import FREE, READ
@@ -114,6 +115,7 @@ class SchemaCompiler(ObjectRules):
         self._inlined: list[str] = []
         self.merged_memo: dict[int, tuple[dict, object]] = {}
         self._branch_values_memo: dict[int, tuple[list, list]] = {}
+        self._checkers: dict[int, tuple[object, Callable[[object], bool | None] | None]] = {}
         self.nodes_built = 0
         self.unique_rules: dict[int, int] = {}   # array rules whose items unique.py keeps distinct: kind
 
@@ -421,9 +423,18 @@ class SchemaCompiler(ObjectRules):
             hit = self._branch_values_memo[id(subs)] = (subs, [_enum_values(sub) for sub in subs])
         return hit[1]
 
+    def _quick_checker(self, schema: object) -> Callable[[object], bool | None] | None:
+        """keywords.quick_checker, built once per sub-schema in this compile: its enum values are
+        checked one at a time, and reading a long enum again per value was quadratic."""
+        hit = self._checkers.get(id(schema))
+        if hit is None or hit[0] is not schema:
+            hit = self._checkers[id(schema)] = (schema, quick_checker(schema))
+        return hit[1]
+
     def _satisfies(self, value: object, schema: dict, ptr: str) -> bool:
         """`value` is valid against `schema` (a sub-schema of the root, $refs resolved there)."""
-        quick = quick_check(value, schema)
+        checker = self._quick_checker(schema)
+        quick = None if checker is None else checker(value)
         if quick is not None:
             return quick
         if self._validator is None:
