@@ -79,7 +79,7 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000, min
         raise CountConflict() from None
     table, accept, calls, starts, live = _trim(sub.trans, sub.accept, sub.calls, sub.starts)
     if minimal or table.shape[0] <= MINIMIZE_MAX_STATES:
-        block, count = _minimal_blocks(table, accept, calls, starts, sub.rule_of, sub.count_tag)
+        block, count = _minimal_blocks(table, accept, calls, starts, sub.rule_of, sub.count_tag, live)
     else:
         block, count = _live_blocks(live)
     table, accept, calls, starts, rule_of, tags = _quotient(table, accept, calls, starts, sub.rule_of,
@@ -145,11 +145,12 @@ def _trim(table, accept, calls, starts):
     return table, accept & live, calls, starts, live
 
 
-def _minimal_blocks(table, accept, calls, starts, rule_of, tags) -> tuple[np.ndarray, int]:
+def _minimal_blocks(table, accept, calls, starts, rule_of, tags, live) -> tuple[np.ndarray, int]:
     """States with the same future share a block (Hopcroft's partition refinement, in C); call
     edges are labelled by their rule; states of different rules, acceptance or counter tags never
-    merge. Block 0 is DEAD's."""
+    merge. Block 0 is DEAD's, and the states trimming left without a future join it."""
     key = (rule_of.astype(np.int64) + 1) << 33 | tags.astype(np.int64) << 1 | accept
+    key[~live] = -1
     key[DEAD] = -1
     _, first_block = np.unique(key, return_inverse=True)
     block, count = native.minimize(table, calls[:, 0], calls[:, 1], calls[:, 2], len(starts), first_block.ravel())
