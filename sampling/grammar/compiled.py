@@ -1,14 +1,13 @@
 """CompiledGrammar: the automaton, token distances and shared caches for one (schema, vocab)."""
 from __future__ import annotations
 
-import functools
 import gc
 import threading
 from collections import OrderedDict
 
 import numpy as np
 
-from . import background, dfa, distance, frame_room
+from . import dfa, distance, frame_room
 from .counting import Counting
 from .errors import SchemaError
 from .frames import U16_INF, Frame, walk
@@ -73,9 +72,7 @@ class CompiledGrammar:
         self.rule_start = aut.rule_start
         edges = aut.call_edges      # (state, rule, return state): those that can finish
         edges = edges[(U[edges[:, 2]] < INF) & (U[np.asarray(aut.rule_start, dtype=np.int64)[edges[:, 1]]] < INF)]
-        self.calls: list[tuple[tuple[int, int], ...]] = [()] * aut.n_states
-        for g, q, r in edges.tolist():
-            self.calls[g] += ((q, r),)
+        self.calls = dfa.calls_by_state(edges, aut.n_states)
         self.has_out = trans.any(axis=1).tolist()       # DEAD is 0
         # Arrays whose items the matcher keeps distinct (unique.py): the kind of each state
         # inside one (an array rule accepts only once its ']' is written), and the states
@@ -116,12 +113,7 @@ class CompiledGrammar:
         rules = comp.compile()
         nfa = NFA()
         frags = [nfa.build(r) for r in rules]
-        # The budget set needs only the literals: with many, it is found on the second thread
-        # while subset construction runs in C (which leaves the GIL free).
-        if sum(map(len, comp.literals)) >= distance.BACKGROUND_LITERAL_BYTES:
-            budget = background.submit(distance.budget_tokens, idx, comp.literals).result
-        else:
-            budget = functools.partial(distance.budget_tokens, idx, comp.literals)
+        budget = distance.budget_tokens_soon(idx, comp.literals)    # beside subset construction
         aut = dfa.build(nfa, frags)
         return comp, aut, Counting(aut, single), budget()
 

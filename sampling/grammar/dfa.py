@@ -85,13 +85,10 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000, min
     table, accept, calls, starts, rule_of, tags = _quotient(table, accept, calls, starts, sub.rule_of,
                                                             sub.count_tag, block, count)
     calls = calls[np.lexsort(calls.T[::-1])] if len(calls) else calls.reshape(0, 3)
-    per_state: list[tuple[tuple[int, int], ...]] = [()] * table.shape[0]
-    for g, q, ret in calls.tolist():
-        per_state[g] += ((q, ret),)
     return Automaton(
         trans=table,
         accept=accept,
-        calls=per_state,
+        calls=calls_by_state(calls, table.shape[0]),
         rule_start=starts,
         rule_of=rule_of,
         count_tag=tags,
@@ -99,6 +96,15 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000, min
         call_edges=calls,
         byte_class=bytes(classes.astype(np.uint8).tolist()),
     )
+
+
+def calls_by_state(edges: np.ndarray, n: int) -> list[tuple[tuple[int, int], ...]]:
+    """Per state, its (rule, return state) pairs, from call edges [k, 3] of (state, rule,
+    return state) in their order."""
+    per_state: list[tuple[tuple[int, int], ...]] = [()] * n
+    for g, q, ret in edges.tolist():
+        per_state[g] += ((q, ret),)
+    return per_state
 
 
 def _csr(n: int, src: list[int], *columns: list[int]) -> tuple[np.ndarray, ...]:

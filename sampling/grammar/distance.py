@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -56,6 +57,14 @@ def budget_tokens(idx: VocabIndex, literals: set[bytes], exact_limit: int = 4096
         return BudgetTokens(sorted(texts), [])
     subs = {lit[i:j] for lit in literals for i in range(len(lit)) for j in range(i + 2, min(len(lit), i + 24) + 1)}
     return BudgetTokens(sorted(base), sorted((subs & texts) - base))
+
+
+def budget_tokens_soon(idx: VocabIndex, literals: set[bytes]) -> Callable[[], BudgetTokens]:
+    """budget_tokens, to collect later: with long literals it is found on the second thread
+    meanwhile (the caller's C passes leave the GIL free)."""
+    if sum(map(len, literals)) >= BACKGROUND_LITERAL_BYTES:
+        return background.submit(budget_tokens, idx, literals).result
+    return functools.partial(budget_tokens, idx, literals)
 
 
 def _vocab_budget(idx: VocabIndex, exact_limit: int) -> tuple[frozenset[bytes], frozenset[bytes] | None]:

@@ -64,6 +64,14 @@ def _enum_values(sub: object) -> list | None:
     return values if isinstance(values, list) and values else None
 
 
+def _by_identity(memo: dict, obj: object, build: Callable[[object], object]):
+    """build(obj), kept in `memo` for this very object (holding it keeps its id from reuse)."""
+    hit = memo.get(id(obj))
+    if hit is None or hit[0] is not obj:
+        hit = memo[id(obj)] = (obj, build(obj))
+    return hit[1]
+
+
 def _json_type(v) -> str:
     if v is None:
         return "null"
@@ -418,18 +426,12 @@ class SchemaCompiler(ObjectRules):
 
     def _branch_values(self, subs: list) -> list[list | None]:
         """_enum_values of each branch; one anyOf of task names can meet hundreds of siblings."""
-        hit = self._branch_values_memo.get(id(subs))
-        if hit is None or hit[0] is not subs:
-            hit = self._branch_values_memo[id(subs)] = (subs, [_enum_values(sub) for sub in subs])
-        return hit[1]
+        return _by_identity(self._branch_values_memo, subs, lambda s: [_enum_values(sub) for sub in s])
 
     def _quick_checker(self, schema: object) -> Callable[[object], bool | None] | None:
         """keywords.quick_checker, built once per sub-schema in this compile: its enum values are
         checked one at a time, and reading a long enum again per value was quadratic."""
-        hit = self._checkers.get(id(schema))
-        if hit is None or hit[0] is not schema:
-            hit = self._checkers[id(schema)] = (schema, quick_checker(schema))
-        return hit[1]
+        return _by_identity(self._checkers, schema, quick_checker)
 
     def _satisfies(self, value: object, schema: dict, ptr: str) -> bool:
         """`value` is valid against `schema` (a sub-schema of the root, $refs resolved there)."""
