@@ -10,6 +10,9 @@ top-p -> min-p -> draw from the row's own generator.
   ~16k entries), and let tau be the k-th largest of that subset. At least k logits of the row
   are >= tau, so the k largest all are: one comparison pass yields a few thousand candidates
   containing the exact top-k, which a small partition and sort finish.
+* Top-k under a large grammar mask: the k largest allowed logits from the 2k columns with the
+  largest maxima, exact when k of them beat every column left out; the row is masked only
+  when they do not.
 * Top-p without top-k: the nucleus is the head of the sorted row, so exact top-k for growing k
   (256, 2048, ...) until the head holds top_p of the total mass (one exp pass for the total).
 * Min-p is a threshold, logit >= max + T*ln(min_p); alone (top_k=0, top_p=1) it is one
@@ -74,30 +77,33 @@ class RowContext:
 
 
 class _MaskEntry:
-    __slots__ = ("mask", "count", "ids", "bias")
+    __slots__ = ("mask", "count", "ids", "_bias")
 
     def __init__(self, mask: np.ndarray) -> None:
         self.mask = mask  # held so id(mask) cannot be reused while cached
         self.count = int(np.count_nonzero(mask))
-        self.ids: np.ndarray | None = None
-        self.bias: np.ndarray | None = None
-        if 0 < self.count <= _SMALL_ALLOWED:
-            self.ids = np.flatnonzero(mask)
-        elif self.count:
-            bits = mask.astype(np.int32)
+        self.ids: np.ndarray | None = np.flatnonzero(mask) if 0 < self.count <= _SMALL_ALLOWED else None
+        self._bias: np.ndarray | None = None
+
+    @property
+    def bias(self) -> np.ndarray:
+        """0.0 where allowed, -inf elsewhere; built on first use (top-k rarely needs it)."""
+        if self._bias is None:
+            bits = self.mask.astype(np.int32)
             bits -= 1  # 0 where allowed, -1 (all ones) where not
             bits &= _NEG_INF_BITS  # -> 0.0 / -inf
-            self.bias = bits.view(np.float32)
-            self.bias.flags.writeable = False
+            self._bias = bits.view(np.float32)
+            self._bias.flags.writeable = False
+        return self._bias
 
 
 class BatchSampler:
     def __init__(
-        self, vocab_size: int, *, mask_cache_size: int = 32, check_sampled_first: bool = True
+        self, vocab_size: int, *, mask_cache_size: int = 32, grammar_fast_paths: bool = True
     ) -> None:
-        """check_sampled_first=False disables the grammar fast path (tests compare the two)."""
+        """grammar_fast_paths=False always masks the whole row (tests compare the two)."""
         self.vocab_size = vocab_size
-        self.check_sampled_first = check_sampled_first
+        self.grammar_fast_paths = grammar_fast_paths
         self._cols = max(1, min(_MAX_COLUMNS, vocab_size // 16))
         self._rows = vocab_size // self._cols
         self._main = self._rows * self._cols
@@ -169,7 +175,7 @@ class BatchSampler:
             return token if entry.mask[token] else int(np.argmax(entry.mask))  # all allowed are -inf
         if matcher is None:
             return self._draw(row, p, ctx.rng)
-        if not p.truncates and self.check_sampled_first:
+        if not p.truncates and self.grammar_fast_paths:
             # Fast path, exact only without top-k/top-p/min-p. Draw t from the unmasked law p;
             # keep it if allowed, else draw again (fresh randomness) from the masked law.
             # With A the allowed set and q = p(not A), for t in A:
@@ -187,6 +193,10 @@ class BatchSampler:
             if not np.isfinite(values.max()):
                 return int(entry.ids[np.argmax(values)])
             return self._draw_candidates(values, entry.ids, p, ctx.rng)
+        if p.top_k > 0 and self.grammar_fast_paths:
+            top = self._top_k_allowed(row, p.top_k, entry.mask)
+            if top is not None:
+                return _draw_sorted(*top, p, ctx.rng)
         np.add(row, entry.bias, out=self._masked)
         if not np.isfinite(self._masked.max()):
             return int(np.argmax(entry.mask))
@@ -319,6 +329,28 @@ class BatchSampler:
             cand, values = cand[finite], values[finite]
         if not values.size:
             raise ValueError("the logits row has no finite value")
+        order = np.argsort(-values, kind="stable")
+        return values[order], cand[order]
+
+    def _top_k_allowed(self, row: np.ndarray, k: int, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Exact k largest allowed logits, descending, read from the 2k columns with the largest
+        maxima: a token outside them is <= sigma, the largest maximum left out, so if k allowed
+        candidates exceed sigma they are the answer. None if too few do (mask the whole row)."""
+        m = 2 * k
+        if m >= self._cols:
+            return None
+        colmax = self._column_maxima(row)
+        part = np.argpartition(colmax, self._cols - m - 1)
+        sigma = colmax[part[self._cols - m - 1]]
+        cand = self._columns_ids(part[self._cols - m :])
+        values = row[cand]
+        keep = mask[cand] & (values > sigma)
+        if np.count_nonzero(keep) < k:
+            return None
+        cand, values = cand[keep], values[keep]
+        if values.size > k:
+            top = np.argpartition(values, values.size - k)[values.size - k :]
+            cand, values = cand[top], values[top]
         order = np.argsort(-values, kind="stable")
         return values[order], cand[order]
 

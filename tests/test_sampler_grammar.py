@@ -32,7 +32,7 @@ def logits_favouring_disallowed(matcher, seed):
 
 def test_greedy_fast_path_equals_masked_argmax():
     m = grammar_matcher()
-    fast, full = BatchSampler(N), BatchSampler(N, check_sampled_first=False)
+    fast, full = BatchSampler(N), BatchSampler(N, grammar_fast_paths=False)
     for seed in range(200):
         row, mask = logits_favouring_disallowed(m, seed)
         if seed % 2:
@@ -56,12 +56,12 @@ def test_temperature_fast_path_and_full_mask_have_the_masked_law(monkeypatch, sm
     q = p[~mask].sum() / p.sum()
     assert q > 0.3  # the redraw branch is taken often
     params = SamplingParams(temperature=T)
-    for sampler in (BatchSampler(N), BatchSampler(N, check_sampled_first=False)):
+    for sampler in (BatchSampler(N), BatchSampler(N, grammar_fast_paths=False)):
         rng = np.random.default_rng(7)
         draws = [sampler.sample_rows(row[None].copy(), [RowContext(params, rng, matcher=m)])[0] for _ in range(12000)]
         counts = np.bincount(draws, minlength=N).astype(float)
         stat, bound = chi_square(counts, want)
-        assert stat < bound, sampler.check_sampled_first
+        assert stat < bound, sampler.grammar_fast_paths
         # ... while a plausible wrong fast path (keep allowed draws, else the masked argmax) is rejected
         wrong = reference(row, T) * mask
         wrong[np.flatnonzero(mask)[np.argmax(row[mask])]] += q
@@ -129,3 +129,47 @@ def test_bias_vectors_are_cached_per_mask_object(monkeypatch):
     assert len(sampler._masks) == 2
     with pytest.raises(ValueError, match="shape"):
         sampler._mask_entry(np.ones(vocab + 1, bool))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    density=st.sampled_from([0.02, 0.3, 0.9, 1.0]),
+    top_k=st.sampled_from([1, 5, 40, 200]),
+    top_p=st.sampled_from([1.0, 0.9]),
+    scale=st.sampled_from([0.1, 3.0, 30.0]),
+)
+def test_top_k_from_the_best_columns_equals_masking_the_whole_row(seed, density, top_k, top_p, scale):
+    vocab = 5000
+    g = np.random.default_rng(seed)
+    mask = g.random(vocab) < density
+    mask[g.integers(vocab)] = True
+    row = g.normal(0, scale, vocab).astype(np.float32)
+    row[np.flatnonzero(~mask)[:30]] += 4 * scale  # disallowed tokens crowd the top columns
+    params = SamplingParams(temperature=0.7, top_k=top_k, top_p=top_p)
+    old = sampler_module._SMALL_ALLOWED
+    sampler_module._SMALL_ALLOWED = 0  # the mask as a whole-row vector, the path under test
+    try:
+        fast, full = BatchSampler(vocab), BatchSampler(vocab, grammar_fast_paths=False)
+        found = fast._top_k_allowed(row, top_k, mask)
+        if found is not None:
+            allowed = np.flatnonzero(mask)
+            want = allowed[np.argsort(-row[allowed], kind="stable")[:top_k]]
+            assert found[1].tolist() == want.tolist()
+            assert found[0].tolist() == row[want].tolist()
+        for i in range(4):
+            ctx = RowContext(params, np.random.default_rng(i), matcher=FakeMatcher(mask))
+            ctx_full = RowContext(params, np.random.default_rng(i), matcher=FakeMatcher(mask))
+            assert fast.sample_rows(row[None].copy(), [ctx]) == full.sample_rows(row[None].copy(), [ctx_full])
+    finally:
+        sampler_module._SMALL_ALLOWED = old
+
+
+def test_top_k_from_the_best_columns_is_taken_for_a_dense_mask():
+    vocab = 5000
+    g = np.random.default_rng(0)
+    mask = g.random(vocab) < 0.9
+    row = g.normal(0, 1, vocab).astype(np.float32)
+    found = BatchSampler(vocab)._top_k_allowed(row, 40, mask)
+    assert found is not None and len(found[1]) == 40 and mask[found[1]].all()
+    assert BatchSampler(vocab)._top_k_allowed(row, 40, np.eye(1, vocab, 7, dtype=bool)[0]) is None
