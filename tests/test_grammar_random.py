@@ -277,7 +277,7 @@ def test_long_strings_are_counted_not_unrolled():
 
 def _shared_use(schema):
     """`schema` used from two properties and as the item of a long array: a shared rule."""
-    from sampling.grammar.schema import MAX_UNROLLED_ITEMS
+    from sampling.grammar.arrays import MAX_UNROLLED_ITEMS
 
     return {"type": "object", "$defs": {"d": schema},
             "properties": {"a": {"$ref": "#/$defs/d"},
@@ -290,17 +290,17 @@ def _shared_use(schema):
 def test_shared_parts_are_called_rules_accepting_what_inlining_accepts(schema, seed):
     from unittest import mock
 
-    from sampling.grammar import schema as schema_module
+    from sampling.grammar import arrays, references
 
     def uncached(schema, vocab, open_objects):       # compile_grammar's cache ignores the patches
         return CompiledGrammar(schema, index_for(vocab), open_objects=open_objects)
 
     wrapped = _shared_use(schema)
     try:
-        with mock.patch.object(schema_module, "SHARED_RULE_SIZE", 1):
+        with mock.patch.object(references, "SHARED_RULE_SIZE", 1):
             g, _ = _check_outputs(wrapped, seed, runs=3, compile=uncached)
-        with mock.patch.object(schema_module, "SHARED_RULE_SIZE", 10**9), \
-                mock.patch.object(schema_module, "MAX_UNROLLED_ITEMS", 10**9):
+        with mock.patch.object(references, "SHARED_RULE_SIZE", 10**9), \
+                mock.patch.object(arrays, "MAX_UNROLLED_ITEMS", 10**9):
             inlined = uncached(wrapped, VOCAB, open_objects=seed % 2 == 1)
     except UnsupportedSchemaError as e:
         assert any(k in str(e) for k in ("'oneOf'", "'uniqueItems'", "'allOf'")), e

@@ -3,29 +3,29 @@
 A `$ref` whose target can reach itself becomes a rule, and each use a `Call` (a pushdown call
 at match time); so does a large target used more than once, and a large array item repeated
 many times. Other references are inlined. "Any JSON value" is a recursive rule too.
-Objects are in objects.py (ObjectRules); this file stays over 300 lines because the keyword
-dispatch (node) and the per-type rules call one another.
+References are in references.py, arrays in arrays.py, objects in objects.py (mixins); this
+file stays over 300 lines because the keyword dispatch (node) and the rules for the other types
+call one another.
 """
 from __future__ import annotations
 
 import functools
 import math
 import re
-from collections import Counter
 from typing import Callable
-from urllib.parse import unquote
 
 import jsonschema
 import referencing.exceptions
 
 from . import ir, jsonstr, numeric
-from .allof import merge_all_of, with_all_of
+from .allof import with_all_of
 from .errors import SchemaError, SchemaTooLarge, UnsupportedSchemaError, unsupported
 from .formats import FORMATS, REFUSED_FORMATS
 from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json, quick_checker, value_key
 from .nfa import intersection
+from .arrays import ArrayRules
 from .objects import ObjectRules
-from .unique import FREE, READ
+from .references import ReferenceRules
 from .regex import counted_split, length_bounded_pattern, pattern_ir, search_ir, search_pattern
 
 # Length bounds up to this are unrolled one character at a time (exact distances); larger
@@ -35,10 +35,6 @@ MAX_COUNTED = 32
 # A pattern or format that length_bounded_pattern cannot tighten runs beside a character
 # counter instead, for bounds up to this.
 MAX_LENGTH_PRODUCT = 64
-# A $ref target used more than once becomes a rule when its IR has at least SHARED_RULE_SIZE
-# nodes; so does any array item that minItems / maxItems repeat over MAX_UNROLLED_ITEMS times.
-SHARED_RULE_SIZE = 40
-MAX_UNROLLED_ITEMS = 16
 # Sub-schemas compiled (merges revisit theirs): past this the automaton would be past its state
 # limit anyway (a WordPress theme.json: 31,000, 1.2 s before failing there; the largest schemas
 # that compile: about 7,000), so stop early.
@@ -93,7 +89,7 @@ def _repeat(char: object, lo: int, hi: int | None) -> object:
     return ir.Repeat(char, lo, hi)
 
 
-class SchemaCompiler(ObjectRules):
+class SchemaCompiler(ReferenceRules, ArrayRules, ObjectRules):
     """`open_objects`: how to read what the schema leaves unsaid. False (the default, as in
     OpenAI's strict mode): an absent `additionalProperties` allows no members besides those
     named by properties / required / patternProperties, and an absent `type` only the types
@@ -126,183 +122,6 @@ class SchemaCompiler(ObjectRules):
         self._checkers: dict[int, tuple[object, Callable[[object], bool | None] | None]] = {}
         self.nodes_built = 0
         self.unique_rules: dict[int, int] = {}   # array rules whose items unique.py keeps distinct: kind
-
-    # ---------------------------------------------------------------- references
-    def _resolve_pointer(self, ref: object, ptr: str) -> object:
-        if not isinstance(ref, str):
-            raise SchemaError(f"'$ref' at {ptr or '/'} must be a string")
-        if not ref.startswith("#"):
-            raise unsupported("$ref", ptr, f"only local references ('#/...') are supported, got {ref!r}")
-        node = self.root
-        frag = unquote(ref[1:])
-        if frag and not frag.startswith("/"):
-            raise unsupported("$ref", ptr, f"anchor references are not supported: {ref!r}")
-        for tok in frag.split("/")[1:]:
-            tok = tok.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and tok in node:
-                node = node[tok]
-            elif isinstance(node, list) and tok.isdigit() and int(tok) < len(node):
-                node = node[int(tok)]
-            else:
-                raise SchemaError(f"'$ref' {ref!r} at {ptr or '/'} does not resolve")
-        return node
-
-    def _reference_graph(self) -> tuple[set[str], Counter]:
-        """(targets of $ref that can reach themselves through further $refs; how many times
-        each target is referred to, from the root and from every target once)."""
-        edges: dict[str, Counter] = {}
-
-        def refs_in(node) -> Counter:
-            out, todo = Counter(), [node]
-            while todo:
-                n = todo.pop()
-                if isinstance(n, dict):
-                    if isinstance(n.get("$ref"), str):
-                        out[n["$ref"]] += 1
-                    todo.extend(n.values())
-                elif isinstance(n, list):
-                    todo.extend(n)
-            return out
-
-        uses = refs_in(self.root)
-        todo = list(uses)
-        while todo:
-            r = todo.pop()
-            if r in edges:
-                continue
-            try:
-                edges[r] = refs_in(self._resolve_pointer(r, ""))
-            except SchemaError:
-                edges[r] = Counter()  # reported with a proper location when compiled
-            uses.update(edges[r])
-            todo.extend(edges[r])
-        rec = set()
-        for start in edges:
-            seen, todo = set(), list(edges[start])
-            while todo:
-                r = todo.pop()
-                if r == start:
-                    rec.add(start)
-                    break
-                if r not in seen:
-                    seen.add(r)
-                    todo.extend(edges.get(r, ()))
-        return rec, uses
-
-    def _ref(self, ref: str, ptr: str) -> object:
-        target = self._resolve_pointer(ref, ptr)
-        where = "#" + unquote(ref[1:])
-        if ref in self.recursive:
-            if ref in self.ref_failed:
-                raise self.ref_failed[ref]
-            idx = self.ref_rule.get(ref)
-            if idx is None:
-                idx = self.ref_rule[ref] = len(self.rules)
-                self.rules.append(None)
-                outer, self._inlining = self._inlining, []   # a rule body is built once
-                try:
-                    self.rules[idx] = self.node(target, where)
-                except SchemaError as e:
-                    # The caller may drop the part that used it (a pattern's extra members);
-                    # calls made meanwhile then match nothing, later uses raise again.
-                    self.rules[idx] = ir.NEVER
-                    self.ref_failed[ref] = e
-                    raise
-                finally:
-                    self._inlining = outer
-            return ir.Call(idx)
-        if ref not in self.inline_memo:
-            body = self.node(target, where)
-            self.inline_memo[ref] = self._shared(body) if self.ref_uses.get(ref, 0) > 1 else body
-        return self.inline_memo[ref]
-
-    def _shared(self, body: object, min_size: int | None = None) -> object:
-        """`body` for a place that repeats it: a large one becomes a rule, built once and called
-        from every copy, instead of being copied into each (automaton size, compile time)."""
-        min_size = SHARED_RULE_SIZE if min_size is None else min_size
-        if isinstance(body, ir.Call) or ir.size(body, min_size) < min_size:
-            return body
-        self.rules.append(body)
-        return ir.Call(len(self.rules) - 1)
-
-    def _resolve_schema(self, sub: object, where: str) -> object:
-        """Follow $refs (for enum analysis); recursive targets are refused."""
-        return self._resolve(sub, where, inline_recursive=False)
-
-    def _resolve_to_analyse(self, sub: object, where: str) -> object:
-        """Follow $refs, recursive ones too, and merge a top-level allOf where it merges: to look
-        at the schema only (oneOf analysis)."""
-        mark = len(self._inlined)
-        try:
-            sub = self._resolve(sub, where, inline_recursive=True)
-            if isinstance(sub, dict) and "allOf" in sub:
-                try:
-                    sub = merge_all_of(sub, where, self._resolve_for_merge)
-                except SchemaError:
-                    pass        # looked at as written: weaker, still sound
-            return sub
-        finally:
-            del self._inlined[mark:]
-
-    def _resolve_for_merge(self, sub: object, where: str) -> object:
-        """Follow $refs for an allOf merge: a recursive target is inlined once (its own nested
-        $refs stay calls), unless that would inline it inside itself without end."""
-        return self._resolve(sub, where, inline_recursive=True)
-
-    def _resolve(self, sub: object, where: str, inline_recursive: bool) -> object:
-        resolve = self._resolve_for_merge if inline_recursive else self._resolve_schema
-        for _ in range(64):
-            if not (isinstance(sub, dict) and "$ref" in sub):
-                return sub
-            if constraint_keys(sub) - {"$ref"} and not self.ref_alone:
-                merged = with_all_of(sub, "$ref", [{"$ref": sub["$ref"]}], where)
-                return merge_all_of(merged, where, resolve)
-            ref = sub["$ref"]
-            if ref in self.recursive:
-                if not inline_recursive or ref in self._resolving or ref in self._inlining:
-                    raise unsupported("allOf", where, "recursive $ref inside allOf")
-                self._resolving.append(ref)
-                try:
-                    target = resolve(self._resolve_pointer(ref, where), where)
-                    if isinstance(target, dict) and "allOf" in target:
-                        target = merge_all_of(target, where, resolve)
-                finally:
-                    self._resolving.pop()
-                self._inlined.append(ref)
-                return target
-            sub = self._resolve_pointer(ref, where)
-        raise SchemaError(f"'$ref' chain too long at {where or '/'}")
-
-    def _merge(self, schema: dict, ptr: str) -> tuple[dict, list[str]]:
-        """merge_all_of, and the recursive refs it inlined (see _node_inlining)."""
-        mark = len(self._inlined)
-        try:
-            return merge_all_of(schema, ptr, self._resolve_for_merge), self._inlined[mark:]
-        finally:
-            del self._inlined[mark:]
-
-    def _merged_node(self, written: dict, to_merge: dict, ptr: str) -> object:
-        """node() of an allOf (or $ref with siblings) written in the schema as `written`. One that
-        inlines a recursive ref is built once and called wherever it recurs: copies of it
-        would multiply through the recursion."""
-        memo = self.merged_memo.get(id(written))
-        if memo is not None:
-            return memo[1]
-        merged, refs = self._merge(to_merge, ptr)
-        body = self._node_inlining(merged, refs, ptr)
-        if refs:
-            body = self._shared(body)
-            self.merged_memo[id(written)] = (written, body)    # holding `written` keeps its id
-        return body
-
-    def _node_inlining(self, merged: object, refs: list[str], ptr: str) -> object:
-        """node(merged), where `merged` holds the inlined content of the recursive `refs`:
-        while it compiles, those refs may not be inlined again (that would never end)."""
-        self._inlining.extend(refs)
-        try:
-            return self.node(merged, ptr)
-        finally:
-            del self._inlining[len(self._inlining) - len(refs):]
 
     def any_value(self) -> object:
         idx = self.ref_rule.get("")
@@ -637,132 +456,3 @@ class SchemaCompiler(ObjectRules):
         if not float(m).is_integer() or m > numeric.MAX_DIVISOR:
             raise unsupported("multipleOf", ptr, f"only whole divisors up to {numeric.MAX_DIVISOR}")
         return int(m)
-
-    # ---------------------------------------------------------------- arrays
-    def _array_schema(self, schema: dict, ptr: str) -> object:
-        items = schema.get("items")
-        prefix = schema.get("prefixItems", [])
-        rest_key = "items"
-        if isinstance(items, list):       # draft-4..2019 tuple form
-            if "prefixItems" in schema:
-                raise SchemaError(f"array-valued 'items' together with 'prefixItems' at {ptr or '/'}")
-            prefix, items, rest_key = items, schema.get("additionalItems"), "additionalItems"
-        # (additionalItems next to a schema-valued or absent `items` has no effect: ignored.)
-        if not isinstance(prefix, list):
-            raise SchemaError(f"'prefixItems' at {ptr or '/'} must be an array")
-        pre = [self.node(s, f"{ptr}/prefixItems/{i}") for i, s in enumerate(prefix)]
-        if items is None:
-            # No schema for further items: any value if there is no prefix; none after a prefix
-            # (a documented restriction that keeps tuples tight).
-            rest = None if prefix else self.any_value()
-        elif items is False:
-            rest = None
-        else:
-            rest = self.node(items, f"{ptr}/{rest_key}")
-        lo = count_keyword(schema, "minItems", ptr) or 0
-        hi = count_keyword(schema, "maxItems", ptr)
-        if schema.get("uniqueItems") is True and not (rest is None and len(pre) <= 1) and (hi is None or hi > 1):
-            values = None if prefix else self._finite_values(items, f"{ptr}/items")
-            if values is not None:
-                # Distinct values of a finite set: each at most once, in the set's order.
-                if hi is not None and hi >= len(values):
-                    hi = None
-                if max(lo, hi or 0) > 64:
-                    raise unsupported("uniqueItems", ptr, "over 64 distinct values required")
-                members = tuple((ir.lit(v), False) for v in values)
-                self.literals.update(values)
-                return ir.Obj(members, None, lo, hi, True, b"[", b"]") if len(values) >= lo else ir.NEVER
-            if lo > 1:
-                raise unsupported("uniqueItems", ptr, "items are not a finite set of values and minItems > 1")
-            # The matcher keeps the items distinct (unique.py); the array is a rule of its own,
-            # which tells the matcher where it is. Strings of any content are generated any
-            # number at a time (a distinct one is always at hand); other items one at a time.
-            kind = FREE if not prefix and self._free_string(items, f"{ptr}/items") else READ
-            self.rules.append(self._array(pre, self._items_rule(rest, lo, hi), lo, hi))
-            self.unique_rules[len(self.rules) - 1] = kind
-            return ir.Call(len(self.rules) - 1)
-        return self._array(pre, self._items_rule(rest, lo, hi), lo, hi)
-
-    def _items_rule(self, rest: object | None, lo: int, hi: int | None) -> object | None:
-        """An item repeated many times by the bounds is a rule called once per item."""
-        if rest is not None and max(lo, hi or 0) > MAX_UNROLLED_ITEMS:
-            return self._shared(rest, min_size=1)
-        return rest
-
-    def _resolved_dict(self, schema: object, where: str) -> dict | None:
-        """`schema` with its $refs followed, when that gives a schema object (for a look at it)."""
-        try:
-            sub = self._resolve_schema(schema, where)
-        except SchemaError:
-            return None
-        return sub if isinstance(sub, dict) else None
-
-    def _free_string(self, items: object, where: str, strings_only: bool = False) -> bool:
-        """`items` allows every string (but perhaps the empty one), and nothing else; with
-        `strings_only`, True also for any schema allowing only strings (an anyOf branch)."""
-        sub = self._resolved_dict(items, where)
-        if sub is None:
-            return False
-        keys = constraint_keys(sub)
-        if keys == {"anyOf"} and isinstance(sub["anyOf"], list):
-            # A free string among branches of strings: every string again (anyOf, not oneOf).
-            branches = sub["anyOf"]
-            return (all(self._free_string(b, where, strings_only=True) for b in branches)
-                    and any(self._free_string(b, where) for b in branches))
-        if strings_only and ("enum" in keys or "const" in keys) and keys <= {"enum", "const", "type"}:
-            values = sub["enum"] if "enum" in sub else [sub["const"]]
-            return isinstance(values, list) and all(isinstance(v, str) for v in values)
-        if sub.get("type") not in ("string", ["string"]):
-            return False
-        if strings_only:
-            return True
-        return keys <= {"type", "minLength"} and count_keyword(sub, "minLength", where) in (None, 0, 1)
-
-    def _finite_values(self, items: object, where: str) -> list[bytes] | None:
-        """The distinct JSON encodings an item may take, when `items` allows finitely many."""
-        sub = self._resolved_dict(items, where)
-        if sub is None:
-            return None
-        keys = constraint_keys(sub)
-        if "enum" in keys or "const" in keys:
-            values = sub["enum"] if "enum" in sub else [sub["const"]]
-            if not isinstance(values, list):
-                return None
-            nullable = sub.get("nullable") is True
-            rule = {k: v for k, v in sub.items() if k != "nullable"}
-            values = [v for v in values if (nullable and v is None) or self._satisfies(v, rule, where)]
-        elif keys == {"type"} and sub["type"] in ("boolean", "null"):
-            values = [True, False] if sub["type"] == "boolean" else [None]
-        else:
-            return None
-        seen, out = set(), []
-        for v in values:
-            key = value_key(v)
-            if key not in seen:
-                seen.add(key)
-                out.append(dump_json(v))
-        return out
-
-    def _array(self, pre: list, rest: object | None, lo: int, hi: int | None) -> object:
-        if rest is None or rest == ir.NEVER:
-            hi = len(pre) if hi is None else min(hi, len(pre))
-        if hi is not None and hi < lo:
-            return ir.NEVER
-        comma = ir.lit(b",")
-
-        def tail(i: int) -> object:
-            """Elements i.. (element i is preceded by a comma when i > 0)."""
-            sep = comma if i else ir.EMPTY
-            if hi is not None and i >= hi:
-                return ir.EMPTY
-            if i < len(pre):
-                more = ir.seq(sep, pre[i], tail(i + 1))
-                return more if i < lo else ir.opt(more)
-            need = max(lo - i, 0)
-            top = None if hi is None else hi - i
-            if i == 0:
-                first = ir.seq(rest, ir.Repeat(ir.seq(comma, rest), max(need - 1, 0), None if top is None else top - 1))
-                return first if need else ir.opt(first)
-            return ir.Repeat(ir.seq(comma, rest), need, top)
-
-        return ir.seq(ir.lit(b"["), tail(0), ir.lit(b"]"))
