@@ -113,8 +113,9 @@ class CompiledGrammar:
         rules = comp.compile()
         nfa = NFA()
         frags = [nfa.build(r) for r in rules]
-        budget = distance.budget_tokens_soon(idx, comp.literals)    # beside subset construction
-        aut = dfa.build(nfa, frags)
+        prepared = dfa.prepare(nfa, frags)
+        budget = distance.budget_tokens_soon(idx, comp.literals)    # beside subset construction (C)
+        aut = dfa.build(prepared)
         return comp, aut, Counting(aut, single), budget()
 
     @staticmethod

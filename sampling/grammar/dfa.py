@@ -59,8 +59,20 @@ class Automaton:
         return self.trans[g][np.frombuffer(self.byte_class, dtype=np.uint8)]
 
 
-def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000, minimal: bool = False) -> Automaton:
-    """minimal: minimise whatever the size (for callers that rely on a minimal automaton)."""
+@dataclass(frozen=True)
+class SubsetInput:
+    """An NFA as the C subset construction takes it (arrays grouped by source state)."""
+    eps: tuple[np.ndarray, ...]
+    edges: tuple[np.ndarray, ...]
+    mask_classes: np.ndarray
+    calls: tuple[np.ndarray, ...]
+    tags: np.ndarray
+    tag_ids: dict[tuple, int]
+    classes: np.ndarray
+    rules: list[tuple[int, int]]
+
+
+def prepare(nfa: NFA, rules: list[tuple[int, int]]) -> SubsetInput:
     masks, mask_bits = _masks(nfa)
     classes, class_rep = _byte_classes(mask_bits)
     mask_id = {m: i for i, m in enumerate(masks)}
@@ -68,15 +80,26 @@ def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000, min
     tags = np.zeros(nfa.n, dtype=np.int32)
     for s, tag in nfa.counted.items():
         tags[s] = tag_ids.setdefault(tag, len(tag_ids) + 1)
+    return SubsetInput(
+        eps=_csr(nfa.n, nfa.eps_src, nfa.eps_dst),
+        edges=_csr(nfa.n, nfa.edge_src, list(map(mask_id.__getitem__, nfa.edge_mask)), nfa.edge_dst),
+        mask_classes=mask_bits[:, class_rep],
+        calls=_csr(nfa.n, nfa.call_src, nfa.call_rule, nfa.call_dst),
+        tags=tags, tag_ids=tag_ids, classes=classes, rules=rules)
+
+
+def build(nfa: NFA | SubsetInput, rules: list[tuple[int, int]] | None = None, max_states: int = 200_000,
+          minimal: bool = False) -> Automaton:
+    """From an NFA and its rules' (start, end) states, or from prepare()'s result (a caller can
+    then start work on another thread once the GIL-bound preparation is done).
+    minimal: minimise whatever the size (for callers that rely on a minimal automaton)."""
+    given = nfa if isinstance(nfa, SubsetInput) else prepare(nfa, rules)
     try:
-        sub = native.subset_construct(
-            eps=_csr(nfa.n, nfa.eps_src, nfa.eps_dst),
-            edges=_csr(nfa.n, nfa.edge_src, list(map(mask_id.__getitem__, nfa.edge_mask)), nfa.edge_dst),
-            mask_classes=mask_bits[:, class_rep],
-            calls=_csr(nfa.n, nfa.call_src, nfa.call_rule, nfa.call_dst),
-            tags=tags, rules=rules, max_states=max_states)
+        sub = native.subset_construct(eps=given.eps, edges=given.edges, mask_classes=given.mask_classes,
+                                      calls=given.calls, tags=given.tags, rules=given.rules, max_states=max_states)
     except native.CountConflictError:
         raise CountConflict() from None
+    tag_ids, classes = given.tag_ids, given.classes
     table, accept, calls, starts, live = _trim(sub.trans, sub.accept, sub.calls, sub.starts)
     if minimal or table.shape[0] <= MINIMIZE_MAX_STATES:
         block, count = _minimal_blocks(table, accept, calls, starts, sub.rule_of, sub.count_tag, live)
@@ -111,7 +134,8 @@ def _csr(n: int, src: list[int], *columns: list[int]) -> tuple[np.ndarray, ...]:
     """Edges given as parallel lists, grouped by source: (offsets [n + 1], *columns in that order)."""
     src_arr = np.asarray(src, dtype=np.int64)
     order = np.argsort(src_arr, kind="stable")
-    offsets = np.searchsorted(src_arr[order], np.arange(n + 1))
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src_arr, minlength=n), out=offsets[1:])
     return (offsets, *(np.asarray(c, dtype=np.int64)[order] for c in columns))
 
 

@@ -5,6 +5,7 @@ immutable and may be shared: every use is instantiated afresh by the NFA builder
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from . import utf8
@@ -132,6 +133,11 @@ _BYTE = tuple(Bytes(1 << b) for b in range(256))   # shared: a large schema spel
 
 
 def lit(data: bytes) -> Seq:
+    return _short_lit(data) if len(data) <= 64 else Seq(tuple(map(_BYTE.__getitem__, data)))
+
+
+@functools.lru_cache(maxsize=8192)   # a large schema spells the same keys hundreds of times
+def _short_lit(data: bytes) -> Seq:
     return Seq(tuple(map(_BYTE.__getitem__, data)))
 
 

@@ -12,7 +12,7 @@ from typing import Callable
 
 from .errors import SchemaError
 
-_COMPACT = {"separators": (",", ":"), "ensure_ascii": False, "allow_nan": False}
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)   # one, not one per call
 
 ANNOTATIONS = frozenset({
     "title", "description", "$schema", "$id", "id", "examples", "default", "$comment",
@@ -70,7 +70,7 @@ def _normal_value(v):
 
 
 def dump_json(v) -> bytes:
-    return json.dumps(v, **_COMPACT).encode("utf-8", "surrogatepass")
+    return _COMPACT.encode(v).encode("utf-8", "surrogatepass")
 
 
 def count_keyword(schema: dict, key: str, ptr: str) -> int | None:
