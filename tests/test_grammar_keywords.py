@@ -9,6 +9,7 @@ import re
 import warnings
 
 import jsonschema
+import numpy as np
 import pytest
 
 from sampling.grammar import SchemaError, compile_grammar
@@ -546,3 +547,21 @@ def test_a_large_enum_is_one_rule_wherever_it_recurs():
     assert len(g.rule_start) == 2       # the document and the list, called three times
     assert accepts(g, {"a": "R0000", "b": "R0599", "c": "R0300"})
     assert not accepts(g, {"a": "R0600", "b": "R0000", "c": "R0000"}) and not accepts(g, {"a": "R0000"})
+
+
+@pytest.mark.parametrize("letter", "dws")
+def test_unicode_classes_are_the_code_points_pythons_regex_engine_matches(letter):
+    from sampling.grammar.regex import _unicode_class
+
+    ranges = _unicode_class(letter)
+    starts = np.array([lo for lo, _ in ranges])
+    rng = np.random.default_rng(0)
+    edges = [x for lo, hi in ranges for x in (lo - 1, lo, hi, hi + 1)]     # every run's boundaries
+    points = [int(c) for c in rng.integers(0, 0x110000, 20000)] + edges
+    rx = re.compile("\\" + letter)
+    for cp in points:
+        if cp < 0 or cp > 0x10FFFF or 0xD800 <= cp <= 0xDFFF:
+            continue
+        i = np.searchsorted(starts, cp, side="right") - 1
+        inside = i >= 0 and cp <= ranges[i][1]
+        assert inside == bool(rx.match(chr(cp))), (letter, hex(cp))
