@@ -115,7 +115,7 @@ class CompiledGrammar:
         frags = [nfa.build(r) for r in rules]
         prepared = dfa.prepare(nfa, frags)
         budget = distance.budget_tokens_soon(idx, comp.literals)    # beside subset construction (C)
-        aut = dfa.build(prepared)
+        aut = dfa.build_prepared(prepared)
         return comp, aut, Counting(aut, single), budget()
 
     @staticmethod

@@ -88,12 +88,15 @@ def prepare(nfa: NFA, rules: list[tuple[int, int]]) -> SubsetInput:
         tags=tags, tag_ids=tag_ids, classes=classes, rules=rules)
 
 
-def build(nfa: NFA | SubsetInput, rules: list[tuple[int, int]] | None = None, max_states: int = 200_000,
-          minimal: bool = False) -> Automaton:
-    """From an NFA and its rules' (start, end) states, or from prepare()'s result (a caller can
-    then start work on another thread once the GIL-bound preparation is done).
+def build(nfa: NFA, rules: list[tuple[int, int]], max_states: int = 200_000, minimal: bool = False) -> Automaton:
+    """From an NFA and its rules' (start, end) states.
     minimal: minimise whatever the size (for callers that rely on a minimal automaton)."""
-    given = nfa if isinstance(nfa, SubsetInput) else prepare(nfa, rules)
+    return build_prepared(prepare(nfa, rules), max_states, minimal)
+
+
+def build_prepared(given: SubsetInput, max_states: int = 200_000, minimal: bool = False) -> Automaton:
+    """build() from prepare()'s result: a caller may start work on another thread in between,
+    once the GIL-bound preparation is done (subset construction, in C, holds no GIL)."""
     try:
         sub = native.subset_construct(eps=given.eps, edges=given.edges, mask_classes=given.mask_classes,
                                       calls=given.calls, tags=given.tags, rules=given.rules, max_states=max_states)
