@@ -279,6 +279,15 @@ class BlockLedger:
         own = next((i for i, (kind, _) in enumerate(plan) if kind == "duplicate"), len(plan))
         return self._apply_caching(plan[:own])
 
+    def caching_start(self, owner: int, cache_tokens: Sequence[int], publishing: bool) -> tuple[int, object]:
+        """Where the tokens newly cached by `publish` (or `release`) would start, and the holder
+        of the cached block just before them (None if there is none). Changes nothing."""
+        plan = self._plan_caching(owner, self._table(owner), cache_tokens, None)
+        if publishing:
+            plan = plan[: next((i for i, (kind, _) in enumerate(plan) if kind == "duplicate"), len(plan))]
+        first_new = next((i for i, (kind, _) in enumerate(plan) if kind == "new"), len(plan))
+        return first_new * self.block_size, plan[first_new - 1][1].holder if first_new else None
+
     # ---- introspection -------------------------------------------------------------------
 
     def table(self, owner: int) -> tuple[int, ...]:

@@ -66,6 +66,7 @@ class KvCache:
         self._free_ids = list(reversed(running_ids))
         self._free_holders = list(reversed(holder_ids))
         self._holder_blocks: dict[int, int] = {}  # holder seq id -> cached blocks it still holds
+        self._holder_end: dict[int, int] = {}  # holder seq id -> the position after its last cell
         self._shared: dict[int, int] = {}  # running seq id -> leading positions shared from holders
         self._owners: dict[int, Sequence] = {}  # seq id -> the sequence holding it
         self._shared_blocks: dict[int, tuple[int, ...]] = {}  # seq id -> cached blocks it shares
@@ -145,16 +146,14 @@ class KvCache:
     def _publish_prompt(self, seq: Sequence) -> None:
         # A prompt's blocks are shareable as soon as they are computed, not only once the
         # sequence ends: requests that arrived with it can start from them a step later.
-        holder = self._take_holder()
+        seq_id = seq.seq_id
+        tokens = seq.tokens[: seq.n_prompt]
+        holder = self._holder_after(*self.ledger.caching_start(seq_id, tokens, publishing=True))
         if holder is None:
             return
-        seq_id = seq.seq_id
-        kept = self.ledger.publish(seq_id, seq.tokens[: seq.n_prompt], holder)
-        if not len(kept):
-            self._free_holders.append(holder)
+        kept = self.ledger.publish(seq_id, tokens, holder)
+        if not self._hold(seq_id, holder, kept):
             return
-        self._memory.seq_cp(seq_id, holder, kept.start, kept.stop)
-        self._holder_blocks[holder] = len(kept) // self.block_size
         if kept.start <= self._shared[seq_id]:
             # Its leading cells are all holders' now: count them once, under the holders.
             self._shared[seq_id] = kept.stop
@@ -167,16 +166,14 @@ class KvCache:
         """
         seq_id = seq.seq_id
         assert seq_id is not None
-        holder = self._take_holder() if keep_prefix and self.prefix_cache else None
+        tokens = seq.tokens[: seq.n_computed]
+        holder = None
+        if keep_prefix and self.prefix_cache:
+            holder = self._holder_after(*self.ledger.caching_start(seq_id, tokens, publishing=False))
         if holder is None:
             self.ledger.release(seq_id)
         else:
-            kept = self.ledger.release(seq_id, seq.tokens[: seq.n_computed], holder=holder)
-            if len(kept):
-                self._memory.seq_cp(seq_id, holder, kept.start, kept.stop)
-                self._holder_blocks[holder] = len(kept) // self.block_size
-            else:
-                self._free_holders.append(holder)
+            self._hold(seq_id, holder, self.ledger.release(seq_id, tokens, holder=holder))
         self._memory.seq_rm(seq_id, -1, -1)
         self._free_ids.append(seq_id)
         del self._shared[seq_id]
@@ -216,6 +213,27 @@ class KvCache:
         return KvCacheStats(s.total, s.used, s.cached, s.free, self.block_size, s.queries, s.hits,
                             s.hit_tokens, s.evictions)
 
+    def _holder_after(self, start: int, before: object) -> int | None:
+        """A holder for cells cached from position `start` on: the holder of the block just before,
+        if its cells end there (so a conversation's turns pile up under one holder instead of
+        taking two each, which ran the holders out and evicted live conversations), else a
+        free one."""
+        if before is not None and self._holder_end.get(int(before)) == start:  # type: ignore[call-overload]
+            return int(before)  # type: ignore[call-overload]
+        return self._take_holder()
+
+    def _hold(self, seq_id: int, holder: int, kept: range) -> bool:
+        """Tag seq_id's cells at the `kept` positions with `holder`; False if there were none (a
+        fresh holder then goes back to the free list)."""
+        if not len(kept):
+            if holder not in self._holder_blocks:
+                self._free_holders.append(holder)
+            return False
+        self._memory.seq_cp(seq_id, holder, kept.start, kept.stop)
+        self._holder_blocks[holder] = self._holder_blocks.get(holder, 0) + len(kept) // self.block_size
+        self._holder_end[holder] = kept.stop
+        return True
+
     def _take_holder(self) -> int | None:
         # Holders are fewer than blocks: when all are busy, evict least recently used cached
         # blocks until one holder is empty, so the newest prefixes can still be kept.
@@ -237,6 +255,8 @@ class KvCache:
             self._memory.seq_rm(holder, entry.start, entry.start + self.block_size)
             self._holder_blocks[holder] -= 1
             if self._holder_blocks[holder] == 0:
-                del self._holder_blocks[holder]
+                del self._holder_blocks[holder], self._holder_end[holder]
                 self._memory.seq_rm(holder, -1, -1)
                 self._free_holders.append(holder)
+            elif self._holder_end[holder] == entry.start + self.block_size:
+                self._holder_end[holder] = entry.start  # leaves go first: a holder shrinks from its end

@@ -118,3 +118,21 @@ def test_followers_of_a_cancelled_leader_compute_for_themselves(engines):
     assert all(r.finish_reason is FinishReason.LENGTH and r.metrics.tokens_generated == 3 for r in results[1:])
     stats = cached.stats()
     assert stats.running == 0 and stats.kv.blocks_used == 0
+
+
+def test_interleaved_conversations_keep_their_history_with_few_holders(model_path):
+    """Each turn's prompt and reply pile up under the holder of the turn before: with 4 holders,
+    4 conversations taking turns in rotation still find their whole history cached (two holders
+    per turn ran the holders out, and freeing one evicted live conversations' latest turns)."""
+    with Engine(model_path, n_ctx=2048, max_batch=4, step_token_budget=256, cache_holders=4,
+                cache_max_fraction=1.0) as engine:
+        histories = [f"Conversation {c} about {topic}.\n" for c, topic in enumerate(("tea", "maps", "owls", "jazz"))]
+        previous = [0] * 4  # tokens of the last turn's prompt and reply
+        for turn in range(5):
+            for c in range(4):
+                histories[c] += f"User: tell me more, part {turn}.\nAssistant:"
+                result = engine.generate(histories[c], max_tokens=16, ignore_eos=True, temperature=0)[0]
+                if turn:
+                    assert result.metrics.cached_tokens >= ((previous[c] - 8) // 16) * 16, (turn, c)
+                previous[c] = result.metrics.prompt_tokens + 16
+                histories[c] += result.text + "\n"
