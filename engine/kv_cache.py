@@ -229,6 +229,8 @@ class KvCache:
             if holder not in self._holder_blocks:
                 self._free_holders.append(holder)
             return False
+        # A holder only grows at its end: its positions stay one run (cells_in_use relies on it).
+        assert holder not in self._holder_end or self._holder_end[holder] == kept.start
         self._memory.seq_cp(seq_id, holder, kept.start, kept.stop)
         self._holder_blocks[holder] = self._holder_blocks.get(holder, 0) + len(kept) // self.block_size
         self._holder_end[holder] = kept.stop
