@@ -218,8 +218,8 @@ class KvCache:
         if its cells end there (so a conversation's turns pile up under one holder instead of
         taking two each, which ran the holders out and evicted live conversations), else a
         free one."""
-        if before is not None and self._holder_end.get(int(before)) == start:  # type: ignore[call-overload]
-            return int(before)  # type: ignore[call-overload]
+        if isinstance(before, int) and self._holder_end.get(before) == start:
+            return before
         return self._take_holder()
 
     def _hold(self, seq_id: int, holder: int, kept: range) -> bool:
