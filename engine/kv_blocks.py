@@ -118,6 +118,13 @@ def _default_hash(parent_key: Hashable | None, tokens: tuple[int, ...]) -> Hasha
     return hash((parent_key, tokens))
 
 
+def _owned(plan: list[tuple[str, _Entry]]) -> list[tuple[str, _Entry]]:
+    """A publish plan up to its first duplicate: only a chain the owner holds from its root is
+    published (an entry under another owner's block would stay referenced while its idle parent
+    could not be evicted)."""
+    return plan[: next((i for i, (kind, _) in enumerate(plan) if kind == "duplicate"), len(plan))]
+
+
 class BlockLedger:
     """Refcounted blocks, per-owner block tables and a prefix cache over `n_blocks` blocks.
 
@@ -273,18 +280,14 @@ class BlockLedger:
         """Put the full blocks of `cache_tokens` in the prefix cache while `owner` keeps them:
         as `release` does, without the release. Returns the positions newly cached under
         `holder` (the engine tags those cells with it, so they outlive the owner)."""
-        plan = self._plan_caching(owner, self._table(owner), cache_tokens, holder)
-        # Only a chain the owner holds from its root: an entry under another owner's (duplicate)
-        # block would stay referenced while its idle parent could not be evicted.
-        own = next((i for i, (kind, _) in enumerate(plan) if kind == "duplicate"), len(plan))
-        return self._apply_caching(plan[:own])
+        return self._apply_caching(_owned(self._plan_caching(owner, self._table(owner), cache_tokens, holder)))
 
     def caching_start(self, owner: int, cache_tokens: Sequence[int], publishing: bool) -> tuple[int, object]:
         """Where the tokens newly cached by `publish` (or `release`) would start, and the holder
         of the cached block just before them (None if there is none). Changes nothing."""
         plan = self._plan_caching(owner, self._table(owner), cache_tokens, None)
         if publishing:
-            plan = plan[: next((i for i, (kind, _) in enumerate(plan) if kind == "duplicate"), len(plan))]
+            plan = _owned(plan)
         first_new = next((i for i, (kind, _) in enumerate(plan) if kind == "new"), len(plan))
         return first_new * self.block_size, plan[first_new - 1][1].holder if first_new else None
 

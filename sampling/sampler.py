@@ -321,16 +321,13 @@ class BatchSampler:
             values = row[cand]
         else:
             cand, values = np.arange(V), row
-        if values.size > k:
-            part = np.argpartition(values, values.size - k)[values.size - k :]
-            cand, values = cand[part], values[part]
+        values, cand = _largest_sorted(values, cand, k)
         finite = values > -np.inf
         if not finite.all():
             cand, values = cand[finite], values[finite]
         if not values.size:
             raise ValueError("the logits row has no finite value")
-        order = np.argsort(-values, kind="stable")
-        return values[order], cand[order]
+        return values, cand
 
     def _top_k_allowed(self, row: np.ndarray, k: int, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Exact k largest allowed logits, descending, read from the 2k columns with the largest
@@ -347,12 +344,7 @@ class BatchSampler:
         keep = mask[cand] & (values > sigma)
         if np.count_nonzero(keep) < k:
             return None
-        cand, values = cand[keep], values[keep]
-        if values.size > k:
-            top = np.argpartition(values, values.size - k)[values.size - k :]
-            cand, values = cand[top], values[top]
-        order = np.argsort(-values, kind="stable")
-        return values[order], cand[order]
+        return _largest_sorted(values[keep], cand[keep], k)
 
     def _group_masses(self, row: np.ndarray, top: float, T: float) -> tuple[np.ndarray, np.ndarray]:
         """Weights exp((row - top) / T) as a (group_len, G) grid, column g holding tokens g,
@@ -412,11 +404,7 @@ class BatchSampler:
         """Draw among an explicit candidate set that is the whole support (small masks)."""
         if not p.truncates:
             return _draw_unsorted(values, ids, float(values.max()), p.temperature, rng)
-        if 0 < p.top_k < values.size:
-            part = np.argpartition(values, values.size - p.top_k)[values.size - p.top_k :]
-            values, ids = values[part], ids[part]
-        order = np.argsort(-values, kind="stable")
-        return _draw_sorted(values[order], ids[order], p, rng)
+        return _draw_sorted(*_largest_sorted(values, ids, p.top_k), p, rng)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -424,6 +412,16 @@ def _f32_at_least(threshold: float) -> np.float32:
     """The smallest float32 >= threshold: for float32 x, x >= it  <=>  x >= threshold."""
     t = np.float32(threshold)
     return t if float(t) >= threshold else np.nextafter(t, np.float32(np.inf))
+
+
+def _largest_sorted(values: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest values (all of them if k <= 0 or there are no more), descending, with their
+    ids; ties keep the order the partition left them in."""
+    if 0 < k < values.size:
+        part = np.argpartition(values, values.size - k)[values.size - k :]
+        values, ids = values[part], ids[part]
+    order = np.argsort(-values, kind="stable")
+    return values[order], ids[order]
 
 
 def _first_above(cum: np.ndarray, x: float) -> int:
