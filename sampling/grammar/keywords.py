@@ -85,17 +85,11 @@ def count_keyword(schema: dict, key: str, ptr: str) -> int | None:
 _QUICK = frozenset({"type", "enum", "const", "pattern", "minLength", "maxLength"})
 
 
-def quick_check(value, schema: dict) -> bool | None:
-    """Whether `value` is valid against `schema` when only simple keywords constrain it; None
-    when a full validator is needed."""
-    checker = quick_checker(schema)
-    return None if checker is None else checker(value)
-
-
 def quick_checker(schema: dict) -> Callable[[object], bool | None] | None:
-    """quick_check against one schema, its keywords read once: callers checking many values
-    against one schema keep it (reading a long enum again per value is quadratic). None when
-    `schema` needs a validator."""
+    """A check of whether a value is valid against `schema` when only simple keywords constrain
+    it (the check answers None where a full validator is needed), the schema's keywords read
+    once: callers checking many values against one schema keep it (reading a long enum again
+    per value is quadratic). None when `schema` needs a validator."""
     return _checker(schema) if isinstance(schema, dict) else None
 
 
