@@ -6,9 +6,9 @@ it asks its policy every question that has more than one defensible answer. Two 
 - `FifoPolicy`: one queue in arrival order, nobody displaces anybody (the benchmarks' baseline).
 - `TwoTierPolicy`: interactive requests first, batch work keeps a guaranteed share.
 
-Why the two-tier rules look the way they do (measured on the 2-core machine, Gemma 3 270M): a
-21-token prompt gets its first token in about 100 ms on an idle engine, while one step of 24
-batch decode rows takes about 230 ms. So, while an interactive request reads its prompt:
+Why the two-tier rules look the way they do: on a CPU, one step of a full batch of decode rows
+takes longer than a short prompt's whole prefill on an idle engine (README, "How it works"). So,
+while an interactive request reads its prompt:
 
 - an arriving interactive request interrupts the step in flight if that is a pure decode step
   and has run less than `interrupt_window` (default half) of a typical one. Later in a step an
@@ -18,8 +18,8 @@ batch decode rows takes about 230 ms. So, while an interactive request reads its
 - the next step carries the interactive prompts alone, so the prefill runs as on an idle engine.
 
 Once interactive sequences decode, each of their tokens waits for one whole step, and a step's
-time grows with its rows (8 rows 123 ms, 16 rows 227 ms, 32 rows 414 ms measured), so steps
-then carry at most `interactive_batch_rows` batch tokens, the least advanced batch rows first.
+time grows about linearly with its rows, so steps then carry at most `interactive_batch_rows`
+batch tokens, the least advanced batch rows first.
 
 For a slot, a batch sequence is suspended (it keeps its KV and resumes without recomputing);
 only when KV blocks run short is one released and later recomputed. `batch_min_share` bounds

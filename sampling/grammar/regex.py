@@ -30,8 +30,8 @@ _SIMPLE_ESCAPES = {"n": 10, "t": 9, "r": 13, "f": 12, "v": 11, "a": 7, "0": 0}
 @functools.lru_cache(maxsize=None)
 def _unicode_class(letter: str) -> tuple[tuple[int, int], ...]:
     """Exact code point set of Python's `\\d`/`\\w`/`\\s` (surrogates aside): the runs its regex
-    engine matches in a string of every code point in order (once per process; a loop testing
-    each code point took ~0.5 s, paid by whichever schema first needed it)."""
+    engine matches in a string of every code point in order (once per process; testing code
+    points one by one in Python was paid by whichever schema first needed it)."""
     runs = re.compile("\\" + letter + "+")
     out: list[tuple[int, int]] = []
     for lo, hi in ((0, 0xD7FF), (0xE000, utf8.MAX_CP)):

@@ -36,8 +36,7 @@ MAX_COUNTED = 32
 # counter instead, for bounds up to this.
 MAX_LENGTH_PRODUCT = 64
 # Sub-schemas compiled (merges revisit theirs): past this the automaton would be past its state
-# limit anyway (a WordPress theme.json: 31,000, 1.2 s before failing there; the largest schemas
-# that compile: about 7,000), so stop early.
+# limit anyway (the largest schemas that compile stay well below), so stop early.
 MAX_SCHEMA_NODES = 10_000
 # enum / const lists of at least this many bytes are a rule of their own (_choice).
 LARGE_ENUM_BYTES = 2048
