@@ -144,6 +144,8 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
                 tail = probe.measure()
                 figures.update(gauge_step_ms=tail.step_ms, tail_ms=tail.tail_ms, tail_share=tail.share,
                                ttft_p95_floor=idle["ttft_p50"] + tail.wait_ms(0.95))
+                if tail.split_cost is not None:  # a probe of one row has nothing to split
+                    figures["split_cost"] = tail.split_cost
                 record.trial(trial=trial, mode=mode, **figures)
                 measured[mode].append(figures)
                 print(f"trial {trial} {mode}: interactive TTFT p95 {figures['ttft_p95']:.0f} ms, "
@@ -202,6 +204,10 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
         f"leaves TTFT p95 at idle TTFT p50 + the tail's p95 wait = {tail['ttft_p95_floor']:.0f} ms, "
         f"{floor_ratio:.2f}x idle p95."
     )
+    if "split_cost" in tail:
+        summary += (f" Splitting such steps into two decodes of half the rows would halve the tail "
+                    f"and cost {tail['split_cost'] * 100:+.1f}% per token (same probe).")
+        headline["split_cost"] = round(tail["split_cost"], 3)
     return summary, headline
 
 

@@ -20,3 +20,8 @@ def test_a_tail_rarer_than_the_quantile_costs_nothing_and_no_tail_no_wait():
 
 def test_a_tail_filling_the_whole_step_gives_its_quantile():
     assert UninterruptibleTail(step_ms=100.0, tail_ms=100.0).wait_ms(0.95) == pytest.approx(95.0)
+
+
+def test_split_cost_is_the_extra_time_of_two_half_steps():
+    assert UninterruptibleTail(step_ms=200.0, tail_ms=100.0, halves_ms=222.0).split_cost == pytest.approx(0.11)
+    assert UninterruptibleTail(step_ms=200.0, tail_ms=100.0).split_cost is None  # not measured
