@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench.raw_loop import decode_or_raise, raw_loop_context
-from bindings import Batch, Model
+from bindings import TokenBatch, Model
 
 FILLER_TOKEN = 500  # any ordinary token: only the shape of the step matters here
 
@@ -55,7 +55,7 @@ class TailProbe:
         self.rows, self.position = rows, context_tokens
         self.context = raw_loop_context(model, max(rows, 1), threads, n_ctx=max(256, -(-cells // 256) * 256),
                                         batch_rows=256, flash_attn=flash_attn)
-        self.batch = Batch(256)
+        self.batch = TokenBatch(256)
         filler = np.full(context_tokens, FILLER_TOKEN, dtype=np.int32)
         for seq in range(rows):
             self.batch.clear()

@@ -11,7 +11,7 @@ BENCHMARKS = {
     "decode-step": "bench.decode_step",
     "http-load": "bench.http_load",
     "memory": "bench.memory",
-    "mixed-priority": "bench.mixed_priority",
+    "mixed-priority": "bench.mixed_priority",  # with --http: bench.mixed_http
     "plot": "bench.plots",
     "prefix-sharing": "bench.prefix_sharing",
     "schemas": "bench.schema_coverage",
@@ -29,7 +29,10 @@ def main(argv: list[str] | None = None) -> int:
             doc = (importlib.import_module(module).__doc__ or "").strip().splitlines()[0]
             print(f"  {name:16} {doc}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return importlib.import_module(BENCHMARKS[argv[0]]).main(argv[1:])
+    module, rest = BENCHMARKS[argv[0]], argv[1:]
+    if module == "bench.mixed_priority" and "--http" in rest:  # against `cobatch serve` in its own process
+        module, rest = "bench.mixed_http", [a for a in rest if a != "--http"]
+    return importlib.import_module(module).main(rest)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from bench.raw_loop import raw_loop_context, run_raw_loop
 from bench.record import RunRecord, add_common_arguments, publish
 from bench.table import markdown_table
 from engine import Engine
-from engine.profile import PHASES
+from engine.stats import PHASES
 
 SAMPLING = {
     "greedy": {},

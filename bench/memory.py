@@ -30,7 +30,7 @@ from bench.prompts import benchmark_prompts
 from bench.raw_loop import decode_or_raise, raw_loop_context
 from bench.record import RunRecord, add_common_arguments, publish
 from bench.table import markdown_table
-from bindings import Batch, Model
+from bindings import TokenBatch, Model
 from engine import Engine
 from engine.model_source import resolve_model
 
@@ -53,7 +53,7 @@ def kv_bytes_per_cell(model: Model, threads: int, short: int = 64, long: int = 3
     if len(ids) < long:
         raise RuntimeError("not enough prompt text to measure a KV cell")
     with raw_loop_context(model, 2, threads, n_ctx=1024, batch_rows=short + long) as ctx:
-        batch = Batch(short + long)
+        batch = TokenBatch(short + long)
         batch.add_run(ids[:short], 0, 0, logits_last=True)
         batch.add_run(ids[:long], 0, 1, logits_last=True)
         decode_or_raise(ctx, batch)

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 from bench.http_targets import Cobatch, LlamaCpp, Sample, SpawnedServer, Target
-from bench.mixed_priority import QUESTIONS
+from bench.prompts import QUESTIONS
 from bench.neighbour import MODES, neighbour
 from bench.peer import add_peer_arguments, llama_server, peer_binary
 from bench.record import RunRecord, add_common_arguments, publish_report

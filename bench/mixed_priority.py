@@ -18,18 +18,11 @@ import time
 
 from bench.abort_floor import TailProbe
 from bench.cpu_steal import cpu_ticks, steal_share
+from bench.prompts import QUESTIONS
 from bench.stats import percentile
 from bench.record import RunRecord, add_common_arguments, publish
 from bench.table import markdown_table
 from engine import Engine, EngineConfig
-
-QUESTIONS = [
-    "What is the capital of France?", "How many legs does a spider have?",
-    "Name a primary colour.", "What is two plus two?", "Which planet is closest to the sun?",
-    "What do bees make?", "What is the boiling point of water in Celsius?",
-    "Who wrote Romeo and Juliet?",
-]
-
 
 def interactive_figures(results: list) -> dict:
     ttft = [r.metrics.ttft_ms for r in results]
@@ -213,10 +206,6 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--http" in argv:  # through HTTP against `cobatch serve` in its own process: bench/mixed_http.py
-        from bench import mixed_http
-
-        return mixed_http.main([a for a in argv if a != "--http"])
     parser = argparse.ArgumentParser(prog="cobatch bench mixed-priority", description=__doc__)
     parser.add_argument("--batch", type=int, default=24, help="batch requests in the flood")
     parser.add_argument("--batch-tokens", type=int, default=256)

@@ -14,3 +14,12 @@ def benchmark_prompts(n: int) -> list[str]:
     """n distinct short prompts (about a dozen tokens each, like llama-batched-bench's PP=12)."""
     return [f"Write a short paragraph about {TOPICS[i % len(TOPICS)]} (part {i // len(TOPICS) + 1}):"
             for i in range(n)]
+
+
+# Short questions with short answers: the interactive requests of the mixed-priority benchmarks.
+QUESTIONS = [
+    "What is the capital of France?", "How many legs does a spider have?",
+    "Name a primary colour.", "What is two plus two?", "Which planet is closest to the sun?",
+    "What do bees make?", "What is the boiling point of water in Celsius?",
+    "Who wrote Romeo and Juliet?",
+]

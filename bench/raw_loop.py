@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bindings import Batch, Context, ContextSettings, DecodeOutcome, Model
+from bindings import TokenBatch, Context, ContextSettings, DecodeOutcome, Model
 
 
 @dataclass
@@ -72,7 +72,7 @@ def _run(ctx: Context, prompts: list[list[int]], n_generate: int, batch_rows: in
                 runner_ups[i].append(tok)
         return np.argmax(logits, axis=1)
 
-    batch = Batch(batch_rows)
+    batch = TokenBatch(batch_rows)
     for i, prompt in enumerate(prompts):
         batch.add_run(np.asarray(prompt, dtype=np.int32), 0, i, logits_last=True)
     decode_or_raise(ctx, batch)
@@ -97,7 +97,7 @@ def _run(ctx: Context, prompts: list[list[int]], n_generate: int, batch_rows: in
     return RawLoopRun(tokens, elapsed, n_generate - 1, margins, runner_ups)
 
 
-def decode_or_raise(ctx: Context, batch: Batch) -> None:
+def decode_or_raise(ctx: Context, batch: TokenBatch) -> None:
     """llama_decode for a benchmark's own context, where anything but OK is a broken run."""
     outcome = ctx.decode(batch)
     if outcome is not DecodeOutcome.OK:

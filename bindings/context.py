@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import llama_cpp
 import numpy as np
 
-from bindings.batch import Batch
+from bindings.token_batch import TokenBatch
 from bindings.interrupt import DecodeInterrupter
 from bindings.model import Model
 
@@ -74,7 +74,7 @@ class Context:
         self.n_ctx: int = llama_cpp.llama_n_ctx(handle)
         self.n_vocab = model.n_vocab
 
-    def decode(self, batch: Batch) -> DecodeOutcome:
+    def decode(self, batch: TokenBatch) -> DecodeOutcome:
         if batch.n_tokens == 0:
             raise ValueError("cannot decode an empty batch")
         if batch.n_tokens > self.settings.n_batch:

@@ -1,10 +1,22 @@
-"""Every engine setting in one place, checked once."""
+"""Every engine setting in one place: its default, its help text and its check.
+
+`cobatch serve` builds one flag per field from this class (server/cli.py), so a setting is
+written once. A field's metadata may name its flag (`flag`), spell a switch `on`/`off`
+(`on_off`), give the server its own default (`serve_default`), or read 0 on the command line as
+None (`zero_is_none`). A switch gets both `--name` and `--no-name`.
+"""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from bindings import LLAMA_MAX_SEQ
 from engine.policy import FifoPolicy, SchedulingPolicy, TwoTierPolicy
+
+
+def setting(default: Any, help: str, **cli: Any) -> Any:
+    return field(default=default, metadata={"help": help, **cli})
 
 
 @dataclass(frozen=True)
@@ -13,46 +25,53 @@ class EngineConfig:
     cache (llama.cpp's swa_full): a reused prefix needs every one of its cells, not just the last
     window's, and a finished sequence's early cells would otherwise be gone."""
 
-    n_ctx: int = 8192  # KV cells shared by all sequences (one unified cache)
-    max_batch: int = 32  # sequences running at once
-    step_token_budget: int = 256  # tokens per llama_decode: decode rows first, then prompt chunks
-    n_threads: int = max(1, os.cpu_count() or 1)
-    # Measure step times and run fewer threads while that is faster (another process on the
-    # cores makes ggml's threads wait for each other at every graph node): engine/thread_governor.py.
-    adaptive_threads: bool = True
-    max_waiting: int = 1024  # queued batch requests before submit() refuses another
-    max_waiting_interactive: int = 256  # the same bound for the interactive tier
-    block_size: int = 16  # KV cells per ledger block
-    prefix_cache: bool = True  # keep finished prompts' full blocks for reuse
-    cache_holders: int = 64  # seq ids reserved to hold cached prefixes (max_batch + this <= 256)
-    # Share of the KV blocks idle cached prefixes may keep: cached cells are not free, and
-    # every decode step's attention spans the used cells of the whole cache.
-    cache_max_fraction: float = 0.25
-    # With llama.cpp's CPU flash attention, a row's result depends on how many KV cells the
-    # whole unified cache holds, so a request's greedy text would change with its neighbours.
-    # Off by default: each request's output is then independent of who else is running.
-    flash_attn: bool = False
-    # Two priority tiers (engine/policy.py explains the policy). Off: one FIFO queue.
-    priority_scheduling: bool = True
-    batch_min_share: float = 0.25  # of slots, prompt tokens and steps batch work always keeps
-    # An interactive arrival aborts a pure decode step in flight if it has run less than this
-    # fraction of a typical such step (0: never). Aborting later would waste more batch work
-    # than it saves the interactive request: the step's last part is the output projection,
-    # which llama.cpp cannot abort, so a late abort only discards a finished step.
-    interrupt_window: float = 0.5
-    # While interactive sequences decode, each step carries at most this many batch tokens
-    # (rows rotate, so every batch sequence progresses): an interactive token waits for one
-    # step, whose time grows with its rows. None: no bound.
-    interactive_batch_rows: int | None = 3
-    # Where a JSON grammar admits one continuation only, append its tokens unsampled and feed
-    # them in one chunk (engine/jump_forward.py).
-    jump_forward: bool = True
+    n_ctx: int = setting(8192, "KV cache cells shared by all requests (one unified cache)")
+    max_batch: int = setting(32, "sequences generating at once")
+    step_token_budget: int = setting(
+        256, "tokens per llama_decode: decoding rows first, then prompt chunks (at least --max-batch)")
+    n_threads: int = setting(
+        max(1, os.cpu_count() or 1),
+        "CPU threads (default: all cores; with --replicas N, the node's cores / N per replica)", flag="--threads",
+        serve_default=None)
+    # Another process on the cores makes ggml's threads wait for each other at every graph node.
+    adaptive_threads: bool = setting(
+        True, "measure step times and run fewer threads while that is faster (another process on the cores)")
+    max_waiting: int = setting(1024, "queued batch requests before a 429")
+    max_waiting_interactive: int = setting(256, "queued interactive requests before a 429")
+    block_size: int = setting(16, "KV cells per block of the cache ledger (divides --n-ctx)")
+    prefix_cache: bool = setting(True, "keep finished requests' prompt blocks for reuse")
+    cache_holders: int = setting(
+        64, f"seq ids reserved to hold cached prefixes (--max-batch plus this at most {LLAMA_MAX_SEQ})")
+    # Cached cells are not free: every decode step's attention spans the used cells of the cache.
+    cache_max_fraction: float = setting(
+        0.25, "share of KV cells idle cached prefixes may hold; with flash attention off every decode step "
+              "attends over held cells, so a smaller share trades prefix hits for speed")
+    # With llama.cpp's CPU flash attention a row's result depends on how many KV cells the whole
+    # unified cache holds, so a greedy text could change with its neighbours; the Python default
+    # is off for that reason. The server turns it on, as llama-server does: the kernel skips the
+    # cells a row's mask hides, so other requests' cells cost a step almost nothing.
+    flash_attn: bool = setting(False, "llama.cpp's flash attention", flag="--flash-attn", on_off=True,
+                               serve_default=True)
+    priority_scheduling: bool = setting(True, "two priority tiers (off: one FIFO queue, request priority ignored)",
+                                        flag="--priority")
+    batch_min_share: float = setting(0.25, "share of slots, prompt tokens and steps batch work always keeps")
+    # Aborting later wastes more batch work than it saves: the step's last part, the output
+    # projection, cannot be aborted by llama.cpp, so a late abort only discards a finished step.
+    interrupt_window: float = setting(
+        0.5, "an interactive arrival aborts a pure decode step that has run less than this fraction of a "
+             "typical one (0: never)")
+    # An interactive token waits for one step, whose time grows with its rows.
+    interactive_batch_rows: int | None = setting(
+        3, "while interactive requests decode, batch tokens per step at most (rows rotate; 0: no bound)",
+        zero_is_none=True)
+    jump_forward: bool = setting(
+        True, "where a JSON schema allows one continuation only, append its tokens unsampled")
 
     def __post_init__(self) -> None:
         if self.n_ctx < 64:
             raise ValueError(f"n_ctx must be at least 64, got {self.n_ctx}")
-        if not 1 <= self.max_batch <= 255:
-            raise ValueError(f"max_batch must be between 1 and 255, got {self.max_batch}")
+        if not 1 <= self.max_batch < LLAMA_MAX_SEQ:
+            raise ValueError(f"max_batch must be between 1 and {LLAMA_MAX_SEQ - 1}, got {self.max_batch}")
         if self.step_token_budget < self.max_batch:
             raise ValueError(
                 "step_token_budget must be at least max_batch, so every running sequence can "
@@ -62,23 +81,24 @@ class EngineConfig:
             raise ValueError(f"n_threads must be >= 1, got {self.n_threads}")
         if self.block_size < 1 or self.n_ctx % self.block_size:
             raise ValueError(f"block_size must divide n_ctx, got {self.block_size} for {self.n_ctx}")
-        if self.cache_holders < 0 or self.max_batch + self.cache_holders > 256:
-            raise ValueError("cache_holders must be >= 0 and max_batch + cache_holders <= 256")
+        if self.cache_holders < 0 or self.max_batch + self.cache_holders > LLAMA_MAX_SEQ:
+            raise ValueError(f"cache_holders must be >= 0 and max_batch + cache_holders <= {LLAMA_MAX_SEQ}, "
+                             f"got {self.cache_holders} with max_batch {self.max_batch}")
         if not 0.0 <= self.interrupt_window <= 1.0:
             raise ValueError(f"interrupt_window must be between 0 and 1, got {self.interrupt_window}")
         if not 0.0 <= self.cache_max_fraction <= 1.0:
             raise ValueError(f"cache_max_fraction must be between 0 and 1, got {self.cache_max_fraction}")
         if self.max_waiting < 1 or self.max_waiting_interactive < 1:
             raise ValueError("max_waiting and max_waiting_interactive must be >= 1")
-        self.scheduling_policy()  # checks batch_min_share
+        self.scheduling_policy()  # the policy checks its own settings
 
     @property
     def sequence_ids(self) -> int:
         """Seq ids for sequences that hold KV cells: the running ones, and up to as many again
-        for batch sequences suspended to make room for interactive ones (llama.cpp allows 256
-        seq ids in all, the prefix cache's holders included)."""
+        for batch sequences suspended to make room for interactive ones (the prefix cache's
+        holders take theirs from the same llama.cpp limit)."""
         holders = self.cache_holders if self.prefix_cache else 0
-        return max(self.max_batch, min(2 * self.max_batch, 256 - holders))
+        return max(self.max_batch, min(2 * self.max_batch, LLAMA_MAX_SEQ - holders))
 
     def scheduling_policy(self) -> SchedulingPolicy:
         """A new policy object (it keeps per-engine state)."""

@@ -12,13 +12,11 @@ from bindings import DecodeOutcome
 from engine.config import EngineConfig
 from engine.jump_forward import JumpForward
 from engine.kv_cache import KvCache
-from engine.outputs import append_token, flush_text
-from engine.profile import StepProfile
+from engine.outputs import SampledRows, append_token, flush_text, sample_rows
 from engine.request import FinishReason, Priority
-from engine.sample_rows import SampledRows, sample_rows
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
-from engine.stats import EngineStats, TierStats
+from engine.stats import EngineStats, StepProfile, TierStats
 from engine.thread_governor import ThreadGovernor
 from sampling.sampler import BatchSampler
 
@@ -74,7 +72,7 @@ class EngineCore:
         self.stats = self._snapshot()  # replaced whole, never edited: readable from any thread
 
     def add(self, seq: Sequence) -> None:
-        seq.arrival_step = self.steps_run
+        seq.added_at_step = self.steps_run
         self.scheduler.add(seq)
         reason = self._jump_forward(seq)  # a document's opening is often forced: it joins the prefill
         if reason is not None:
@@ -204,11 +202,9 @@ class EngineCore:
                 self.steps_interrupted += 1
             self.scheduler.step_aborted()
         elif outcome is DecodeOutcome.KV_FULL:
-            running = self.scheduler.running
-            if len(running) > 1:
-                self.scheduler.preempt(running[-1])
-            elif running:
-                self.finish(running[0], FinishReason.ERROR, error="the KV cache has no room for it")
+            alone = self.scheduler.kv_full()
+            if alone is not None:
+                self.finish(alone, FinishReason.ERROR, error="the KV cache has no room for it")
 
     def _snapshot(self) -> EngineStats:
         scheduler = self.scheduler

@@ -14,10 +14,9 @@ from engine.intake import Intake
 from engine.interrupt_window import InterruptWindow
 from engine.loop import EngineLoop
 from engine.model_source import resolve_model
-from engine.profile import StepProfile
 from engine.request import GenerationResult, Priority, Request
 from engine.runner import ModelRunner
-from engine.stats import EngineStats
+from engine.stats import EngineStats, StepProfile
 
 
 class Engine:

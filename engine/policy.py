@@ -29,13 +29,11 @@ and runs in at least one of every 1/batch_min_share steps.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from engine.request import Priority
 from engine.sequence import Sequence
-
-if TYPE_CHECKING:
-    from engine.scheduler import StepPlan
+from engine.step_plan import StepPlan
 
 INTERACTIVE, BATCH = Priority.INTERACTIVE, Priority.BATCH
 
@@ -78,7 +76,7 @@ class SchedulingPolicy:
         if blocked:
             return None  # one queue, one head: nobody jumps ahead of a head that cannot start
         heads = [h for tier in Priority if (h := view.head(tier)) is not None]
-        return min(heads, key=lambda s: s.arrival, default=None)
+        return min(heads, key=lambda s: s.arrival_order, default=None)
 
     def slot_victim(self, view: QueueView, seq: Sequence) -> Sequence | None:
         """A running sequence to suspend so `seq` gets a slot (None: `seq` waits)."""
@@ -103,7 +101,7 @@ class SchedulingPolicy:
     def lay_out(self, view: QueueView) -> StepLayout:
         return StepLayout(order=list(view.running))
 
-    def step_planned(self, view: QueueView, plan: "StepPlan") -> bool:
+    def step_planned(self, view: QueueView, plan: StepPlan) -> bool:
         """Note a planned step; True if an interactive arrival would be worth aborting it for."""
         return False
 
@@ -187,13 +185,13 @@ class TwoTierPolicy(SchedulingPolicy):
         if cap is not None and any(s.request.priority is INTERACTIVE and s.is_decoding for s in order):
             # Batch rows rotate: the least advanced go first, so all progress at the same pace.
             decoding = [s for s in order if s.request.priority is BATCH and s.is_decoding]
-            chosen = set(sorted(decoding, key=lambda s: (s.n_generated, s.arrival))[:cap])
+            chosen = set(sorted(decoding, key=lambda s: (s.n_generated, s.arrival_order))[:cap])
             layout.order = [s for s in order if s.request.priority is INTERACTIVE or s in chosen or not s.is_decoding]
             layout.batch_prefill_reserve = 0
             layout.batch_tokens_left = cap - len(chosen)
         return layout
 
-    def step_planned(self, view: QueueView, plan: "StepPlan") -> bool:
+    def step_planned(self, view: QueueView, plan: StepPlan) -> bool:
         waited = self._steps_without_batch
         has_batch = any(c.seq.request.priority is BATCH for c in plan.chunks)
         self._waited_before_step = waited

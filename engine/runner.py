@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from bindings import Batch, Context, ContextSettings, DecodeInterrupter, DecodeOutcome, Model
+from bindings import TokenBatch, Context, ContextSettings, DecodeInterrupter, DecodeOutcome, Model
 from engine.config import EngineConfig
-from engine.scheduler import StepPlan
+from engine.step_plan import StepPlan
 from engine.sequence import Sequence
 
 
@@ -31,7 +31,7 @@ class ModelRunner:
                 flash_attn=1 if config.flash_attn else 0,
             ),
         )
-        self.batch = Batch(config.step_token_budget)
+        self.batch = TokenBatch(config.step_token_budget)
         self._n_outputs = 0
         self._threads = config.n_threads
 

@@ -17,33 +17,13 @@ from __future__ import annotations
 import collections
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.kv_cache import KvCache
 from engine.policy import FifoPolicy, SchedulingPolicy
 from engine.request import Priority
 from engine.sequence import Sequence, SequenceState
-
-
-@dataclass(frozen=True)
-class Chunk:
-    seq: Sequence
-    start: int  # index into seq.tokens, equal to the KV position of its first token
-    length: int
-
-    @property
-    def wants_logits(self) -> bool:
-        return self.start + self.length == len(self.seq.tokens)
-
-
-@dataclass
-class StepPlan:
-    chunks: list[Chunk] = field(default_factory=list)
-    interruptible: bool = False  # an arriving interactive request may abort this step
-
-    @property
-    def n_tokens(self) -> int:
-        return sum(c.length for c in self.chunks)
+from engine.step_plan import Chunk, StepPlan
 
 
 @dataclass
@@ -94,7 +74,7 @@ class Scheduler:
     # ---- changes ------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         seq.state = SequenceState.WAITING
-        seq.arrival = next(self._arrivals)
+        seq.arrival_order = next(self._arrivals)
         self.waiting[seq.request.priority].append(seq)
 
     def schedule(self) -> StepPlan:
@@ -122,11 +102,19 @@ class Scheduler:
     def preempt(self, seq: Sequence) -> None:
         """Put a running sequence back at the head of its queue without its KV."""
         self.running.remove(seq)
-        self.kv.release(seq)  # its recompute can then start from the cache
-        seq.preemptions += 1
-        self.tiers[seq.request.priority].preemptions += 1
-        seq.state = SequenceState.WAITING
+        self._drop_kv(seq)
         self._requeue(seq)
+
+    def kv_full(self) -> Sequence | None:
+        """llama.cpp found no KV slot for the step, although the ledger had reserved one (cells
+        fragment, or another context shares the memory): make room as the policy says and return
+        None, or return the only running sequence, which cannot fit at all."""
+        if self._release_suspended():
+            return None
+        if len(self.running) > 1:
+            self.preempt(self.policy.growth_victim(self))
+            return None
+        return self.running[0] if self.running else None
 
     def suspend(self, seq: Sequence) -> None:
         """Put a running sequence back at the head of its queue, keeping its KV: it resumes
@@ -142,7 +130,7 @@ class Scheduler:
         displaced work resumes first come, first served, so none is passed over indefinitely."""
         queue = self.waiting[seq.request.priority]
         i = 0
-        while i < len(queue) and queue[i].admitted_at is not None and queue[i].arrival < seq.arrival:
+        while i < len(queue) and queue[i].admitted_at is not None and queue[i].arrival_order < seq.arrival_order:
             i += 1
         queue.insert(i, seq)
 
@@ -152,12 +140,16 @@ class Scheduler:
         for tier in (Priority.BATCH, Priority.INTERACTIVE):
             for seq in reversed(self.waiting[tier]):
                 if seq.state is SequenceState.SUSPENDED:
-                    self.kv.release(seq)  # it will recompute: a preemption, late
-                    seq.preemptions += 1
-                    self.tiers[tier].preemptions += 1
-                    seq.state = SequenceState.WAITING
+                    self._drop_kv(seq)  # it will recompute: a preemption, late
                     return True
         return False
+
+    def _drop_kv(self, seq: Sequence) -> None:
+        """The one place a sequence gives up its KV cells and is counted as preempted."""
+        self.kv.release(seq)  # its recompute can then start from the cache
+        seq.preemptions += 1
+        self.tiers[seq.request.priority].preemptions += 1
+        seq.state = SequenceState.WAITING
 
     # ---- admission ----------------------------------------------------------------------------
     def _admit_waiting(self) -> None:

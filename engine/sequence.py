@@ -56,9 +56,9 @@ class Sequence:
         self.preemptions = 0  # times it gave up its KV cells (and recomputed them)
         self.suspensions = 0  # times it gave up its slot for an interactive request, keeping its KV
         self.forced_tokens = 0  # output tokens appended by jump-forward, unsampled
-        self.arrival = 0  # the scheduler's arrival order, for FIFO
+        self.arrival_order = 0  # when the scheduler got it, relative to the others (FIFO)
         self.deadline = None if request.timeout is None else self.submitted_at + request.timeout
-        self.arrival_step: int | None = None  # engine step count when the scheduler got it
+        self.added_at_step: int | None = None  # engine step count when the scheduler got it
         self.first_token_step: int | None = None
         self.cached_tokens: int | None = None  # prompt tokens served from the prefix cache
         self.logprobs: list[Any] | None = [] if request.logprobs else None
@@ -105,8 +105,8 @@ class Sequence:
             latency_ms=ms(now - self.submitted_at),
             tokens_per_second=round(self.n_generated / generation_s, 3) if generation_s > 0 else 0.0,
             cached_tokens=self.cached_tokens or 0,
-            ttft_steps=None if self.first_token_step is None or self.arrival_step is None
-            else self.first_token_step - self.arrival_step,
+            ttft_steps=None if self.first_token_step is None or self.added_at_step is None
+            else self.first_token_step - self.added_at_step,
             preemptions=self.preemptions,
             suspensions=self.suspensions,
             forced_tokens=self.forced_tokens,

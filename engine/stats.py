@@ -1,7 +1,8 @@
-"""The engine's counters as one immutable snapshot, safe to read from any thread."""
+"""What the engine measures of itself: its counters as one immutable snapshot (safe to read from
+any thread), and where its step time goes."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.kv_cache import KvCacheStats
 
@@ -32,3 +33,38 @@ class EngineStats:
     tiers: dict[str, TierStats]
     decode_threads: int = 0  # threads the next llama_decode will use
     thread_switches: int = 0  # times the thread governor changed that count
+
+
+PHASES = ("schedule", "build_batch", "decode", "sample", "postprocess")
+
+
+@dataclass
+class StepProfile:
+    """Totals over steps of one kind: 'decode' steps (every chunk a generating sequence's new
+    tokens: one sampled, and any forced after it) or 'mixed' steps (carrying prompt chunks too)."""
+
+    steps: int = 0
+    tokens: int = 0  # tokens fed to llama_decode
+    sampled: int = 0  # tokens produced: sampled, and forced by jump-forward
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    def record(self, phase_seconds: tuple[float, ...], tokens: int, sampled: int) -> None:
+        self.steps += 1
+        self.tokens += tokens
+        self.sampled += sampled
+        for phase, s in zip(PHASES, phase_seconds):
+            self.seconds[phase] += s
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.sampled / self.total_seconds if self.total_seconds else 0.0
+
+    def per_step_ms(self) -> dict[str, float]:
+        return {p: (s * 1000.0 / self.steps if self.steps else 0.0) for p, s in self.seconds.items()}
+
+    def copy(self) -> "StepProfile":
+        return StepProfile(self.steps, self.tokens, self.sampled, dict(self.seconds))

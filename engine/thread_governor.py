@@ -2,11 +2,11 @@
 
 ggml's CPU threads meet at a barrier after every graph node (hundreds per step). When another
 runnable process shares the cores, one of them is regularly descheduled and the others wait
-for it at every barrier: on the 2-core machine a busy neighbour made two-thread steps 5 to 20
-times slower, while one thread kept its whole core and its speed (README, "Serving on a shared
-machine"). No setting is right for both cases, so the governor measures: it runs one thread
-count, now and then probes another on a single step, and switches when the probe beat what the
-current count costs on steps of the same shape. Two kinds of step are cut short (aborted and
+for it at every barrier, so all threads run at the pace of the slowest, while fewer threads can
+keep whole cores and their speed (README, "Serving on a shared machine"). No setting is right
+for both cases, so the governor measures: it runs one thread count, now and then probes another
+on a single step, and switches when the probe beat what the current count costs on steps of the
+same shape. Two kinds of step are cut short (aborted and
 redone): a probe with more threads once it is slower than the current count would have been, so
 probing under a neighbour costs little; and any step running several times its expected cost,
 which is how a neighbour's arrival shows, so the governor reacts within one short step instead
@@ -27,8 +27,8 @@ _RECENT = 3  # step costs kept per thread count and shape: their median shrugs o
 _SWITCH_MARGIN = 1.15  # a probe must be this much cheaper than the current count to switch
 _STALL = 2.0  # a step this many times its shape's median counts as stalled
 _STALLS_BEFORE_PROBE = 2  # stalled steps in a row (the median has moved) before probing at once
-# A step this many times its expected cost is cut short and the others probed at once. Hiccups on
-# a quiet or nice-19 machine stay under about 3.5x; a neighbour that takes a core makes 5-25x.
+# A step this many times its expected cost is cut short and the others probed at once: above an
+# ordinary hiccup's cost, below what a neighbour taking a core does (README has the figures).
 _SEVERE_STALL = 4.0
 _FIRST_PROBE_S = 2.0  # seconds before the first probe, then between probes while they agree
 _MAX_PROBE_S = 30.0

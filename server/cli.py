@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Sequence
-
-DEFAULT_DRAIN_TIMEOUT_S = 30.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,71 +23,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.command != "serve":
         parser.print_help()
         return 2
-    problem = _model_spec_problem(options.model)
+    problem = _model_spec_problem(options.model) or _engine_options_problem(options)
     if problem:
         parser.error(problem)
-    if options.interactive_batch_rows < 0:
-        parser.error(f"--interactive-batch-rows must be >= 0, got {options.interactive_batch_rows}")
-    if not 0.0 <= options.cache_max_fraction <= 1.0:
-        parser.error(f"--cache-max-fraction must be between 0 and 1, got {options.cache_max_fraction}")
     if options.replicas is not None or options.ray_address is not None:
         return serve_cluster(parser, options)
     return serve(options)
 
 
 def _parser() -> argparse.ArgumentParser:
-    from engine.config import EngineConfig  # defaults live with the settings they belong to
+    from server.context import ServerSettings
 
-    defaults = EngineConfig()
     parser = argparse.ArgumentParser(prog="cobatch", description="Continuous-batching LLM inference server.")
     commands = parser.add_subparsers(dest="command")
     serve_cmd = commands.add_parser("serve", help="serve the model over HTTP (native and OpenAI-compatible APIs)")
-    serve_cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve_cmd.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    serve_cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    serve_cmd.add_argument("--port", type=int, default=8000, help="port to bind (default: %(default)s)")
     serve_cmd.add_argument(
         "--model", default=None,
         help="GGUF file path, or owner/repo/file.gguf on Hugging Face (default: the bundled Gemma 3 270M)",
     )
-    serve_cmd.add_argument("--n-ctx", type=int, default=defaults.n_ctx, help="KV cache cells shared by all requests")
-    serve_cmd.add_argument("--max-batch", type=int, default=defaults.max_batch, help="sequences generating at once")
-    serve_cmd.add_argument("--step-token-budget", type=int, default=defaults.step_token_budget,
-                           help="tokens per decode step")
-    serve_cmd.add_argument("--threads", type=int, default=None,
-                           help="CPU threads (default: all cores; with --replicas N, the node's cores / N per replica)")
-    serve_cmd.add_argument("--max-waiting", type=int, default=defaults.max_waiting,
-                           help="queued batch requests before 429")
-    serve_cmd.add_argument("--max-waiting-interactive", type=int, default=defaults.max_waiting_interactive,
-                           help="queued interactive requests before 429")
-    serve_cmd.add_argument("--batch-min-share", type=float, default=defaults.batch_min_share,
-                           help="share of slots, prompt tokens and steps batch work always keeps")
-    serve_cmd.add_argument("--no-priority", action="store_true",
-                           help="one FIFO queue: ignore request priority")
-    serve_cmd.add_argument("--interactive-batch-rows", type=int, default=defaults.interactive_batch_rows or 0,
-                           help="while interactive requests decode, batch tokens per step at most, so each "
-                                "interactive token waits for a short step (default 3; 0: no bound)")
-    serve_cmd.add_argument("--no-adaptive-threads", action="store_true",
-                           help="always use --threads; by default each step uses the thread count measured "
-                                "fastest, which drops to fewer threads while other processes load the cores")
-    serve_cmd.add_argument("--no-jump-forward", action="store_true",
-                           help="sample every token of a JSON document, even where the schema allows "
-                                "one continuation only")
-    serve_cmd.add_argument("--no-prefix-cache", action="store_true",
-                           help="do not keep finished requests' prompt blocks for reuse")
-    # On by default, as in llama-server: llama.cpp's CPU kernel skips the cells a row's mask hides,
-    # so the other requests' cells in the unified cache (and idle cached prefixes) cost a step
-    # almost nothing. The Engine's own default stays off, for outputs independent of neighbours.
-    serve_cmd.add_argument("--flash-attn", choices=["on", "off"], default="on",
-                           help="llama.cpp's flash attention (default on)")
-    serve_cmd.add_argument("--cache-max-fraction", type=float, default=defaults.cache_max_fraction,
-                           help="share of KV cells idle cached prefixes may hold (default 0.25); with --flash-attn "
-                                "off every decode step attends over held cells, so a smaller share trades prefix "
-                                "hits for speed")
-    serve_cmd.add_argument(
-        "--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S,
-        help="seconds running requests get to finish at shutdown (default 30)",
-    )
+    serve_cmd.add_argument("--drain-timeout", type=float, default=ServerSettings().drain_timeout,
+                           help="seconds running requests get to finish at shutdown (default: %(default)s)")
     serve_cmd.add_argument("--model-id", default=None, help="name to serve the model as (default: file stem)")
     serve_cmd.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_engine_flags(serve_cmd.add_argument_group("engine (engine/config.py's EngineConfig, one flag per field)"))
     cluster = serve_cmd.add_argument_group("several engines (Ray Serve; needs the extra: pip install 'cobatch[ray]')")
     cluster.add_argument("--replicas", type=int, default=None,
                          help="run N engine replicas behind one ingress on Ray Serve (default: one engine, no Ray)")
@@ -99,10 +59,33 @@ def _parser() -> argparse.ArgumentParser:
                               "its cache-blind round-robin or power-of-two choices")
     cluster.add_argument("--imbalanced-threshold", type=float, default=4,
                          help="prefix routing yields to load balancing when replicas' requests in flight "
-                              "differ by more than this (default 4)")
+                              "differ by more than this (default: %(default)s)")
     cluster.add_argument("--replica-cpus", type=float, default=1.0,
-                         help="Ray logical CPUs each engine replica reserves (default 1)")
+                         help="Ray logical CPUs each engine replica reserves (default: %(default)s)")
     return parser
+
+
+def add_engine_flags(group: Any) -> None:
+    """One flag per EngineConfig field, with the field's help and default."""
+    from engine.config import EngineConfig
+
+    for f in fields(EngineConfig):
+        meta = f.metadata
+        flag = meta.get("flag", "--" + f.name.replace("_", "-"))
+        default = meta.get("serve_default", f.default)
+        if f.type == "bool" and meta.get("on_off"):
+            group.add_argument(flag, dest=f.name, choices=["on", "off"], default="on" if default else "off",
+                               help=f"{meta['help']} (default: %(default)s)")
+        elif f.type == "bool":
+            group.add_argument(flag, dest=f.name, action="store_true", default=default,
+                               help=f"{meta['help']} (default: {'on' if default else 'off'})")
+            group.add_argument("--no-" + flag[2:], dest=f.name, action="store_false", help=argparse.SUPPRESS)
+        else:
+            kind = {"int": int, "float": float, "int | None": int}[f.type]
+            shown = "" if default is None else f" (default: {default})"
+            if meta.get("zero_is_none") and default is None:
+                default = 0
+            group.add_argument(flag, dest=f.name, type=kind, default=default, help=meta["help"] + shown)
 
 
 def _model_spec_problem(spec: str | None) -> str | None:
@@ -117,25 +100,37 @@ def _model_spec_problem(spec: str | None) -> str | None:
 
 
 def engine_options_from(options: argparse.Namespace) -> dict[str, Any]:
-    """The Engine keyword arguments that `cobatch serve`'s flags select."""
+    """The Engine keyword arguments that `cobatch serve`'s flags select (a flag left at None
+    leaves the setting to the Engine)."""
     from engine.config import EngineConfig
 
-    return dict(
-        n_ctx=options.n_ctx,
-        max_batch=options.max_batch,
-        step_token_budget=options.step_token_budget,
-        n_threads=options.threads or EngineConfig().n_threads,
-        max_waiting=options.max_waiting,
-        max_waiting_interactive=options.max_waiting_interactive,
-        batch_min_share=options.batch_min_share,
-        priority_scheduling=not options.no_priority,
-        interactive_batch_rows=options.interactive_batch_rows or None,
-        adaptive_threads=not options.no_adaptive_threads,
-        jump_forward=not options.no_jump_forward,
-        prefix_cache=not options.no_prefix_cache,
-        cache_max_fraction=options.cache_max_fraction,
-        flash_attn=options.flash_attn == "on",
-    )
+    chosen: dict[str, Any] = {}
+    for f in fields(EngineConfig):
+        value = getattr(options, f.name)
+        if f.metadata.get("on_off"):
+            value = value == "on"
+        elif f.metadata.get("zero_is_none") and value == 0:
+            value = None
+        elif value is None:
+            continue
+        chosen[f.name] = value
+    return chosen
+
+
+def _engine_options_problem(options: argparse.Namespace) -> str | None:
+    """EngineConfig's own check, worded with the flags' names."""
+    from engine.config import EngineConfig
+
+    try:
+        EngineConfig(**engine_options_from(options))
+    except ValueError as exc:
+        message = str(exc)
+        names = sorted(fields(EngineConfig), key=lambda f: -len(f.name))
+        for f in names:
+            flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+            message = re.sub(rf"(?<![\w-]){f.name}\b", flag, message)
+        return message
+    return None
 
 
 def serve_cluster(parser: argparse.ArgumentParser, options: argparse.Namespace) -> int:
@@ -147,7 +142,7 @@ def serve_cluster(parser: argparse.ArgumentParser, options: argparse.Namespace) 
     except ImportError as exc:
         parser.error(f"--replicas needs Ray Serve ({exc}); install it with: pip install 'cobatch[ray]'")
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine_options = {**engine_options_from(options), "n_threads": options.threads}  # None: per replica
+    engine_options = {**engine_options_from(options), "n_threads": options.n_threads}  # None: per replica
     return run(options, engine_options)
 
 

@@ -11,7 +11,7 @@ from engine import EngineClosedError, FinishReason, GenerationResult, InvalidPar
 from engine import QueueFullError, RequestMetrics
 from engine import EngineStats, TierStats
 from engine.kv_cache import KvCacheStats
-from engine.logprobs import TokenLogprob
+from engine.outputs import TokenLogprob
 from server.cluster.messages import Accepted, EngineCall, Rejected, route_key
 from server.cluster.replica_stats import ReplicaCounters, ReplicaSnapshot, sum_stats
 

@@ -9,6 +9,7 @@ from engine import EngineConfig, FifoPolicy, FinishReason, Priority, TwoTierPoli
 from engine.core import EngineCore
 from engine.intake import Intake
 from engine.interrupt_window import InterruptWindow
+from bindings import DecodeOutcome
 from tests.fake_backend import FakeInterrupter, FakeModel, FakeRunner, expected_tokens
 
 
@@ -166,3 +167,51 @@ def test_while_interactive_sequences_decode_batch_rows_are_capped_and_rotate():
 def test_interactive_batch_rows_must_be_positive():
     with pytest.raises(ValueError, match="interactive_batch_rows"):
         EngineConfig(interactive_batch_rows=0)
+
+
+class _KvFullRunner(FakeRunner):
+    """Reports llama.cpp's "no KV slot" for the next `full` decodes, computing nothing."""
+
+    full = 0
+
+    def decode(self):
+        if self.full:
+            self.full -= 1
+            self.history.append((False, self.current))
+            return DecodeOutcome.KV_FULL
+        return super().decode()
+
+
+def _kv_full_core(**overrides) -> Core:
+    c = Core(**overrides)
+    c.runner = _KvFullRunner(c.core.n_ctx)
+    c.core = EngineCore(FakeModel(), c.runner, c.core.config, on_finished=lambda s: c.finished.append(s.request_id))
+    return c
+
+
+def test_kv_full_step_preempts_batch_work_never_an_interactive_sequence():
+    c = _kv_full_core()
+    batch = c.add("b0", prompt(0), max_tokens=12)
+    c.core.step()
+    interactive = c.add("i0", prompt(1), max_tokens=12, priority="interactive")
+    c.core.step()
+    assert c.core.scheduler.running == [batch, interactive]  # the interactive one is the latest admitted
+    c.runner.full = 1
+    c.core.step()
+    assert interactive.preemptions == 0 and batch.preemptions == 1
+    c.core.publish_stats()
+    assert c.core.stats.tiers["batch"].preemptions == 1 and c.core.stats.tiers["interactive"].preemptions == 0
+    c.run_to_end()
+    for i, seq in enumerate((batch, interactive)):
+        assert list(seq.handle.result(0).token_ids) == expected_tokens(prompt(i), 12)
+
+
+def test_kv_full_with_one_sequence_running_fails_it_and_frees_its_cells():
+    c = _kv_full_core()
+    seq = c.add("b0", prompt(0), max_tokens=12)
+    c.runner.full = 1
+    c.core.step()
+    result = seq.handle.result(0)
+    assert result.finish_reason is FinishReason.ERROR and "KV cache" in result.error
+    c.core.publish_stats()
+    assert c.core.stats.kv.blocks_used == 0 and c.core.kv_cache.n_free_ids == c.core.config.sequence_ids

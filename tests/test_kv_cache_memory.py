@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from bindings import Batch, Context, ContextSettings, DecodeOutcome, Model
+from bindings import TokenBatch, Context, ContextSettings, DecodeOutcome, Model
 from engine.kv_cache import KvCache
 from engine.model_source import default_model_path
 
@@ -46,7 +46,7 @@ class KvCacheAgainstLlamaMemory(RuleBasedStateMachine):
         self.ctx = Context(self.model, ContextSettings(
             n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, n_seq_max=6, n_threads=2, swa_full=True))
         self.kv = KvCache(self.ctx, N_CTX, BLOCK, RUNNING, HOLDERS)
-        self.batch = Batch(N_CTX)
+        self.batch = TokenBatch(N_CTX)
         self.running: list[Seq] = []
 
     def teardown(self):

@@ -115,7 +115,7 @@ def test_displaced_sequences_resume_first_come_first_served():
     scheduler = Scheduler(kv=None, max_running=4, step_token_budget=64)
 
     def seq(arrival, displaced):
-        return SimpleNamespace(request=SimpleNamespace(priority=Priority.BATCH), arrival=arrival,
+        return SimpleNamespace(request=SimpleNamespace(priority=Priority.BATCH), arrival_order=arrival,
                                admitted_at=1.0 if displaced else None, suspensions=0, state=None)
 
     early, fresh, earliest, middle = seq(5, True), seq(7, False), seq(2, True), seq(6, True)

@@ -7,11 +7,11 @@ import llama_cpp
 import numpy as np
 
 
-class BatchFullError(ValueError):
+class TokenBatchFullError(ValueError):
     pass
 
 
-class Batch:
+class TokenBatch:
     """Up to `capacity` token rows, each with a position, up to `max_seq_ids` seq ids and a logits flag.
 
     numpy owns every array and the `llama_batch` struct only points into them, so filling a
@@ -54,7 +54,7 @@ class Batch:
         if n == 0:
             raise ValueError("a run needs at least one token")
         if n > self.free_rows:
-            raise BatchFullError(f"batch has {self.free_rows} free rows, run needs {n}")
+            raise TokenBatchFullError(f"batch has {self.free_rows} free rows, run needs {n}")
         lo, hi = self.n_tokens, self.n_tokens + n
         self.token[lo:hi] = tokens
         self.pos[lo:hi] = np.arange(start_pos, start_pos + n, dtype=np.int32)
@@ -70,7 +70,7 @@ class Batch:
         if not 1 <= len(seq_ids) <= self.max_seq_ids:
             raise ValueError(f"a row takes 1 to {self.max_seq_ids} seq ids, got {len(seq_ids)}")
         if self.free_rows < 1:
-            raise BatchFullError("batch is full")
+            raise TokenBatchFullError("batch is full")
         row = self.n_tokens
         self.token[row] = token
         self.pos[row] = pos

@@ -1,0 +1,27 @@
+"""What one step feeds llama_decode: the scheduler writes it, the policy and the runner read it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class Chunk:
+    seq: Sequence
+    start: int  # index into seq.tokens, equal to the KV position of its first token
+    length: int
+
+    @property
+    def wants_logits(self) -> bool:
+        return self.start + self.length == len(self.seq.tokens)
+
+
+@dataclass
+class StepPlan:
+    chunks: list[Chunk] = field(default_factory=list)
+    interruptible: bool = False  # an arriving interactive request may abort this step
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(c.length for c in self.chunks)
