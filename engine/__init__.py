@@ -2,24 +2,22 @@
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.handle import RequestHandle
-from engine.inbox import QueueFullError
 from engine.policy import FifoPolicy, SchedulingPolicy, TwoTierPolicy
-from engine.request import (
-    EngineClosedError,
-    FinishReason,
-    GenerationResult,
-    Priority,
-    PromptTooLongError,
-    Request,
-    RequestError,
-    RequestMetrics,
-)
+from engine.request import FinishReason, GenerationResult, Priority, Request, RequestMetrics
 from engine.stats import EngineStats, TierStats
-from sampling.params import InvalidParameterError, SamplingParams
+from sampling.errors import (
+    REFUSALS,
+    EngineClosedError,
+    InvalidParameterError,
+    PromptTooLongError,
+    QueueFullError,
+    RequestError,
+)
+from sampling.params import SamplingParams
 
 __all__ = [
     "Engine", "EngineConfig", "EngineStats", "QueueFullError", "RequestHandle", "EngineClosedError",
     "FinishReason", "GenerationResult", "Priority", "PromptTooLongError", "Request", "RequestError",
     "RequestMetrics", "InvalidParameterError", "SamplingParams", "SchedulingPolicy", "FifoPolicy", "TwoTierPolicy",
-    "TierStats",
+    "TierStats", "REFUSALS",
 ]

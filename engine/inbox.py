@@ -8,15 +8,48 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import threading
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Union
 
-from engine.request import EngineClosedError, Priority, RequestError
+from engine.request import Priority
 from engine.sequence import Sequence
-from sampling.params import InvalidParameterError
+from sampling.errors import EngineClosedError, InvalidParameterError, QueueFullError
 
 
-class QueueFullError(RequestError):
-    pass
+# ---- what client threads send ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Submit:
+    sequences: tuple[Sequence, ...]  # admitted together, or none of them
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Call:
+    """A function to run on the engine thread between two steps; its outcome goes to `future`."""
+
+    fn: Callable[[], Any]
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+    def run(self) -> None:
+        try:
+            self.future.set_result(self.fn())
+        except Exception as exc:
+            self.future.set_exception(exc)
+
+
+Message = Union[Submit, Cancel, Call]
+
+
+# ---- what the engine thread gets back from take() -------------------------------------------
+@dataclass(frozen=True)
+class CancelLive:
+    """A Cancel whose request was still live when taken: its sequence, to finish."""
+
+    sequence: Sequence
 
 
 class Inbox:
@@ -24,7 +57,7 @@ class Inbox:
         self._bounds = bounds
         self._waiting_in = waiting_in  # the scheduler's queue lengths
         self._cond = threading.Condition()
-        self._messages: collections.deque[tuple[str, Any]] = collections.deque()
+        self._messages: collections.deque[Message] = collections.deque()
         self._live: dict[str, Sequence] = {}
         self._accepting = True
 
@@ -44,17 +77,17 @@ class Inbox:
                     raise QueueFullError(f"the {tier.value} queue is full: {bound} requests are already waiting")
             for seq in sequences:
                 self._live[seq.request_id] = seq
-            self._messages.append(("submit", sequences))
+            self._messages.append(Submit(tuple(sequences)))
 
     def cancel(self, request_id: str) -> None:
         with self._cond:
-            self._messages.append(("cancel", request_id))
+            self._messages.append(Cancel(request_id))
 
     def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
+        message = Call(fn)
         with self._cond:
-            self._messages.append(("call", (fn, future)))
-        return future
+            self._messages.append(message)
+        return message.future
 
     def close(self) -> None:
         with self._cond:
@@ -66,31 +99,28 @@ class Inbox:
             self._cond.wait_for(lambda: not self._live, max(0.0, timeout))
             return list(self._live)
 
-    @property
-    def n_live(self) -> int:
-        return len(self._live)
-
     def __bool__(self) -> bool:
         return bool(self._messages)
 
     # ---- engine thread ------------------------------------------------------------------------
-    def take(self, admit: Callable[[Sequence], None]) -> list[tuple[str, Any]]:
+    def take(self, admit: Callable[[Sequence], None]) -> list[CancelLive | Call]:
         """Hand submitted sequences to `admit` (under the lock, so queue bounds never miss them
-        in transit); return the other messages, cancellations resolved to their sequences."""
-        rest: list[tuple[str, Any]] = []
+        in transit); return the rest in arrival order, cancellations resolved to their live
+        sequences (a cancel for a request already gone is dropped)."""
+        rest: list[CancelLive | Call] = []
         with self._cond:
             while self._messages:
-                kind, payload = self._messages.popleft()
-                if kind == "submit":
-                    for seq in payload:
+                message = self._messages.popleft()
+                if isinstance(message, Submit):
+                    for seq in message.sequences:
                         if seq.finish_reason is None:
                             admit(seq)
-                elif kind == "cancel":
-                    seq = self._live.get(payload)
+                elif isinstance(message, Cancel):
+                    seq = self._live.get(message.request_id)
                     if seq is not None:
-                        rest.append((kind, seq))
+                        rest.append(CancelLive(seq))
                 else:
-                    rest.append((kind, payload))
+                    rest.append(message)
         return rest
 
     def finished(self, seq: Sequence) -> None:
@@ -104,8 +134,8 @@ class Inbox:
 
     def _queued(self) -> dict[Priority, int]:
         queued = {p: self._waiting_in(p) for p in Priority}
-        for kind, payload in self._messages:
-            if kind == "submit":
-                for seq in payload:
+        for message in self._messages:
+            if isinstance(message, Submit):
+                for seq in message.sequences:
                     queued[seq.request.priority] += 1
         return queued

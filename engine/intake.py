@@ -10,10 +10,11 @@ from typing import Any, Callable, Sequence as Seq
 import numpy as np
 
 from engine.handle import LoopWaker, RequestHandle
-from engine.request import PromptTooLongError, Request
+from engine.request import Request
 from engine.sequence import Sequence
+from sampling.errors import InvalidParameterError, PromptTooLongError
 from sampling.grammar import SchemaError, compile_grammar
-from sampling.params import InvalidParameterError, SamplingParams
+from sampling.params import SamplingParams
 from sampling.vocabulary import TokenVocabulary
 
 _SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)

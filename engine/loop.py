@@ -11,11 +11,14 @@ import time
 
 from engine.core import EngineCore
 from engine.handle import LoopWaker
-from engine.inbox import Inbox
+from engine.inbox import CancelLive, Inbox
 from engine.request import FinishReason
 from engine.sequence import Sequence
 
 _IDLE_WAIT_S = 0.05
+# Backstop for the drain: a cancellation is answered within one step, so this wait ends long
+# before it unless the engine thread is stuck.
+_CANCELS_ANSWERED_BACKSTOP_S = 30.0
 
 
 class EngineLoop:
@@ -41,7 +44,7 @@ class EngineLoop:
             self.inbox.cancel(request_id)
         self.wake()
         if left and self._thread.is_alive():
-            self.inbox.wait_until_empty(30.0)  # a cancellation is answered within a step
+            self.inbox.wait_until_empty(_CANCELS_ANSWERED_BACKSTOP_S)
 
     def stop(self) -> None:
         """End the thread; requests still live are cancelled."""
@@ -81,16 +84,12 @@ class EngineLoop:
             self._with_deadline.add(seq)
 
     def _take_inbox(self) -> None:
-        for kind, payload in self.inbox.take(self._admit):
-            if kind == "cancel":
-                if payload.finish_reason is None:
-                    self.core.finish(payload, FinishReason.CANCELLED)
-            elif kind == "call":
-                fn, future = payload
-                try:
-                    future.set_result(fn())
-                except Exception as exc:
-                    future.set_exception(exc)
+        for message in self.inbox.take(self._admit):
+            if isinstance(message, CancelLive):
+                if message.sequence.finish_reason is None:
+                    self.core.finish(message.sequence, FinishReason.CANCELLED)
+            else:
+                message.run()
 
     def _expire_deadlines(self) -> None:
         if not self._with_deadline:

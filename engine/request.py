@@ -6,7 +6,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from sampling.params import InvalidParameterError, SamplingParams
+from sampling.errors import InvalidParameterError
+from sampling.params import SamplingParams
 
 _request_ids = itertools.count(1)
 
@@ -25,18 +26,6 @@ class FinishReason(str, enum.Enum):
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"
     ERROR = "error"
-
-
-class RequestError(Exception):
-    """A request that cannot be served as asked; nothing else in the engine is affected."""
-
-
-class PromptTooLongError(RequestError, ValueError):
-    pass
-
-
-class EngineClosedError(RequestError):
-    pass
 
 
 @dataclass(frozen=True)

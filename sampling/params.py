@@ -9,15 +9,7 @@ from functools import cached_property
 
 import numpy as np
 
-
-class InvalidParameterError(ValueError):
-    """A request parameter is out of range or of the wrong type; the message says which, and
-    `field` names it (None when no single field is at fault)."""
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
-
+from sampling.errors import InvalidParameterError  # what the checks below raise (kept importable here)
 
 LOGIT_BIAS_LIMIT = 100.0
 PENALTY_LIMIT = 2.0

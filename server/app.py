@@ -21,9 +21,9 @@ from starlette.routing import Route
 
 from server import generate_routes, openai_routes
 from engine import EngineStats
-from server.context import ServerContext, ServerSettings
+from server.context import CANCEL_BACKSTOP_S, SHUTDOWN_BACKSTOP_S, ServerContext, ServerSettings
 from server.engine_protocol import ServedEngine
-from server.errors import APIError, InternalError, MethodNotAllowed, NotFound
+from server.errors import CLIENT_CLOSED_REQUEST, APIError, InternalError, MethodNotAllowed, NotFound
 from server.generation import GenerationService
 from server.health import health_payload
 from server.metrics import ServerMetrics
@@ -45,6 +45,7 @@ def create_app(
         loader,
         owns_engine=settings.owns_engine,
         drain_timeout=settings.drain_timeout,
+        cancel_backstop=CANCEL_BACKSTOP_S,
         model_id=settings.model_id,
         on_load_failure=on_load_failure,
     )
@@ -61,7 +62,7 @@ def create_app(
         state.start_loading()
         yield
         state.begin_shutdown()
-        await run_in_threadpool(state.wait_stopped, settings.drain_timeout + 15.0)
+        await run_in_threadpool(state.wait_stopped, settings.drain_timeout + SHUTDOWN_BACKSTOP_S)
 
     routes = [
         Route("/health", _plain(health, ctx), methods=["GET"]),
@@ -79,9 +80,6 @@ def create_app(
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_exception})
     app.state.ctx = ctx
     return app
-
-
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request the client gave up on
 
 
 def _api(handler: Handler, ctx: ServerContext, endpoint: str) -> Callable[[Request], Awaitable[Response]]:

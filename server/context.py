@@ -9,9 +9,28 @@ from server.metrics import ServerMetrics
 from server.state import OK, ModelInfo, ServingState
 
 
+DEFAULT_DRAIN_TIMEOUT_S = 30.0  # seconds running requests get to finish at shutdown
+
+# Shutdown backstops. Each bounds a wait that ends much sooner unless something is stuck, so a
+# bug delays the process's exit instead of hanging it.
+# Cancelled requests answer within one engine step; the drain waits this long for them.
+CANCEL_BACKSTOP_S = 10.0
+# The lifespan waits drain_timeout + this for the drain: the cancels above, then the engine's close.
+SHUTDOWN_BACKSTOP_S = CANCEL_BACKSTOP_S + 5.0
+# uvicorn's timeout_graceful_shutdown is int(drain_timeout + this): connections end once their
+# requests have finished or been cancelled, and cancels answer within CANCEL_BACKSTOP_S.
+HTTP_SHUTDOWN_BACKSTOP_S = CANCEL_BACKSTOP_S
+# Joining a helper thread whose event loop was told to stop: it stops at once unless a callback hangs.
+THREAD_JOIN_BACKSTOP_S = 10.0
+# Ray Serve's graceful_shutdown_timeout_s is drain_timeout + these. A replica's engine drains in
+# drain_timeout; the ingress also waits for the replicas' last results and its own app's drain.
+REPLICA_STOP_BACKSTOP_S = 5.0
+INGRESS_STOP_BACKSTOP_S = SHUTDOWN_BACKSTOP_S + REPLICA_STOP_BACKSTOP_S
+
+
 @dataclass(frozen=True)
 class ServerSettings:
-    drain_timeout: float = 30.0  # seconds running requests get to finish at shutdown
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S  # seconds running requests get to finish at shutdown
     max_body_bytes: int = 1024 * 1024  # far more than any context holds; bounds tokenizing work
     owns_engine: bool = True  # close the engine at shutdown (False when a test shares one)
     model_id: str | None = None  # name served as; default: the model file's stem

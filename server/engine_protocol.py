@@ -3,9 +3,9 @@ elsewhere (server/cluster), typed once so the routes never reach past it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from engine import EngineStats, RequestHandle
+from engine import EngineStats, Request, RequestHandle
 
 
 class ServedModel(Protocol):
@@ -23,7 +23,8 @@ class ServedEngine(Protocol):
     model: ServedModel
     n_ctx: int
 
-    def submit(self, prompt: Any, **options: Any) -> RequestHandle: ...
+    def submit(self, request: Request) -> RequestHandle:
+        """Queue it, or raise one of engine.REFUSALS (nothing queued then)."""
 
     def stats(self) -> EngineStats: ...
 

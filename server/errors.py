@@ -9,6 +9,10 @@ from typing import Mapping
 
 from starlette.responses import JSONResponse
 
+# nginx's status for a request the client gave up on: nobody reads it (uvicorn drops it), but the
+# access log and the metrics tell it apart from an answer.
+CLIENT_CLOSED_REQUEST = 499
+
 
 class APIError(Exception):
     """A request that the server answers with an error status; nothing else is affected."""

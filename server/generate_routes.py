@@ -10,16 +10,17 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from engine import GenerationResult, RequestHandle
 from server import logprobs, structured
 from server.context import ServerContext
 from server.engine_protocol import ServedEngine
 from server.generation import error_for_result, metrics_payload
+from server.replies import reply
 from server.schemas import parse_generate
 from server.spec import GenerationSpec
-from server.sse import EventStreamResponse, encode_event
+from server.sse import encode_event
 from server.validation import read_json_object
 
 ENDPOINT = "generate"
@@ -30,22 +31,12 @@ async def generate(request: Request, ctx: ServerContext) -> Response:
     engine = ctx.require_engine()
     spec = parse_generate(body, n_ctx=engine.n_ctx)
     handle, _ = await ctx.service.submit(lambda: spec, ENDPOINT, "gen")
-    headers = {"x-request-id": handle.request_id}
-    if spec.stream:
-        return EventStreamResponse(
-            _events(handle, spec, engine),
-            on_disconnect=lambda: ctx.service.client_left(handle, ENDPOINT, spec.priority),
-            error_event=lambda err: encode_event(err.body(), event="error"),
-            headers=headers,
-        )
-    result = await ctx.service.wait(handle, request.receive, ENDPOINT, spec.priority)
-    if result is None:
-        return Response(status_code=499)  # nobody is listening; uvicorn drops it
-    error = error_for_result(result)
-    if error is not None:
-        error.headers.update(headers)
-        return error.response()
-    return JSONResponse(_final_payload(result, spec, engine), headers=headers)
+    return await reply(
+        request, ctx, handle, endpoint=ENDPOINT, priority=spec.priority, stream=spec.stream,
+        events=lambda: _events(handle, spec, engine),
+        error_event=lambda err: encode_event(err.body(), event="error"),
+        payload=lambda result: _final_payload(result, spec, engine),
+    )
 
 
 def _final_payload(result: GenerationResult, spec: GenerationSpec, engine: ServedEngine) -> dict[str, Any]:
@@ -63,17 +54,13 @@ def _final_payload(result: GenerationResult, spec: GenerationSpec, engine: Serve
 
 
 async def _events(handle: RequestHandle, spec: GenerationSpec, engine: ServedEngine) -> AsyncIterator[bytes]:
-    try:
-        async for delta in handle:
-            yield encode_event({"text": delta}, event="delta")
-        result = await handle
-        error = error_for_result(result)
-        if error is None:
-            yield encode_event(_final_payload(result, spec, engine), event="done")
-        else:
-            body = error.body()
-            body.update(finish_reason=result.finish_reason.value, metrics=metrics_payload(result))
-            yield encode_event(body, event="error")
-    finally:
-        if not handle.done():  # the stream was abandoned: don't leave the request running
-            handle.cancel()
+    async for delta in handle:
+        yield encode_event({"text": delta}, event="delta")
+    result = await handle
+    error = error_for_result(result)
+    if error is None:
+        yield encode_event(_final_payload(result, spec, engine), event="done")
+    else:
+        body = error.body()
+        body.update(finish_reason=result.finish_reason.value, metrics=metrics_payload(result))
+        yield encode_event(body, event="error")

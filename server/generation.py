@@ -18,6 +18,7 @@ from engine import (
     InvalidParameterError,
     PromptTooLongError,
     QueueFullError,
+    RequestError,
     RequestHandle,
 )
 from server.errors import (
@@ -76,19 +77,9 @@ class GenerationService:
             spec = prepare()
             request_id = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
             try:
-                handle = engine.submit(spec.prompt, request_id=request_id, **spec.engine_options())
-            except PromptTooLongError as exc:
-                raise BadRequest(str(exc), param="prompt", code="context_length_exceeded") from None
-            except InvalidParameterError as exc:
-                raise BadRequest(str(exc), param=_param_of(exc, spec)) from None
-            except QueueFullError as exc:
-                raise TooManyRequests(
-                    f"the request queue is full ({exc}); retry later",
-                    code="queue_full",
-                    headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)},
-                ) from None
-            except EngineClosedError as exc:
-                raise ServiceUnavailable(str(exc), code="engine_closed") from None
+                handle = engine.submit(spec.request(request_id))
+            except RequestError as exc:
+                raise refusal_error(exc, spec) from None
             self.state.track(handle)
             return handle, spec
 
@@ -125,6 +116,20 @@ class GenerationService:
         if not handle.done():
             handle.cancel()
             self.metrics.observe_disconnect(endpoint, priority)
+
+
+def refusal_error(exc: RequestError, spec: GenerationSpec) -> APIError:
+    """The HTTP error for each of the engine's refusals (engine.REFUSALS)."""
+    if isinstance(exc, PromptTooLongError):
+        return BadRequest(str(exc), param="prompt", code="context_length_exceeded")
+    if isinstance(exc, InvalidParameterError):
+        return BadRequest(str(exc), param=_param_of(exc, spec))
+    if isinstance(exc, QueueFullError):
+        return TooManyRequests(f"the request queue is full ({exc}); retry later", code="queue_full",
+                               headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)})
+    if isinstance(exc, EngineClosedError):
+        return ServiceUnavailable(str(exc), code="engine_closed")
+    raise TypeError(f"no HTTP status for the refusal {type(exc).__name__}: add it here") from exc
 
 
 def _param_of(exc: InvalidParameterError, spec: GenerationSpec) -> str | None:

@@ -38,7 +38,7 @@ def health_payload(state: ServingState) -> dict[str, Any]:
         payload["model"] = {
             "id": state.model.model_id,
             "description": state.model.description,
-            "path": state.model.path,
+            "file": state.model.file_name,
             "chat_style": state.model.chat_style,
         }
     if state.engine is not None:

@@ -11,7 +11,7 @@ its chat format; see server/logprobs.py.
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Sequence
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -22,8 +22,9 @@ from server import logprobs
 from server.errors import NotFound
 from server.generation import error_for_result, metrics_payload
 from server.openai_schemas import parse_chat, parse_completion
+from server.replies import reply
 from server.spec import GenerationSpec
-from server.sse import EventStreamResponse, encode_event
+from server.sse import encode_event
 from server.validation import read_json_object
 
 COMPLETIONS, CHAT = "completions", "chat_completions"
@@ -150,40 +151,25 @@ async def _respond(
     request: Request, ctx: ServerContext, handle: RequestHandle, endpoint: str, priority: str,
     stream: bool, include_usage: bool, shape: _Shape,
 ) -> Response:
-    headers = {"x-request-id": handle.request_id}
-    if stream:
-        on_disconnect: Callable[[], None] = lambda: ctx.service.client_left(handle, endpoint, priority)
-        return EventStreamResponse(
-            _chunks(handle, shape, include_usage),
-            on_disconnect,
-            error_event=lambda err: encode_event(err.body()) + encode_event("[DONE]"),
-            headers=headers,
-        )
-    result = await ctx.service.wait(handle, request.receive, endpoint, priority)
-    if result is None:
-        return Response(status_code=499)  # the client left; nobody reads this
-    error = error_for_result(result)
-    if error is not None:
-        error.headers.update(headers)
-        return error.response()
-    return JSONResponse(shape.response(result), headers=headers)
+    return await reply(
+        request, ctx, handle, endpoint=endpoint, priority=priority, stream=stream,
+        events=lambda: _chunks(handle, shape, include_usage),
+        error_event=lambda err: encode_event(err.body()) + encode_event("[DONE]"),
+        payload=shape.response,
+    )
 
 
 async def _chunks(handle: RequestHandle, shape: _Shape, include_usage: bool) -> AsyncIterator[bytes]:
-    try:
-        if shape.chat:  # OpenAI opens a chat stream with the role and empty content
-            yield encode_event(shape.chunk("", first=True))
-        async for delta in handle:
-            yield encode_event(shape.chunk(delta))
-        result = await handle
-        error = error_for_result(result)
-        if error is not None:
-            yield encode_event(error.body())
-        else:
-            yield encode_event(shape.chunk(None if shape.chat else "", openai_finish_reason(result)))
-            if include_usage:
-                yield encode_event(shape.usage_chunk(result))
-        yield encode_event("[DONE]")
-    finally:
-        if not handle.done():
-            handle.cancel()
+    if shape.chat:  # OpenAI opens a chat stream with the role and empty content
+        yield encode_event(shape.chunk("", first=True))
+    async for delta in handle:
+        yield encode_event(shape.chunk(delta))
+    result = await handle
+    error = error_for_result(result)
+    if error is not None:
+        yield encode_event(error.body())
+    else:
+        yield encode_event(shape.chunk(None if shape.chat else "", openai_finish_reason(result)))
+        if include_usage:
+            yield encode_event(shape.usage_chunk(result))
+    yield encode_event("[DONE]")

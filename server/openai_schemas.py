@@ -1,32 +1,29 @@
 """Validation of OpenAI-compatible request bodies (/v1/completions, /v1/chat/completions).
 
 Accepted as OpenAI documents them: model, prompt | messages, max_tokens (chat also
-max_completion_tokens), temperature (default 1), top_p (default 1), n (1 only), stream,
+max_completion_tokens), temperature, top_p, n (1 only), stream,
 stream_options.include_usage, stop, seed, user, presence_penalty, frequency_penalty,
 logit_bias, logprobs (completions: an integer 0..20; chat: true/false with top_logprobs 0..20),
 and for chat response_format (json_object, json_schema: constrained by the engine's grammar).
-Extensions: top_k (default 0 = off), min_p (default 0), repetition_penalty (default 1) and
-priority ("interactive" | "batch", default "batch").
+Extensions: top_k, min_p, repetition_penalty and priority ("interactive" | "batch"). Defaults
+(OpenAI's where it has one): server/defaults.py COMPLETIONS and CHAT.
 
 Parts of the API this engine cannot do are refused with 501 and say so: n > 1, best_of > 1,
-echo, suffix, tools. Logprobs with streaming are refused with 400. Completion max_tokens
-defaults to 16 as in OpenAI's API; chat max_tokens defaults to 512.
+echo, suffix, tools. Logprobs with streaming are refused with 400.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
 
+from engine.request import MAX_LOGPROBS
 from server import structured
 from server.chat_format import ChatMessage, RenderedChat, parse_messages
+from server.defaults import CHAT, COMPLETIONS
 from server.errors import BadRequest, NotImplementedFeature
 from server.schemas import check_combinations, read_sampling
-from engine.request import MAX_LOGPROBS
 from server.spec import GenerationSpec
 from server.validation import FieldReader
-
-COMPLETION_DEFAULTS = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
-CHAT_DEFAULTS = {"max_tokens": 512, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
 
 @dataclass(frozen=True)
@@ -54,7 +51,7 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
     fields = FieldReader(body)
     model = fields.string("model", non_empty=True)
     prompt = _completion_prompt(fields.raw("prompt", None))
-    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=COMPLETION_DEFAULTS)
+    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=COMPLETIONS)
     stream, include_usage = _stream_fields(fields)
     _refuse_unsupported(fields)
     _refuse_unless(fields, "suffix", (None, ""), "'suffix' (insertion) is not supported by this engine")
@@ -82,7 +79,7 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int) -> ChatRequest:
         body_max = newer if newer is not None else older
     else:
         body_max = None
-    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=CHAT_DEFAULTS)
+    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=CHAT)
     if body_max is not None:
         sampling["max_tokens"] = body_max
     stream, include_usage = _stream_fields(fields)

@@ -1,26 +1,29 @@
 """Validation of the native `POST /generate` body into a GenerationSpec.
 
-Fields (all but `prompt` optional):
+Fields (all but `prompt` optional; the sampling fields' defaults are server/defaults.py GENERATE,
+shown in server/README.md's "Sampling defaults"):
   prompt              non-empty string
-  priority            "interactive" | "batch"         (default "batch")
+  priority            "interactive" | "batch"
   timeout             seconds > 0, at most 86400       (default none; past it the request ends
                                                         with HTTP 504, or finish_reason "timeout"
                                                         in a stream)
-  format              "raw" | "json"                   (default "raw"; "json": any JSON object)
-  json_schema         JSON Schema object; needs format "json"; the output is constrained to it
-  max_tokens          integer 1..n_ctx                 (default 512)
-  temperature         number 0..2                      (default 0.7; 0 is greedy)
-  top_p               number in (0, 1]                 (default 0.9; 1 disables it)
-  top_k               integer >= 0                     (default 40; 0 disables it)
-  min_p               number 0..1                      (default 0: off)
-  repetition_penalty  number > 0                       (default 1: off)
-  presence_penalty    number -2..2                     (default 0: off)
-  frequency_penalty   number -2..2                     (default 0: off)
+  format              "raw" | "json"                   (default "raw", or "json" when json_schema
+                                                        is given; "json" alone: any JSON object)
+  json_schema         JSON Schema object; the output is constrained to it (implies format "json";
+                                                        an explicit "raw" beside it is refused)
+  max_tokens          integer 1..n_ctx
+  temperature         number 0..2                      (0 is greedy)
+  top_p               number in (0, 1]                 (1 disables it)
+  top_k               integer >= 0                     (0 disables it)
+  min_p               number 0..1                      (0: off)
+  repetition_penalty  number > 0                       (1: off)
+  presence_penalty    number -2..2                     (0: off)
+  frequency_penalty   number -2..2                     (0: off)
   logit_bias          {"<token id>": -100..100, ...}   (default none)
   logprobs            integer 0..20 or null            (default null: none; n: each token's
                                                         logprob and the n most likely tokens)
   stop                string or list of strings        (default none; not with format "json")
-  seed                integer >= 0 or null             (default null: random)
+  seed                integer >= 0 or null             (null: random)
   stream              boolean                          (default false; not with logprobs)
   open_objects        boolean                          (default false: an absent additionalProperties
                                                         allows no other members; true: any, as JSON
@@ -37,6 +40,7 @@ from typing import Any
 from engine.request import MAX_LOGPROBS
 from sampling.params import PENALTY_LIMIT
 from server import structured
+from server.defaults import GENERATE, SamplingDefaults
 from server.errors import BadRequest
 from server.spec import (
     MAX_LOGIT_BIAS_ENTRIES,
@@ -52,31 +56,33 @@ from server.validation import FieldReader
 PRIORITIES = ("interactive", "batch")
 
 
-def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: dict[str, Any]) -> dict[str, Any]:
-    """The sampling and length fields every generation API shares."""
+def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: SamplingDefaults) -> dict[str, Any]:
+    """The sampling and length fields every generation API shares, `defaults` for those left out."""
     return {
-        "max_tokens": fields.integer("max_tokens", defaults["max_tokens"], minimum=1, maximum=n_ctx, nullable=True),
+        "max_tokens": fields.integer("max_tokens", defaults.max_tokens, minimum=1, maximum=n_ctx, nullable=True),
         "temperature": fields.number(
-            "temperature", defaults["temperature"], minimum=0.0, maximum=MAX_TEMPERATURE, nullable=True
+            "temperature", defaults.temperature, minimum=0.0, maximum=MAX_TEMPERATURE, nullable=True
         ),
         "top_p": fields.number(
-            "top_p", defaults["top_p"], minimum=0.0, maximum=1.0, exclusive_minimum=True, nullable=True
+            "top_p", defaults.top_p, minimum=0.0, maximum=1.0, exclusive_minimum=True, nullable=True
         ),
-        "top_k": fields.integer("top_k", defaults["top_k"], minimum=0, nullable=True),
-        "min_p": fields.number("min_p", 0.0, minimum=0.0, maximum=1.0, nullable=True),
+        "top_k": fields.integer("top_k", defaults.top_k, minimum=0, nullable=True),
+        "min_p": fields.number("min_p", defaults.min_p, minimum=0.0, maximum=1.0, nullable=True),
         "repetition_penalty": fields.number(
-            "repetition_penalty", 1.0, minimum=0.0, exclusive_minimum=True, nullable=True
+            "repetition_penalty", defaults.repetition_penalty, minimum=0.0, exclusive_minimum=True, nullable=True
         ),
         "presence_penalty": fields.number(
-            "presence_penalty", 0.0, minimum=-PENALTY_LIMIT, maximum=PENALTY_LIMIT, nullable=True
+            "presence_penalty", defaults.presence_penalty, minimum=-PENALTY_LIMIT, maximum=PENALTY_LIMIT,
+            nullable=True,
         ),
         "frequency_penalty": fields.number(
-            "frequency_penalty", 0.0, minimum=-PENALTY_LIMIT, maximum=PENALTY_LIMIT, nullable=True
+            "frequency_penalty", defaults.frequency_penalty, minimum=-PENALTY_LIMIT, maximum=PENALTY_LIMIT,
+            nullable=True,
         ),
         "logit_bias": fields.logit_bias(max_entries=MAX_LOGIT_BIAS_ENTRIES),
-        "seed": fields.integer("seed", None, minimum=0, maximum=MAX_SEED, nullable=True),
+        "seed": fields.integer("seed", defaults.seed, minimum=0, maximum=MAX_SEED, nullable=True),
         "stop": fields.stop_strings("stop", max_count=MAX_STOP_STRINGS, max_length=MAX_STOP_LENGTH),
-        "priority": fields.string("priority", "batch", choices=PRIORITIES, nullable=True),
+        "priority": fields.string("priority", defaults.priority, choices=PRIORITIES, nullable=True),
         "timeout": fields.number("timeout", None, minimum=0.0, exclusive_minimum=True,
                                  maximum=MAX_TIMEOUT_S, nullable=True),
         "ignore_eos": fields.boolean("ignore_eos", False, nullable=True),
@@ -109,14 +115,11 @@ def check_combinations(sampling: dict[str, Any], *, stream: bool, wants_logprobs
         )
 
 
-GENERATE_DEFAULTS = {"max_tokens": 512, "temperature": 0.7, "top_p": 0.9, "top_k": 40}
-
-
 def parse_generate(body: dict[str, Any], *, n_ctx: int) -> GenerationSpec:
     fields = FieldReader(body)
     prompt = fields.string("prompt", non_empty=True)
-    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=GENERATE_DEFAULTS)
-    output_format = fields.string("format", "raw", choices=("raw", "json"), nullable=True)
+    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=GENERATE)
+    output_format = fields.string("format", None, choices=("raw", "json"), nullable=True)  # None: not given
     json_schema = fields.raw("json_schema", None)
     logprobs = fields.integer("logprobs", None, minimum=0, maximum=MAX_LOGPROBS, nullable=True)
     stream = fields.boolean("stream", False, nullable=True)

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
+from engine import Request, SamplingParams
 from server.structured import StructuredOutput
 
 # Limits the HTTP layer adds to the engine's own (engine.request, sampling.params).
@@ -17,6 +18,9 @@ MAX_TIMEOUT_S = 86400.0  # a request deadline; beyond a day it is a mistake, not
 
 @dataclass(frozen=True)
 class GenerationSpec:
+    """The body's fields, validated, with what only the HTTP layer needs (streaming, how to
+    show logprobs, which field asked for JSON). `request()` makes the engine's Request."""
+
     prompt: str | Sequence[int]  # text, or token ids already rendered (chat)
     max_tokens: int
     temperature: float
@@ -39,33 +43,26 @@ class GenerationSpec:
     ignore_eos: bool = False  # generate past end-of-generation tokens (benchmarks; not with JSON)
     open_objects: bool = False  # an absent additionalProperties allows any members (JSON Schema's reading)
 
-    def engine_options(self) -> dict[str, Any]:
-        """Keyword arguments for Engine.submit (besides the prompt)."""
-        options: dict[str, Any] = {
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "seed": self.seed,
-            "stop": tuple(dict.fromkeys(self.stop + self.extra_stops)),
-            "priority": self.priority,
-        }
-        # Only what departs from the engine's defaults, so an engine (or a test double) that
-        # predates these options still takes plain requests.
-        for name, neutral in (("min_p", 0.0), ("repetition_penalty", 1.0), ("presence_penalty", 0.0),
-                              ("frequency_penalty", 0.0), ("logit_bias", ())):
-            value = getattr(self, name)
-            if value != neutral:
-                options[name] = value
-        if self.timeout is not None:
-            options["timeout"] = self.timeout
-        if self.ignore_eos:
-            options["ignore_eos"] = True
-        if self.open_objects:
-            options["open_objects"] = True
-        if self.want_logprobs:
+    def request(self, request_id: str) -> Request:
+        """The engine's Request for this spec. Raises InvalidParameterError where the engine's
+        own checks are stricter than the HTTP layer's (the caller turns it into a 400)."""
+        sampling = SamplingParams(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed, min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias,
+        )
+        return Request(
+            prompt=self.prompt,
+            max_tokens=self.max_tokens,
+            sampling=sampling,
+            stop=tuple(dict.fromkeys(self.stop + self.extra_stops)),
+            priority=self.priority,
+            ignore_eos=self.ignore_eos,
+            format="raw" if self.structured is None else "json",
+            json_schema=None if self.structured is None else self.structured.schema,
+            open_objects=self.open_objects,
             # The engine records logprobs only when asked for at least one alternative.
-            options["logprobs"] = max(1, self.logprobs)
-        if self.structured is not None:
-            options.update(self.structured.engine_options())
-        return options
+            logprobs=max(1, self.logprobs) if self.want_logprobs else 0,
+            timeout=self.timeout,
+            request_id=request_id,
+        )

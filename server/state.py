@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -23,16 +24,26 @@ log = logging.getLogger("cobatch.server")
 
 LOADING, OK, FAILED, DRAINING, STOPPED = "loading", "ok", "failed", "draining", "stopped"
 
+# The directories of an absolute or home path ("/home/me/models/" of "/home/me/models/x.gguf"),
+# not of a URL.
+_DIRECTORIES = re.compile(r"(?<![\w:/.~])~?/(?:[^/\s'\"]+/)+")
+
+
+def without_directories(text: str) -> str:
+    """`text` with absolute paths cut to their file names: what /health may show of an error
+    (the log keeps the whole message)."""
+    return _DIRECTORIES.sub("", text)
+
 
 @dataclass(frozen=True)
 class ModelInfo:
     model_id: str  # what /v1/models lists and the `model` field must name
     description: str
-    path: str
+    file_name: str  # never the path: /health is open to anyone who reaches the port
     chat_style: str
 
     def accepts_name(self, name: str) -> bool:
-        return name in (self.model_id, Path(self.path).name, self.description)
+        return name in (self.model_id, self.file_name, self.description)
 
 
 class ServingState:
@@ -42,12 +53,14 @@ class ServingState:
         *,
         owns_engine: bool,
         drain_timeout: float,
+        cancel_backstop: float,
         model_id: str | None = None,
         on_load_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._loader = loader
         self._owns_engine = owns_engine
         self.drain_timeout = drain_timeout
+        self._cancel_backstop = cancel_backstop  # server.context.CANCEL_BACKSTOP_S
         self._model_id_override = model_id
         self._on_load_failure = on_load_failure
         self.status = LOADING
@@ -79,13 +92,13 @@ class ServingState:
             info = ModelInfo(
                 model_id=self._model_id_override or Path(str(model.path)).stem,
                 description=model.description,
-                path=str(model.path),
+                file_name=Path(str(model.path)).name,
                 chat_style=style,
             )
         except BaseException as exc:  # a bad path or file must show on /health, not vanish
             log.exception("model load failed")
             with self._lock:
-                self.status, self.error = FAILED, f"{type(exc).__name__}: {exc}"
+                self.status, self.error = FAILED, without_directories(f"{type(exc).__name__}: {exc}")
             if self._on_load_failure is not None:
                 self._on_load_failure(exc)
             return
@@ -172,7 +185,7 @@ class ServingState:
             handle.cancel()
         with self._lock:
             # Cancelled requests answer within an engine step; don't hang forever on a bug.
-            self._lock.wait_for(lambda: self.in_flight == 0, 10.0)
+            self._lock.wait_for(lambda: self.in_flight == 0, self._cancel_backstop)
         engine = self.engine
         if self._owns_engine and engine is not None:
             engine.close(drain_timeout=max(0.0, deadline - time.monotonic()))

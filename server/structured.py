@@ -1,8 +1,8 @@
 """Structured output (JSON, optionally matching a JSON Schema): request parsing.
 
 Requests that ask for JSON are validated here first (a schema that is not valid JSON Schema is
-a 400 quoting the problem), then sent to `Engine.submit(..., format="json",
-json_schema=<dict or None>)`, which constrains sampling with a grammar compiled from the schema.
+a 400 quoting the problem), then sent as a Request with `format="json"` and `json_schema` (a
+dict, or None for any object), which the engine enforces with a grammar compiled from the schema.
 Schemas the grammar compiler cannot express (an unsupported keyword, say) are refused by the
 engine at submit with an InvalidParameterError starting "json_schema:", also a 400. The
 response's `structured_data` is `GenerationResult.structured_data` (the engine's parse of the
@@ -28,9 +28,6 @@ class StructuredOutput:
     schema: dict[str, Any] | None  # None: any JSON object
     source: str  # which request field asked for it, for error messages
 
-    def engine_options(self) -> dict[str, Any]:
-        return {"format": "json", "json_schema": self.schema}
-
 
 def check_json_schema(schema: Any, param: str) -> dict[str, Any]:
     """A JSON Schema the validators accept, or a 400 that quotes what is wrong with it."""
@@ -49,12 +46,14 @@ def check_json_schema(schema: Any, param: str) -> dict[str, Any]:
     return schema
 
 
-def from_generate_fields(output_format: str, json_schema: Any) -> StructuredOutput | None:
-    """/generate's `format` ('raw' | 'json') and `json_schema`."""
+def from_generate_fields(output_format: str | None, json_schema: Any) -> StructuredOutput | None:
+    """/generate's `format` ('raw' | 'json'; None when not given) and `json_schema`. A schema
+    alone implies "json"; "raw" beside a schema contradicts it."""
     if json_schema is not None:
-        if output_format != "json":
-            raise BadRequest("'json_schema' needs \"format\": \"json\"", param="json_schema")
-        return StructuredOutput(check_json_schema(json_schema, "json_schema"), source="format")
+        if output_format == "raw":
+            raise BadRequest("'json_schema' constrains the output to JSON: drop \"format\": \"raw\" "
+                             "(or send \"format\": \"json\")", param="format")
+        return StructuredOutput(check_json_schema(json_schema, "json_schema"), source="json_schema")
     if output_format == "json":
         return StructuredOutput(None, source="format")
     return None

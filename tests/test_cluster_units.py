@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine import EngineClosedError, FinishReason, GenerationResult, InvalidParameterError, PromptTooLongError
-from engine import QueueFullError, RequestMetrics
+from engine import REFUSALS, QueueFullError, Request, RequestError, RequestMetrics, SamplingParams
 from engine import EngineStats, TierStats
 from engine.kv_cache import KvCacheStats
 from engine.outputs import TokenLogprob
@@ -33,7 +33,10 @@ def test_everything_that_crosses_ray_pickles():
     result = GenerationResult("r1", '{"a": 1}', (5, 6), FinishReason.STOP, metrics, structured_data={"a": 1},
                               logprobs=(TokenLogprob(5, -0.1, ((5, -0.1), (9, -2.0))),))
     snapshot = ReplicaSnapshot("abc", 12, 1 << 20, _stats(1, 32), ReplicaCounters(accepted=3, cached_tokens=32))
-    call = EngineCall.of([2, 818, 5279], "r1", {"max_tokens": 4, "json_schema": {"type": "object"}})
+    request = Request([2, 818, 5279], max_tokens=4, json_schema={"type": "object"}, request_id="r1",
+                      sampling=SamplingParams(temperature=0.5, logit_bias={7: -100}), priority="interactive")
+    call = EngineCall.of(request)
+    assert call.prompt == route_key([2, 818, 5279]) and call.request is request
     for value in (result, snapshot, call, Accepted("abc", 7), Rejected("QueueFullError", "full")):
         assert pickle.loads(pickle.dumps(value)) == value
     assert pickle.loads(pickle.dumps(result)).finish_reason is FinishReason.STOP
@@ -46,6 +49,25 @@ def test_rejections_come_back_as_the_engines_own_errors():
                 EngineClosedError("closing")):
         again = pickle.loads(pickle.dumps(Rejected.of(exc))).error()
         assert type(again) is type(exc) and str(again) == str(exc)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSALS))
+def test_every_refusal_crosses_ray_as_itself(name):
+    """The cluster sends the one list of refusals (engine.REFUSALS): each round-trips."""
+    cls = REFUSALS[name]
+    assert issubclass(cls, RequestError)
+    rejected = pickle.loads(pickle.dumps(Rejected.of(cls(f"refused: {name}"))))
+    assert rejected.kind == name
+    again = rejected.error()
+    assert type(again) is cls and str(again) == f"refused: {name}"
+
+
+def test_a_refusal_subclass_crosses_as_the_listed_class_it_derives_from():
+    class TooFull(QueueFullError):
+        pass
+
+    again = Rejected.of(TooFull("full")).error()
+    assert type(again) is QueueFullError and str(again) == "full"
 
 
 def test_route_keys_are_never_empty_and_one_character_per_token():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
 import pytest
@@ -105,6 +106,7 @@ def test_health_reports_model_queues_kv_and_memory(http):
     health = response.json()
     assert health["status"] == "ok"
     assert health["model"]["id"] == "gemma-3-270m-Q4_K_M" and health["model"]["chat_style"] == "gemma"
+    assert health["model"]["file"] == "gemma-3-270m-Q4_K_M.gguf"
     assert health["queue"] == {"interactive": 0, "batch": 0}
     assert health["running"] == 0
     assert health["kv"]["cells_total"] >= 4096 and health["kv"]["cells_used"] == 0
@@ -156,3 +158,12 @@ def test_a_json_answer_reports_its_forced_tokens_in_metrics_and_prometheus(http,
     forced = body["metrics"]["forced_tokens"]
     assert 0 < forced < body["metrics"]["tokens_generated"]  # `{"city` is forced; the name is sampled
     assert metric(scrape(http), "cobatch_tokens_forced_total") - before == forced
+
+
+def test_health_and_models_show_no_path(http, live):
+    """Anyone who reaches the port reads /health: the model's file name, never where it lives."""
+    directory = str(Path(live.engine.model.path).resolve().parent)
+    for route in ("/health", "/v1/models", "/v1/models/gemma-3-270m-Q4_K_M.gguf"):
+        response = http.get(route)
+        assert response.status_code == 200, (route, response.text)
+        assert directory not in response.text and "path" not in response.json().get("model", {}), route

@@ -102,7 +102,8 @@ BAD_FIELDS = [
     ({**GOOD, "priority": "urgent"}, "'priority' must be one of 'interactive', 'batch', got 'urgent'", "priority"),
     ({**GOOD, "format": "xml"}, "'format' must be one of 'raw', 'json'", "format"),
     ({**GOOD, "stream": "yes"}, "'stream' must be true or false", "stream"),
-    ({**GOOD, "json_schema": {"type": "object"}}, "'json_schema' needs \"format\": \"json\"", "json_schema"),
+    ({**GOOD, "format": "raw", "json_schema": {"type": "object"}}, "drop \"format\": \"raw\"", "format"),
+    ({**GOOD, "json_schema": {"type": "objekt"}}, "is not a valid JSON Schema", "json_schema"),
     ({**GOOD, "format": "json", "json_schema": {"type": "objekt"}}, "is not a valid JSON Schema", "json_schema"),
     ({**GOOD, "format": "json", "json_schema": [1]}, "must be a JSON Schema object", "json_schema"),
     ({**GOOD, "format": "json", "stop": "}"}, "'stop' cannot be combined with JSON output", "stop"),
@@ -245,12 +246,12 @@ class _FaultyEngine:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def submit(self, prompt, **options):
-        if prompt == "explode":
+    def submit(self, request):
+        if request.prompt == "explode":
             raise RuntimeError("boom in submit")
-        if prompt == "fail inside":
+        if request.prompt == "fail inside":
             return _FailedHandle()
-        return self._engine.submit(prompt, **options)
+        return self._engine.submit(request)
 
 
 @pytest.fixture

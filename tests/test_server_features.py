@@ -38,6 +38,19 @@ def test_generate_json_schema_output_validates(http):
         assert body["metrics"]["tokens_generated"] <= 40
 
 
+def test_generate_json_schema_alone_implies_json(http):
+    response = http.post("/generate", json={"prompt": REVIEW_PROMPT, "json_schema": REVIEW_SCHEMA,
+                                            "max_tokens": 40, "temperature": 0})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["finish_reason"] == "stop", body
+    jsonschema.validate(json.loads(body["text"]), REVIEW_SCHEMA)
+    assert body["structured_data"] == json.loads(body["text"])
+    # An explicit "raw" contradicts the schema: refused, naming the field to change.
+    error = _error(http.post("/generate", json={"prompt": "x", "format": "raw", "json_schema": REVIEW_SCHEMA}), 400)
+    assert error["param"] == "format" and "drop \"format\": \"raw\"" in error["message"]
+
+
 def test_generate_json_without_schema_is_an_object(http):
     body = http.post("/generate", json={"prompt": "A JSON object describing a cat:", "format": "json",
                                         "max_tokens": 30, "temperature": 0}).json()

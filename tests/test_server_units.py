@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from server.chat_format import ChatFormatter, ChatMessage, detect_style, gemma_segments, parse_messages
+from engine import Priority, Request, SamplingParams
+from server.chat_format import ChatFormatter, ChatMessage, RenderedChat, detect_style, gemma_segments, parse_messages
 from server.errors import BadRequest, NotImplementedFeature
 from server.openai_schemas import parse_chat, parse_completion
 from server.schemas import parse_generate
 from server.sse import encode_event
 from server.logprobs import chat_logprobs, completion_logprobs, generate_logprobs
-from server.structured import from_response_format
+from server.structured import StructuredOutput, from_response_format
 
 
 def test_generate_defaults_follow_the_documented_values():
@@ -26,7 +27,7 @@ def test_generate_accepts_every_documented_field():
         n_ctx=4096,
     )
     assert spec.stop == ("\n",) and spec.seed == 7 and spec.priority == "interactive" and spec.stream
-    assert spec.engine_options()["temperature"] == 0.0
+    assert spec.request("r").sampling.temperature == 0.0
 
 
 @pytest.mark.parametrize(
@@ -42,7 +43,7 @@ def test_generate_accepts_every_documented_field():
         ({"prompt": "x", "temperature": 2.5}, "'temperature' must be <= 2.0"),
         ({"prompt": "x", "stop": [1]}, "'stop[0]' must be a string"),
         ({"prompt": "x", "priority": "now"}, "'priority' must be one of 'interactive', 'batch'"),
-        ({"prompt": "x", "json_schema": {"type": "object"}}, "'json_schema' needs \"format\": \"json\""),
+        ({"prompt": "x", "format": "raw", "json_schema": {"type": "object"}}, "drop \"format\": \"raw\""),
         ({"prompt": "x", "format": "json", "json_schema": {"type": 5}}, "not a valid JSON Schema"),
         ({"prompt": "x", "colour": 1}, "unknown field(s): 'colour'"),
     ],
@@ -78,10 +79,10 @@ def test_chat_max_completion_tokens_wins_and_tools_are_refused():
 
 def test_response_format_parsing():
     assert from_response_format({"type": "text"}) is None
-    assert from_response_format({"type": "json_object"}).engine_options() == {"format": "json", "json_schema": None}
+    assert from_response_format({"type": "json_object"}) == StructuredOutput(None, source="response_format")
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     got = from_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
-    assert got.schema == schema and got.engine_options() == {"format": "json", "json_schema": schema}
+    assert got == StructuredOutput(schema, source="response_format")
     with pytest.raises(BadRequest, match="not a valid JSON Schema"):
         from_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}})
     with pytest.raises(BadRequest, match="'response_format.type'"):
@@ -158,27 +159,28 @@ def test_sse_encoding():
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def test_neutral_sampling_options_are_not_sent_to_the_engine():
-    options = parse_generate({"prompt": "x"}, n_ctx=64).engine_options()
-    assert not {"min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
-                "logprobs", "format", "json_schema"} & set(options)
+def test_the_server_builds_the_engines_request_with_the_generate_defaults():
+    request = parse_generate({"prompt": "x"}, n_ctx=64).request("gen-1")
+    assert isinstance(request, Request) and request.request_id == "gen-1" and request.prompt == "x"
+    assert request.sampling == SamplingParams(temperature=0.7, top_p=0.9, top_k=40)
+    assert (request.max_tokens, request.priority, request.format, request.logprobs) == (512, Priority.BATCH, "raw", 0)
 
 
 def test_generate_sampling_extras_reach_the_engine():
     spec = parse_generate(
         {"prompt": "x", "min_p": 0.05, "repetition_penalty": 1.3, "presence_penalty": 0.5,
          "frequency_penalty": -0.5, "logit_bias": {"17": -100, "3": 2.5}, "logprobs": 3}, n_ctx=64)
-    options = spec.engine_options()
-    assert options["min_p"] == 0.05 and options["repetition_penalty"] == 1.3
-    assert options["presence_penalty"] == 0.5 and options["frequency_penalty"] == -0.5
-    assert options["logit_bias"] == ((3, 2.5), (17, -100.0))
-    assert options["logprobs"] == 3
+    request = spec.request("r")
+    assert request.sampling.min_p == 0.05 and request.sampling.repetition_penalty == 1.3
+    assert request.sampling.presence_penalty == 0.5 and request.sampling.frequency_penalty == -0.5
+    assert request.sampling.logit_bias == ((3, 2.5), (17, -100.0))
+    assert request.logprobs == 3
 
 
 def test_openai_penalties_and_logit_bias_are_accepted():
     spec = parse_completion({"model": "m", "prompt": "hi", "presence_penalty": 1, "frequency_penalty": 0.5,
                              "logit_bias": {"50256": -100}}, n_ctx=64).spec
-    assert spec.engine_options()["logit_bias"] == ((50256, -100.0),)
+    assert spec.request("r").sampling.logit_bias == ((50256, -100.0),)
     chat = parse_chat({**CHAT, "presence_penalty": -2, "logit_bias": {"1": 5}}, n_ctx=64).spec
     assert chat.presence_penalty == -2.0 and chat.logit_bias == ((1, 5.0),)
 
@@ -224,11 +226,11 @@ def test_generate_rejects_bad_extras(extra, message):
 
 def test_openai_logprobs_fields():
     spec = parse_completion({"model": "m", "prompt": "hi", "logprobs": 0}, n_ctx=64).spec
-    assert spec.want_logprobs and spec.logprobs == 0 and spec.engine_options()["logprobs"] == 1
+    assert spec.want_logprobs and spec.logprobs == 0 and spec.request("r").logprobs == 1
     for none in (None, False):
         assert not parse_completion({"model": "m", "prompt": "hi", "logprobs": none}, n_ctx=64).spec.want_logprobs
-    spec = parse_chat({**CHAT, "logprobs": True, "top_logprobs": 4}, n_ctx=64).spec
-    assert spec.want_logprobs and spec.engine_options()["logprobs"] == 4
+    chat = parse_chat({**CHAT, "logprobs": True, "top_logprobs": 4}, n_ctx=64)
+    assert chat.spec.want_logprobs and chat.with_prompt(RenderedChat([1], ())).request("r").logprobs == 4
     assert not parse_chat({**CHAT, "logprobs": False}, n_ctx=64).spec.want_logprobs
     with pytest.raises(BadRequest, match="'top_logprobs' needs"):
         parse_chat({**CHAT, "top_logprobs": 2}, n_ctx=64)
@@ -242,10 +244,11 @@ def test_json_chat_drops_the_transcript_stop_but_refuses_a_user_stop():
     from server.chat_format import RenderedChat
     rendered = RenderedChat(token_ids=[1, 2], extra_stops=("\nuser:",))
     plain = parse_chat(CHAT, n_ctx=64)
-    assert plain.with_prompt(rendered).engine_options()["stop"] == ("\nuser:",)
+    assert plain.with_prompt(rendered).request("r").stop == ("\nuser:",)
     json_chat = parse_chat({**CHAT, "response_format": {"type": "json_object"}}, n_ctx=64)
-    options = json_chat.with_prompt(rendered).engine_options()
-    assert options["stop"] == () and options["format"] == "json" and options["json_schema"] is None
+    request = json_chat.with_prompt(rendered).request("r")
+    assert request.stop == () and request.format == "json" and request.json_schema is None
+    assert request.prompt == (1, 2) and request.sampling.temperature == 1.0  # OpenAI's default
     with pytest.raises(BadRequest, match="'stop' cannot be combined with JSON output"):
         parse_chat({**CHAT, "stop": "x", "response_format": {"type": "json_object"}}, n_ctx=64)
     with pytest.raises(BadRequest, match="strict"):
@@ -296,3 +299,62 @@ def test_generate_logprobs_shape():
     got = generate_logprobs(RESULT, TOKEN_BYTES, 1)
     assert got == [{"id": 1, "token": "He", "logprob": -0.5, "top": [{"id": 1, "token": "He", "logprob": -0.5}]},
                    {"id": 2, "token": "llo", "logprob": -0.1, "top": [{"id": 2, "token": "llo", "logprob": -0.1}]}]
+
+
+def test_a_failed_load_shows_its_error_on_health_without_directories():
+    from server.health import health_payload
+    from server.state import FAILED, ServingState
+
+    def missing():
+        raise FileNotFoundError("[Errno 2] No such file or directory: '/srv/secret/models/m.gguf'")
+
+    state = ServingState(missing, owns_engine=False, drain_timeout=1.0, cancel_backstop=1.0)
+    state.start_loading()
+    state._load_thread.join(10)
+    payload = health_payload(state)
+    assert state.status == FAILED and payload["status"] == "failed"
+    assert payload["error"] == "FileNotFoundError: [Errno 2] No such file or directory: 'm.gguf'"
+    assert "/srv" not in str(payload)
+
+
+def test_generate_json_schema_alone_implies_format_json():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    for body in ({"prompt": "x", "json_schema": schema}, {"prompt": "x", "format": "json", "json_schema": schema}):
+        request = parse_generate(body, n_ctx=64).request("r")
+        assert request.format == "json" and request.json_schema == schema
+    with pytest.raises(BadRequest) as info:
+        parse_generate({"prompt": "x", "format": "raw", "json_schema": schema}, n_ctx=64)
+    assert info.value.param == "format"
+    assert parse_generate({"prompt": "x", "format": "raw"}, n_ctx=64).request("r").format == "raw"
+
+
+def test_server_readme_shows_the_sampling_defaults_as_defined():
+    from pathlib import Path
+
+    from server.defaults import defaults_table
+
+    readme = (Path(__file__).resolve().parent.parent / "server" / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Sampling defaults", 1)[1].split("\n## ", 1)[0]
+    shown = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+    assert shown == defaults_table()
+
+
+def test_each_entry_point_applies_its_own_defaults():
+    from server import defaults
+
+    engine_request = Request("x")
+    assert (engine_request.max_tokens, engine_request.sampling.temperature, engine_request.sampling.top_k) == (
+        defaults.ENGINE.max_tokens, defaults.ENGINE.temperature, defaults.ENGINE.top_k)
+    rendered = RenderedChat([1], ())
+    built = [
+        (defaults.GENERATE, parse_generate({"prompt": "x"}, n_ctx=4096).request("r")),
+        (defaults.COMPLETIONS, parse_completion({"model": "m", "prompt": "x"}, n_ctx=4096).spec.request("r")),
+        (defaults.CHAT, parse_chat(CHAT, n_ctx=4096).with_prompt(rendered).request("r")),
+    ]
+    for expected, request in built:
+        p = request.sampling
+        assert (request.max_tokens, p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty,
+                p.presence_penalty, p.frequency_penalty, p.seed, request.priority.value) == (
+            expected.max_tokens, expected.temperature, expected.top_p, expected.top_k, expected.min_p,
+            expected.repetition_penalty, expected.presence_penalty, expected.frequency_penalty, expected.seed,
+            expected.priority)

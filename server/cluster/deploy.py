@@ -14,6 +14,7 @@ from ray import serve
 from server.cluster.ingress import ClusterIngress
 from server.cluster.replica import EngineReplica
 from server.cluster.routing import DEFAULT_IMBALANCED_THRESHOLD, PREFIX, router_config, tree_actor_namespace
+from server.context import DEFAULT_DRAIN_TIMEOUT_S, INGRESS_STOP_BACKSTOP_S, REPLICA_STOP_BACKSTOP_S
 
 log = logging.getLogger("cobatch.cluster")
 
@@ -39,7 +40,7 @@ def build_application(
     replicas: int,
     routing: str = PREFIX,
     imbalanced_threshold: float = DEFAULT_IMBALANCED_THRESHOLD,
-    drain_timeout: float = 30.0,
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S,
     model_id: str | None = None,
     replica_cpus: float = 1.0,
     stats_interval: float = 1.0,
@@ -58,7 +59,7 @@ def build_application(
         request_router_config=router_config(routing, replica_tokens=engine_options.get("n_ctx") or 8192,
                                             imbalanced_threshold=imbalanced_threshold),
         # Serve waits this long for a stopping replica's requests before calling __del__.
-        graceful_shutdown_timeout_s=drain_timeout + 5.0,
+        graceful_shutdown_timeout_s=drain_timeout + REPLICA_STOP_BACKSTOP_S,
         health_check_period_s=5.0,
         # The ingress polls every replica's stats each second: one access log line per poll.
         logging_config={"enable_access_log": False},
@@ -69,7 +70,7 @@ def build_application(
         num_replicas=1,
         max_ongoing_requests=replicas * capacity,
         ray_actor_options={"num_cpus": 0},
-        graceful_shutdown_timeout_s=drain_timeout + 20.0,
+        graceful_shutdown_timeout_s=drain_timeout + INGRESS_STOP_BACKSTOP_S,
     ).bind(engine, model_path, replicas, drain_timeout, model_id, stats_interval)
     return ingress
 

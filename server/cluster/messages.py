@@ -5,10 +5,10 @@ first, then (when accepted) the text deltas as `str` and finally the engine's Ge
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
-from engine import EngineClosedError, InvalidParameterError, PromptTooLongError, QueueFullError
+from engine import REFUSALS, Request, RequestError
 
 # Token ids become characters of Unicode's supplementary private-use planes and above (skipping
 # the surrogates), so the router's character radix tree is a token radix tree for rendered chats.
@@ -31,17 +31,14 @@ def route_key(prompt: str | Sequence[int]) -> str:
 @dataclass(frozen=True)
 class EngineCall:
     """One submit(). `prompt` is the routing key Ray's router reads from the first argument;
-    `body` is what the engine gets (text, or token ids)."""
+    `request` is what the replica's engine runs (validated at the ingress; it pickles)."""
 
     prompt: str
-    body: str | tuple[int, ...]
-    request_id: str
-    options: dict[str, Any] = field(default_factory=dict)
+    request: Request
 
     @classmethod
-    def of(cls, prompt: str | Sequence[int], request_id: str, options: dict[str, Any]) -> "EngineCall":
-        body = prompt if isinstance(prompt, str) else tuple(prompt)
-        return cls(route_key(prompt), body, request_id, dict(options))
+    def of(cls, request: Request) -> "EngineCall":
+        return cls(route_key(request.prompt), request)
 
 
 @dataclass(frozen=True)
@@ -50,27 +47,23 @@ class Accepted:
     prompt_tokens: int
 
 
-# The engine's refusals, re-raised at the ingress as the same class, so server/generation.py
-# maps them to the same HTTP errors as in one process.
-REJECTIONS: dict[str, type[Exception]] = {
-    cls.__name__: cls for cls in (InvalidParameterError, PromptTooLongError, QueueFullError, EngineClosedError)
-}
-
-
 @dataclass(frozen=True)
 class Rejected:
-    kind: str  # a key of REJECTIONS
+    """The engine's refusal, re-raised at the ingress as the same class, so server/generation.py
+    maps it to the same HTTP error as in one process."""
+
+    kind: str  # a key of REFUSALS
     message: str
     field: str | None = None  # InvalidParameterError's field, so the HTTP error names it
 
     @classmethod
-    def of(cls, exc: Exception) -> "Rejected":
-        kind = next((name for name, c in REJECTIONS.items() if type(exc) is c), None)
-        if kind is None:
-            kind = next(name for name, c in REJECTIONS.items() if isinstance(exc, c))
+    def of(cls, exc: RequestError) -> "Rejected":
+        kind = next((name for name, c in REFUSALS.items() if type(exc) is c), None)
+        if kind is None:  # a subclass: sent as the listed class it derives from
+            kind = next(name for name, c in REFUSALS.items() if isinstance(exc, c))
         return cls(kind, str(exc), getattr(exc, "field", None))
 
-    def error(self) -> Exception:
+    def error(self) -> RequestError:
         if self.field is not None:
-            return REJECTIONS[self.kind](self.message, field=self.field)
-        return REJECTIONS[self.kind](self.message)
+            return REFUSALS[self.kind](self.message, field=self.field)  # type: ignore[call-arg]
+        return REFUSALS[self.kind](self.message)

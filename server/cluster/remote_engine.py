@@ -12,15 +12,16 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any
 
 from ray.serve.exceptions import RequestCancelledError
 
 from bindings import Model
-from engine import EngineClosedError, FinishReason, GenerationResult, RequestHandle, RequestMetrics
+from engine import REFUSALS, EngineClosedError, FinishReason, GenerationResult, Request, RequestHandle, RequestMetrics
 from engine.model_source import resolve_model
-from server.cluster.messages import REJECTIONS, Accepted, EngineCall, Rejected
+from server.cluster.messages import Accepted, EngineCall, Rejected
 from server.cluster.replica_stats import ReplicaSnapshot, sum_stats
+from server.context import THREAD_JOIN_BACKSTOP_S
 
 log = logging.getLogger("cobatch.cluster")
 
@@ -30,8 +31,6 @@ _SOFT_CANCEL_GRACE_S = 5.0
 
 
 class RemoteEngine:
-    supports_structured_output = True  # the replicas' engines enforce format/json_schema
-
     def __init__(self, handle: Any, model_path: str | None, *, replicas: int = 1, stats_interval: float = 1.0,
                  startup_timeout: float = 600.0) -> None:
         self._handle = handle
@@ -56,23 +55,22 @@ class RemoteEngine:
         self._stats_task = asyncio.run_coroutine_threadsafe(self._refresh_stats(), self._loop)
 
     # ---- the engine surface the app uses ----------------------------------------------------
-    def submit(self, prompt: str | Sequence[int], request_id: str, **options: Any) -> RequestHandle:
+    def submit(self, request: Request) -> RequestHandle:
         """Route the request to a replica and wait for it to be accepted there; raises the
-        engine's own errors (InvalidParameterError, PromptTooLongError, QueueFullError,
-        EngineClosedError). Blocking: the app calls it from a worker thread."""
+        engine's own refusals (REFUSALS). Blocking: the app calls it from a worker thread."""
         if not self._accepting:
             raise EngineClosedError("the engine is shutting down")
-        call = EngineCall.of(prompt, request_id, options)
+        call = EngineCall.of(request)
         started = time.perf_counter()
         try:
             stream, accepted = self._run(self._open(call))
-        except tuple(REJECTIONS.values()):
+        except tuple(REFUSALS.values()):
             raise
         except Exception as exc:
             raise EngineClosedError(f"no engine replica could take the request: {type(exc).__name__}: {exc}") from exc
-        handle = RequestHandle(request_id, accepted.prompt_tokens, self._cancel)
+        handle = RequestHandle(request.request_id, accepted.prompt_tokens, self._cancel)
         with self._lock:
-            self._streams[request_id] = (stream, handle)
+            self._streams[request.request_id] = (stream, handle)
         self._loop.call_soon_threadsafe(self._spawn, self._pump(stream, handle, accepted, started))
         return handle
 
@@ -83,11 +81,6 @@ class RemoteEngine:
 
     def replica_stats(self) -> list[ReplicaSnapshot]:
         return list(self._snapshots)
-
-    def refresh_stats(self, timeout: float = 30.0) -> list[ReplicaSnapshot]:
-        """Poll every replica now (blocking; not from the event loop)."""
-        self._snapshots = self._run(self._poll_stats(), timeout)
-        return self.replica_stats()
 
     def close(self, drain_timeout: float = 0.0) -> None:
         """Stop accepting; give running requests drain_timeout seconds, then cancel the rest.
@@ -218,5 +211,5 @@ class RemoteEngine:
     def _stop_loop(self) -> None:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
+            self._thread.join(THREAD_JOIN_BACKSTOP_S)
         self._loop.close()

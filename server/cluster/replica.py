@@ -9,14 +9,14 @@ from typing import Any, AsyncIterator
 
 from ray import serve
 
-from engine import Engine, EngineClosedError, InvalidParameterError, PromptTooLongError, QueueFullError
+from engine import REFUSALS, Engine
 from server.cluster.messages import Accepted, EngineCall, Rejected
 from server.cluster.replica_stats import ReplicaCounters, ReplicaSnapshot
 from server.health import process_rss_bytes
 
 log = logging.getLogger("cobatch.cluster")
 
-_REFUSALS = (InvalidParameterError, PromptTooLongError, QueueFullError, EngineClosedError)
+_REFUSALS = tuple(REFUSALS.values())
 
 
 class EngineReplica:
@@ -48,7 +48,7 @@ class EngineReplica:
             self._count(rejected=1)
             yield Rejected.of(exc)
             return
-        self._live[call.request_id] = handle
+        self._live[handle.request_id] = handle
         self._count(accepted=1)
         try:
             yield Accepted(self.replica, handle.prompt_tokens)
@@ -62,12 +62,12 @@ class EngineReplica:
         finally:
             # The caller cancelled (client gone, ingress draining) or the stream broke: free the
             # sequence and its KV cells now rather than when it would have finished.
-            self._live.pop(call.request_id, None)
+            self._live.pop(handle.request_id, None)
             if not handle.done():
                 handle.cancel()
 
     def _submit(self, call: EngineCall) -> Any:
-        return self._engine.submit(call.body, request_id=call.request_id, **call.options)
+        return self._engine.submit(call.request)
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a request if this replica runs it. The stream then ends with the engine's own

@@ -1,0 +1,44 @@
+"""Every way a request can be refused, under one base: `RequestError`.
+
+A refusal is raised before anything is queued, so it changes nothing else. The classes live
+here, in sampling/, because sampling is the lowest layer that refuses requests (SamplingParams
+validates itself) and engine/ imports sampling/, never the other way round. `engine` re-exports
+them all; import them from there.
+"""
+from __future__ import annotations
+
+
+class RequestError(Exception):
+    """A request that cannot be served as asked; nothing else in the engine is affected."""
+
+
+class InvalidParameterError(RequestError, ValueError):
+    """A request parameter is out of range or of the wrong type; the message says which, and
+    `field` names it (None when no single field is at fault). Also a ValueError, as callers
+    validating arguments expect."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+    def __reduce__(self) -> tuple:  # keep `field` across pickling (Ray, multiprocessing)
+        return (type(self), (str(self), self.field))
+
+
+class PromptTooLongError(RequestError, ValueError):
+    """The prompt does not fit the context with room for one generated token."""
+
+
+class QueueFullError(RequestError):
+    """The request's priority tier already has as many requests waiting as it may."""
+
+
+class EngineClosedError(RequestError):
+    """The engine is shutting down (or gone) and takes nothing new."""
+
+
+# Every refusal class, by name: the one list the cluster sends across Ray and the server maps
+# to HTTP statuses. A test checks it holds every RequestError subclass.
+REFUSALS: dict[str, type[RequestError]] = {
+    cls.__name__: cls for cls in (InvalidParameterError, PromptTooLongError, QueueFullError, EngineClosedError)
+}

@@ -1,0 +1,64 @@
+"""The inbox's messages are typed: what client threads send and what the engine thread takes."""
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from engine import EngineClosedError, InvalidParameterError, Priority, QueueFullError
+from engine.inbox import Call, Cancel, CancelLive, Inbox, Submit
+
+
+def _seq(request_id: str, priority: Priority = Priority.BATCH) -> SimpleNamespace:
+    return SimpleNamespace(request_id=request_id, request=SimpleNamespace(priority=priority), finish_reason=None)
+
+
+def _inbox(batch_bound: int = 4) -> Inbox:
+    return Inbox({Priority.BATCH: batch_bound, Priority.INTERACTIVE: 2}, lambda tier: 0)
+
+
+def test_messages_are_frozen_dataclasses():
+    a, b = _seq("a"), _seq("b")
+    for message in (Submit((a, b)), Cancel("a"), Call(lambda: 1), CancelLive(a)):
+        assert dataclasses.is_dataclass(message)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            message.__setattr__(dataclasses.fields(message)[0].name, None)
+
+
+def test_take_admits_submissions_and_returns_the_rest_in_order():
+    inbox = _inbox()
+    a, b = _seq("a"), _seq("b")
+    inbox.submit([a, b])
+    future = inbox.call(lambda: "ran")
+    inbox.cancel("b")
+    inbox.cancel("nobody")  # not live: dropped
+    assert inbox._messages[0] == Submit((a, b)) and inbox._messages[-1] == Cancel("nobody")
+    admitted = []
+    rest = inbox.take(admitted.append)
+    assert admitted == [a, b] and not inbox
+    assert [type(m) for m in rest] == [Call, CancelLive] and rest[1] == CancelLive(b)
+    rest[0].run()
+    assert future.result(0) == "ran"
+
+
+def test_a_call_that_raises_hands_the_exception_to_its_future():
+    inbox = _inbox()
+    future = inbox.call(lambda: 1 / 0)
+    [call] = inbox.take(lambda seq: None)
+    call.run()
+    with pytest.raises(ZeroDivisionError):
+        future.result(0)
+
+
+def test_refusals_change_nothing():
+    inbox = _inbox(batch_bound=1)
+    inbox.submit([_seq("a")])
+    with pytest.raises(QueueFullError):
+        inbox.submit([_seq("b")])
+    with pytest.raises(InvalidParameterError, match="unique"):
+        inbox.submit([_seq("a", Priority.INTERACTIVE)])
+    inbox.close()
+    with pytest.raises(EngineClosedError):
+        inbox.submit([_seq("c", Priority.INTERACTIVE)])
+    assert len(inbox._messages) == 1 and [s.request_id for s in inbox.live_sequences()] == ["a"]
