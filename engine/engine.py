@@ -69,8 +69,10 @@ class Engine:
 
     # ---- client API -------------------------------------------------------------------------
     def submit(self, request: Request | str | Seq[int], **options: Any) -> RequestHandle:
-        """Queue a request. Raises InvalidParameterError, PromptTooLongError, QueueFullError or
-        EngineClosedError without changing anything else."""
+        """Queue a request: a Request, or a prompt with Request and SamplingParams fields as
+        keyword options (their defaults apply: greedy, max_tokens 512). Raises a RequestError
+        (InvalidParameterError, PromptTooLongError, QueueFullError, EngineClosedError) without
+        changing anything else."""
         return self.submit_many([request], **options)[0]
 
     def submit_many(self, requests: Seq[Request | str | Seq[int]], **options: Any) -> list[RequestHandle]:
