@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sampling.grammar import CompiledGrammar, SchemaError, UnsupportedSchemaError, compile_grammar, unique
+from sampling.grammar.compiled import build_automaton
 from sampling.grammar.vocab_index import index_for
 from tests.test_grammar_support import EOG, VOCAB, drive, standard
 
@@ -354,7 +355,7 @@ def test_token_edges_walk_equals_every_state_times_every_token(schema):
     from sampling.grammar import distance
 
     single = np.ones(256, dtype=bool)
-    _, aut, counting, budget = CompiledGrammar._automaton(schema, index_for(VOCAB), False, single, count_strings=True)
+    _, aut, counting, budget = build_automaton(schema, index_for(VOCAB), False, single, count_strings=True)
     _assert_token_edges(aut, counting, budget.every + budget.narrow)
 
 
@@ -364,7 +365,7 @@ def test_token_edges_through_wide_trie_nodes():
     schema = {"type": "object", "properties": {"alpha": {"enum": ["abcde", "bacon", "cab"]}, "beta": {"type": "string"},
                                                "gamma": {"type": "integer", "minimum": 10}}}
     single = np.ones(256, dtype=bool)
-    _, aut, counting, _ = CompiledGrammar._automaton(schema, index_for(VOCAB), False, single, count_strings=True)
+    _, aut, counting, _ = build_automaton(schema, index_for(VOCAB), False, single, count_strings=True)
     letters = "abcdeghlmnopt"
     toks = [bytes([b]) for b in range(256)] + [f"{x}{y}".encode() for x in letters for y in letters] \
         + [f"{x}{y}{z}".encode() for x in "abc" for y in letters for z in letters] + [b'":', b'","', b"1", b"10"]

@@ -7,15 +7,11 @@ numbering; state 0 is the dead state (every byte loops to it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from . import native
 from .errors import SchemaError
-
-if TYPE_CHECKING:
-    from .nfa import NFA
+from .nfa import NFA
 
 DEAD = 0
 # Minimisation (partition refinement, O(m log n)) merges few of the largest schemas' states, and

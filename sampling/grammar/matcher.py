@@ -1,15 +1,11 @@
-"""GrammarMatcher: one request's position in a CompiledGrammar."""
+"""GrammarMatcher: one request's position in a compiled grammar."""
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import distance, unique
 from .frames import U16_INF
-
-if TYPE_CHECKING:  # compiled.py builds matchers, so it imports this module, not the reverse
-    from .compiled import CompiledGrammar, StateSet
+from .pushdown import Pushdown, StateSet
 
 INF = int(distance.INF)
 
@@ -17,7 +13,7 @@ INF = int(distance.INF)
 class GrammarMatcher:
     """Tracks the bytes generated so far; cheap to create (all tables live in the grammar)."""
 
-    def __init__(self, grammar: CompiledGrammar) -> None:
+    def __init__(self, grammar: Pushdown) -> None:
         self._g = grammar
         self._S: StateSet = grammar.start
         self._ended = False           # an EOG token was accepted

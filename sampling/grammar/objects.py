@@ -14,8 +14,9 @@ import re
 from . import ir, utf8
 from .errors import SchemaError, SchemaTooLarge, unsupported
 from .keywords import count_keyword, dump_json, escape_pointer
-from .nfa import difference
+from .products import difference, intersection
 from .regex import INEXACT, search_ir
+from .thompson import leaf_dfa
 
 MAX_TRIGGERS = 4          # 2**4 variants at most
 ANY_ORDER_MAX = 6         # open objects: members in any order, tracking up to this many (2**6 sets)...
@@ -107,8 +108,6 @@ def literal_prefix(pattern: str) -> str | None:
 @functools.lru_cache(maxsize=256)
 def keys_overlap(p: str, q: str, max_states: int = 2000) -> bool:
     """Some key matches both patterns (True also when that cannot be settled cheaply)."""
-    from .nfa import intersection
-
     try:
         a, b = search_ir(p, ""), search_ir(q, "")
     except SchemaError:
@@ -136,8 +135,6 @@ def key_other_than(key: ir.Leaf, names: list[str], max_states: int = 20_000) -> 
     """Key contents matched by `key` other than the names, as a DFA (the key's automaton run
     beside a trie of the names); None when a name has another spelling (an escape, `\\/`)
     the trie would miss, or the product grows too large."""
-    from .nfa import intersection
-
     if not all(_raw(n) and "/" not in n for n in names):
         return None
     return intersection(key.item, _any_bytes_but(names), max_states)
@@ -225,8 +222,6 @@ def _free_key_states(escapes: bool) -> tuple[tuple[dict[int, int], ...], tuple]:
     """_free_key's automaton as states 2.. of key_not_in's table: per state its byte -> target
     map (a closing quote where it accepts), and the same as (mask, target) edges. Built once:
     expanding the masks byte by byte took most of key_not_in's time."""
-    from .nfa import leaf_dfa
-
     free_edges, free_accept = leaf_dfa(_free_key(escapes))
     states: list[dict[int, int]] = []
     for i, out in enumerate(free_edges):

@@ -20,7 +20,7 @@ from typing import Callable
 
 from .errors import SchemaError, unsupported
 from .keywords import JSON_TYPES, TYPE_KEYWORDS, quick_checker, value_key
-from .nfa import intersection
+from .products import intersection
 from .regex import search_ir
 
 _ALL = frozenset(JSON_TYPES)

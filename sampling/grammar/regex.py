@@ -19,7 +19,7 @@ import re
 import numpy as np
 
 from . import ir, jsonstr, utf8
-from .nfa import difference, intersection
+from .products import difference, intersection
 from .errors import UnsupportedSchemaError
 
 Ranges = list[tuple[int, int]]

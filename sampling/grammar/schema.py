@@ -22,7 +22,7 @@ from .allof import with_all_of
 from .errors import SchemaError, SchemaTooLarge, UnsupportedSchemaError, unsupported
 from .formats import FORMATS, REFUSED_FORMATS
 from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json, quick_checker, value_key
-from .nfa import intersection
+from .products import intersection
 from .arrays import ArrayRules
 from .objects import ObjectRules
 from .references import ReferenceRules

@@ -23,18 +23,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .frames import U16_INF
 from .keywords import value_key
+from .pushdown import Pushdown, StateSet
 from .vocab_index import VocabIndex
 
-if TYPE_CHECKING:
-    from .compiled import CompiledGrammar, StateSet
-
-FREE, READ = 1, 2       # kinds of guarded array state (CompiledGrammar.unique_states)
+FREE, READ = 1, 2       # kinds of guarded array state (Pushdown.unique_states)
 _QUOTE, _BACKSLASH = 0x22, 0x5C
 _OPENS, _WHITESPACE = frozenset(b"[{"), frozenset(b" \t\r\n")
 
@@ -88,7 +85,7 @@ def _build_tables(idx: VocabIndex) -> _Tables:
     return _Tables(quotes, commas, plain, by_text, entering)
 
 
-def _kind(g: CompiledGrammar, config: tuple) -> int:
+def _kind(g: Pushdown, config: tuple) -> int:
     """The kind of the innermost guarded array the parse stands in (0: none); its items may be
     rules it called."""
     unique, n = g.unique_states, g.n_states
@@ -98,16 +95,16 @@ def _kind(g: CompiledGrammar, config: tuple) -> int:
     return 0
 
 
-def inside(g: CompiledGrammar, S: StateSet, kind: int) -> bool:
+def inside(g: Pushdown, S: StateSet, kind: int) -> bool:
     """Some parse stands inside a guarded array of this kind."""
     return any(_kind(g, c) == kind for c in S)
 
 
-def _drop(g: CompiledGrammar, S: StateSet, kinds: tuple[int, ...]) -> StateSet:
+def _drop(g: Pushdown, S: StateSet, kinds: tuple[int, ...]) -> StateSet:
     return frozenset(c for c in S if _kind(g, c) not in kinds)
 
 
-def feed(g: CompiledGrammar, S: StateSet, lex: Lexer, data: bytes, generating: bool = False) -> tuple[StateSet, Lexer]:
+def feed(g: Pushdown, S: StateSet, lex: Lexer, data: bytes, generating: bool = False) -> tuple[StateSet, Lexer]:
     """Run `data` from S, dropping the parses inside a guarded array that repeat one of its
     items (and, `generating`, those starting a second item of a READ array); an empty state set
     when no parse is left."""
@@ -151,7 +148,7 @@ def feed(g: CompiledGrammar, S: StateSet, lex: Lexer, data: bytes, generating: b
     return S, Lexer(text, in_string, escape, string_start, tuple(frames), after)
 
 
-def _item_end(g: CompiledGrammar, S: StateSet, frames: list, item: bytes) -> StateSet:
+def _item_end(g: Pushdown, S: StateSet, frames: list, item: bytes) -> StateSet:
     """The innermost array's current item is `item`: drop the guarded parses if it repeats."""
     bracket, start, items, _, guarded = frames[-1]
     try:
@@ -172,7 +169,7 @@ def _string_so_far(lex: Lexer) -> str | None:
         return None
 
 
-def _needs_spare(g: CompiledGrammar, S: StateSet, lex: Lexer) -> bool:
+def _needs_spare(g: Pushdown, S: StateSet, lex: Lexer) -> bool:
     """A parse inside a FREE array with items, not right after a string nor at a boundary of a
     string that would be new if closed: it must keep a token in hand."""
     items = lex.items()
@@ -184,7 +181,7 @@ def _needs_spare(g: CompiledGrammar, S: StateSet, lex: Lexer) -> bool:
     return True
 
 
-def allows(g: CompiledGrammar, S: StateSet, lex: Lexer, token: int, remaining: int | None) -> bool:
+def allows(g: Pushdown, S: StateSet, lex: Lexer, token: int, remaining: int | None) -> bool:
     """The guard's verdict on one token the automaton allows within the budget."""
     S2, lex2 = feed(g, S, lex, g.idx.token_bytes[token], generating=True)
     if not S2:
@@ -195,7 +192,7 @@ def allows(g: CompiledGrammar, S: StateSet, lex: Lexer, token: int, remaining: i
     return d <= remaining - 2 or (d <= remaining - 1 and not _needs_spare(g, S2, lex2))
 
 
-def mask(g: CompiledGrammar, S: StateSet, lex: Lexer, base: np.ndarray, remaining: int | None) -> np.ndarray:
+def mask(g: Pushdown, S: StateSet, lex: Lexer, base: np.ndarray, remaining: int | None) -> np.ndarray:
     """`base` (the automaton's mask within the budget) less what the guard refuses."""
     t = _tables(g.idx)
     out = base.copy()
