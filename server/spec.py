@@ -22,26 +22,28 @@ class GenerationSpec:
     show logprobs, which field asked for JSON). `request()` makes the engine's Request."""
 
     prompt: str | Sequence[int]  # text, or token ids already rendered (chat)
+    stream: bool
+    # The fields every API shares (schemas.read_sampling), its defaults already applied.
     max_tokens: int
     temperature: float
     top_p: float
     top_k: int
+    min_p: float
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    logit_bias: tuple[tuple[int, float], ...]
     seed: int | None
     stop: tuple[str, ...]
     priority: str
-    stream: bool
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
+    timeout: float | None  # seconds from submission, after which it ends with "timeout"
+    ignore_eos: bool  # generate past end-of-generation tokens (benchmarks; not with JSON)
+    open_objects: bool  # an absent additionalProperties allows any members (JSON Schema's reading)
+    # What each API adds.
     logprobs: int = 0  # top alternatives per token the engine records; 0: no logprobs at all
     want_logprobs: bool = False  # per-token logprobs are wanted (even with 0 alternatives)
     structured: StructuredOutput | None = None
     extra_stops: tuple[str, ...] = field(default=())  # added by the chat fallback format
-    timeout: float | None = None  # seconds from submission, after which it ends with "timeout"
-    ignore_eos: bool = False  # generate past end-of-generation tokens (benchmarks; not with JSON)
-    open_objects: bool = False  # an absent additionalProperties allows any members (JSON Schema's reading)
 
     def request(self, request_id: str) -> Request:
         """The engine's Request for this spec. Raises InvalidParameterError where the engine's

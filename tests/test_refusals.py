@@ -7,7 +7,7 @@ import engine
 from engine import REFUSALS, InvalidParameterError, PromptTooLongError, RequestError, SamplingParams
 from server.errors import APIError
 from server.generation import refusal_error
-from server.spec import GenerationSpec
+from server.schemas import parse_generate
 
 
 def _all_subclasses(cls: type) -> set[type]:
@@ -39,8 +39,7 @@ def test_parameter_errors_stay_value_errors():
     assert isinstance(info.value, InvalidParameterError) and info.value.field == "top_p"
 
 
-_SPEC = GenerationSpec(prompt="x", max_tokens=4, temperature=0.0, top_p=1.0, top_k=0, seed=None, stop=(),
-                       priority="batch", stream=False)
+_SPEC = parse_generate({"prompt": "x"}, n_ctx=64)
 
 
 @pytest.mark.parametrize("name", sorted(REFUSALS))
