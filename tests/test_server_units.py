@@ -358,3 +358,20 @@ def test_each_entry_point_applies_its_own_defaults():
             expected.max_tokens, expected.temperature, expected.top_p, expected.top_k, expected.min_p,
             expected.repetition_penalty, expected.presence_penalty, expected.frequency_penalty, expected.seed,
             expected.priority)
+
+
+def test_the_drain_default_and_shutdown_backstops_are_defined_once():
+    import ast
+    from pathlib import Path
+
+    from server import context
+
+    assert context.ServerSettings().drain_timeout == context.DEFAULT_DRAIN_TIMEOUT_S
+    # The lifespan outwaits the drain's own cancel wait, so the drain ends by itself when healthy.
+    assert context.SHUTDOWN_BACKSTOP_S > context.CANCEL_BACKSTOP_S
+    assert context.INGRESS_STOP_BACKSTOP_S > context.REPLICA_STOP_BACKSTOP_S
+    # The cluster's default is the same name (read from the source: importing deploy imports ray).
+    deploy = ast.parse((Path(context.__file__).parent / "cluster" / "deploy.py").read_text(encoding="utf-8"))
+    build = next(n for n in deploy.body if isinstance(n, ast.FunctionDef) and n.name == "build_application")
+    defaults = dict(zip((a.arg for a in build.args.kwonlyargs), build.args.kw_defaults))
+    assert ast.unparse(defaults["drain_timeout"]) == "DEFAULT_DRAIN_TIMEOUT_S"
