@@ -21,8 +21,12 @@ setup(
         "cffi>=1.15",
         # Prometheus exposition format, histograms and registries done right; not worth rewriting.
         "prometheus-client>=0.20",
-        # `cobatch bench http-load` ships with the package and drives servers with it.
+        # `cobatch bench http-load` ships with the package and drives servers with it; batch jobs
+        # send each line to the server's own routes in process through its ASGI transport.
         "httpx>=0.27",
+        # Starlette's multipart parser for /v1/files uploads (streams parts to disk); a correct
+        # multipart parser is not worth writing by hand.
+        "python-multipart>=0.0.9",
     ],
     extras_require={
         # matplotlib: the quick-mode test also draws each plottable run, so plotting cannot rot.

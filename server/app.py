@@ -26,6 +26,7 @@ from server.engine_protocol import ServedEngine
 from server.errors import CLIENT_CLOSED_REQUEST, APIError, InternalError, MethodNotAllowed, NotFound
 from server.generation import GenerationService
 from server.health import health_payload
+from server.jobs.routes import Jobs, job_routes
 from server.metrics import ServerMetrics
 from server.state import DRAINING, OK, ServingState
 
@@ -57,12 +58,20 @@ def create_app(
     metrics = ServerMetrics(engine_stats, lambda: state.in_flight)
     ctx = ServerContext(settings, state, metrics, GenerationService(state, metrics))
 
+    jobs: Jobs | None = None
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.start_loading()
+        if jobs is not None:
+            jobs.runner.start()
         yield
+        if jobs is not None:
+            jobs.runner.begin_stop()  # no new job requests; those in flight drain with the rest
         state.begin_shutdown()
         await run_in_threadpool(state.wait_stopped, settings.drain_timeout + SHUTDOWN_BACKSTOP_S)
+        if jobs is not None:
+            await jobs.close()
 
     routes = [
         Route("/health", _plain(health, ctx), methods=["GET"]),
@@ -79,6 +88,11 @@ def create_app(
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_exception})
     app.state.ctx = ctx
+    if settings.data_dir is not None:
+        # Batch jobs run through this app's own routes, so they are answered as HTTP requests are.
+        jobs = Jobs.open(settings.data_dir, app, settings.jobs_in_flight, settings.max_upload_bytes)
+        app.router.routes.extend(job_routes(jobs, lambda handler, name: _api(lambda r, c: handler(r), ctx, name)))
+    app.state.jobs = jobs
     return app
 
 

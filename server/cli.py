@@ -20,12 +20,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench_main(args[1:])
     parser = _parser()
     options = parser.parse_args(args)
-    if options.command != "serve":
+    if options.command not in ("serve", "batch"):
         parser.print_help()
         return 2
     problem = _model_spec_problem(options.model) or _engine_options_problem(options)
     if problem:
         parser.error(problem)
+    if options.command == "batch":
+        return run_batch(parser, options)
     if options.replicas is not None or options.ray_address is not None:
         return serve_cluster(parser, options)
     return serve(options)
@@ -33,19 +35,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     from server.context import ServerSettings
+    from server.jobs.store import default_data_dir
 
+    defaults = ServerSettings()
     parser = argparse.ArgumentParser(prog="cobatch", description="Continuous-batching LLM inference server.")
     commands = parser.add_subparsers(dest="command")
     serve_cmd = commands.add_parser("serve", help="serve the model over HTTP (native and OpenAI-compatible APIs)")
     serve_cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     serve_cmd.add_argument("--port", type=int, default=8000, help="port to bind (default: %(default)s)")
-    serve_cmd.add_argument(
-        "--model", default=None,
-        help="GGUF file path, or owner/repo/file.gguf on Hugging Face (default: the bundled Gemma 3 270M)",
-    )
-    serve_cmd.add_argument("--drain-timeout", type=float, default=ServerSettings().drain_timeout,
+    _add_model_flags(serve_cmd)
+    serve_cmd.add_argument("--drain-timeout", type=float, default=defaults.drain_timeout,
                            help="seconds running requests get to finish at shutdown (default: %(default)s)")
-    serve_cmd.add_argument("--model-id", default=None, help="name to serve the model as (default: file stem)")
+    serve_cmd.add_argument("--data-dir", type=Path, default=default_data_dir(),
+                           help="where batch jobs, their files and results are kept (default: %(default)s)")
+    serve_cmd.add_argument("--max-upload-bytes", type=int, default=defaults.max_upload_bytes,
+                           help="largest file /v1/files accepts (default: %(default)s)")
     serve_cmd.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_engine_flags(serve_cmd.add_argument_group("engine (engine/config.py's EngineConfig, one flag per field)"))
     cluster = serve_cmd.add_argument_group("several engines (Ray Serve; needs the extra: pip install 'cobatch[ray]')")
@@ -62,7 +66,25 @@ def _parser() -> argparse.ArgumentParser:
                               "differ by more than this (default: %(default)s)")
     cluster.add_argument("--replica-cpus", type=float, default=1.0,
                          help="Ray logical CPUs each engine replica reserves (default: %(default)s)")
+
+    batch_cmd = commands.add_parser("batch", help="run a batch file (OpenAI's batch JSONL) in process, no server")
+    batch_cmd.add_argument("input", type=Path, help="JSONL: one {custom_id, method, url, body} request per line")
+    batch_cmd.add_argument("-o", "--output", type=Path, required=True,
+                           help="JSONL answers, one per custom_id; rerun the same command to resume")
+    _add_model_flags(batch_cmd)
+    batch_cmd.add_argument("--in-flight", type=int, default=None,
+                           help="requests in the engine at once (default: --max-batch and a few more)")
+    batch_cmd.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    add_engine_flags(batch_cmd.add_argument_group("engine (engine/config.py's EngineConfig, one flag per field)"))
     return parser
+
+
+def _add_model_flags(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--model", default=None,
+        help="GGUF file path, or owner/repo/file.gguf on Hugging Face (default: the bundled Gemma 3 270M)",
+    )
+    command.add_argument("--model-id", default=None, help="name to serve the model as (default: file stem)")
 
 
 def add_engine_flags(group: Any) -> None:
@@ -149,9 +171,11 @@ def serve_cluster(parser: argparse.ArgumentParser, options: argparse.Namespace) 
 def serve(options: argparse.Namespace) -> int:
     import uvicorn  # imported here so `cobatch bench` does not pay for the server stack
 
+    from engine.config import EngineConfig
     from server.app import create_app
-    from server.context import ServerSettings
+    from server.context import HTTP_SHUTDOWN_BACKSTOP_S, ServerSettings
     from server.draining_server import DrainingServer
+    from server.jobs.runner import in_flight_for
 
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine_options = engine_options_from(options)
@@ -169,7 +193,9 @@ def serve(options: argparse.Namespace) -> int:
         if server_box:
             server_box[0].should_exit = True
 
-    settings = ServerSettings(drain_timeout=options.drain_timeout, model_id=options.model_id)
+    settings = ServerSettings(drain_timeout=options.drain_timeout, model_id=options.model_id,
+                              data_dir=options.data_dir, max_upload_bytes=options.max_upload_bytes,
+                              jobs_in_flight=in_flight_for(EngineConfig(**engine_options).max_batch))
     app = create_app(load_engine, settings, on_load_failure=on_load_failure)
     config = uvicorn.Config(
         app,
@@ -178,12 +204,33 @@ def serve(options: argparse.Namespace) -> int:
         log_level=options.log_level,
         lifespan="on",
         # Backstop only: the app's own drain finishes or cancels requests within drain_timeout.
-        timeout_graceful_shutdown=int(options.drain_timeout) + 10,
+        timeout_graceful_shutdown=int(options.drain_timeout + HTTP_SHUTDOWN_BACKSTOP_S),
     )
     server = DrainingServer(config, on_signal=app.state.ctx.state.begin_shutdown)
     server_box.append(server)
     server.run()
     return 1 if failed else 0
+
+
+def run_batch(parser: argparse.ArgumentParser, options: argparse.Namespace) -> int:
+    from engine import Engine, EngineConfig
+    from server.app import create_app
+    from server.context import ServerSettings
+    from server.jobs.offline import run_offline
+    from server.jobs.runner import in_flight_for
+
+    logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not options.input.is_file():
+        parser.error(f"{options.input}: no such file")
+    engine_options = engine_options_from(options)
+    in_flight = options.in_flight or in_flight_for(EngineConfig(**engine_options).max_batch)
+    app = create_app(lambda: Engine(options.model, **engine_options), ServerSettings(model_id=options.model_id))
+    try:
+        return run_offline(options.input, options.output, app, in_flight)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {options.output} keeps every answer so far; rerun the same command to resume",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

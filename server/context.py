@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from server.generation import GenerationService
@@ -34,6 +35,9 @@ class ServerSettings:
     max_body_bytes: int = 1024 * 1024  # far more than any context holds; bounds tokenizing work
     owns_engine: bool = True  # close the engine at shutdown (False when a test shares one)
     model_id: str | None = None  # name served as; default: the model file's stem
+    data_dir: Path | None = None  # batch jobs' store; None: no /v1/files or /v1/batches
+    max_upload_bytes: int = 200 * 1024 * 1024  # a batch input file's limit, as OpenAI's
+    jobs_in_flight: int = 40  # batch-job requests in the engine at once (server.jobs.runner.in_flight_for)
 
 
 @dataclass

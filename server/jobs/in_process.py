@@ -5,12 +5,12 @@ from typing import Any
 
 import httpx
 
-from server.errors import BadRequest
+from server.errors import CLIENT_CLOSED_REQUEST, BadRequest
 from server.jobs.store import Outcome
 
 # Answers that mean "not now", not "no": the server is draining or loading (503), the request
-# was cut off by a shutdown (499) or the queue is full (429). The request runs again later.
-RETRY_LATER = frozenset({429, 499, 503})
+# was cut off by a shutdown or the queue is full (429). The request runs again later.
+RETRY_LATER = frozenset({429, CLIENT_CLOSED_REQUEST, 503})
 
 
 class InProcessRoutes:

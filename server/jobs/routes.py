@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from starlette.concurrency import run_in_threadpool
@@ -21,6 +22,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from server.errors import BadRequest, NotFound, PayloadTooLarge
+from server.jobs.in_process import InProcessRoutes
 from server.jobs.input_file import ENDPOINTS
 from server.jobs.runner import JobRunner
 from server.jobs.store import CANCELLING, IN_PROGRESS, VALIDATING, JobStore
@@ -35,7 +37,19 @@ _READ_CHUNK = 1 << 20
 class Jobs:
     store: JobStore
     runner: JobRunner
+    routes: InProcessRoutes
     max_upload_bytes: int
+
+    @classmethod
+    def open(cls, data_dir: Path, app: Any, in_flight: int, max_upload_bytes: int) -> "Jobs":
+        store = JobStore(data_dir)
+        routes = InProcessRoutes(app)
+        return cls(store, JobRunner(store, routes, lambda: in_flight), routes, max_upload_bytes)
+
+    async def close(self) -> None:
+        await self.runner.stop()
+        await self.routes.close()
+        self.store.close()
 
 
 def job_routes(jobs: Jobs, wrap: Callable[[Callable[[Request], Awaitable[Response]], str], Any]) -> list[Route]:
@@ -182,7 +196,7 @@ async def list_batches(jobs: Jobs, request: Request) -> Response:
 
 async def cancel_batch(jobs: Jobs, request: Request) -> Response:
     batch_id = request.path_params["batch_id"]
-    batch = _batch_or_404(jobs, batch_id)
+    _batch_or_404(jobs, batch_id)
     if not jobs.store.set_status(batch_id, CANCELLING, only_from=(VALIDATING, IN_PROGRESS)):
         batch = _batch_or_404(jobs, batch_id)
         if batch["status"] != CANCELLING:  # cancelling twice is no error

@@ -33,6 +33,12 @@ _IDLE_POLL_S = 1.0  # expiry and retries are noticed within this
 _PAGE = 64  # pending requests read from the store at a time, per job
 
 
+def in_flight_for(max_running: int) -> int:
+    """Enough requests to keep every running slot busy, plus a few queued so a freed slot is
+    refilled at the next step instead of after the runner hears of it."""
+    return max_running + max(2, max_running // 4)
+
+
 class _Job:
     def __init__(self, batch_id: str, endpoint: str) -> None:
         self.batch_id = batch_id
@@ -64,10 +70,13 @@ class JobRunner:
     def wake(self) -> None:
         self._wake.set()
 
-    async def stop(self) -> None:
-        """Stop taking new requests; those in flight end with the server's drain."""
+    def begin_stop(self) -> None:
+        """Send no more requests; those in flight end with the server's drain."""
         self._stopping = True
         self._wake.set()
+
+    async def stop(self) -> None:
+        self.begin_stop()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
 

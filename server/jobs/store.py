@@ -45,6 +45,12 @@ CREATE INDEX IF NOT EXISTS requests_pending ON requests (batch_id, status_code, 
 """
 
 
+def default_data_dir() -> Path:
+    """Where `cobatch serve` keeps jobs unless told otherwise: the user's data directory."""
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "cobatch"
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
