@@ -82,9 +82,9 @@ def test_ir_nodes_keep_their_hash_but_not_across_pickling():
 
     node = ir.alt(ir.lit(b'"a"'), ir.Leaf(ir.lit(b'"bc"')))
     h = hash(node)
-    assert node.__dict__["_hash"] == h and hash(node) == h
+    assert node._hash == h and hash(node) == h
     copy = pickle.loads(pickle.dumps(node))
-    assert "_hash" not in copy.__dict__ and copy == node and hash(copy) == h
+    assert not hasattr(copy, "_hash") and copy == node and hash(copy) == h
 
 
 @settings(max_examples=200, deadline=None)

@@ -13,7 +13,7 @@ MAX_UNROLLED_ITEMS = 16
 
 class ArrayRules:
     """The array part of SchemaCompiler (a mixin: it uses the compiler's node(), rules,
-    literals, any_value(), _shared(), _resolve_schema() and _satisfies())."""
+    literals, any_value(), _shared(), _resolve_schema() and _valid())."""
 
     def _array_schema(self, schema: dict, ptr: str) -> object:
         items = schema.get("items")
@@ -106,7 +106,8 @@ class ArrayRules:
                 return None
             nullable = sub.get("nullable") is True
             rule = {k: v for k, v in sub.items() if k != "nullable"}
-            values = [v for v in values if (nullable and v is None) or self._satisfies(v, rule, where)]
+            ok = iter(self._valid([v for v in values if not (nullable and v is None)], rule, where))
+            values = [v for v in values if (nullable and v is None) or next(ok)]
         elif keys == {"type"} and sub["type"] in ("boolean", "null"):
             values = [True, False] if sub["type"] == "boolean" else [None]
         else:

@@ -5,60 +5,73 @@ immutable and may be shared: every use is instantiated afresh by the NFA builder
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import operator
 from dataclasses import dataclass
 
 from . import utf8
 
 
+class _Node:
+    """IR nodes carry slots, not a __dict__ each (half the objects the garbage collector
+    tracks in a large compile), and keep their hash once computed: a dataclass hash walks
+    the whole tree each time, and IR trees are hashed again and again (leaf cache keys,
+    alt() deduplication)."""
+    __slots__ = ("_hash",)
+
+
 def _hash_once(cls):
-    """IR trees are hashed again and again (leaf cache keys, alt() deduplication), and a
-    dataclass hash walks the whole tree each time: keep each node's hash once computed."""
-    tree_hash = cls.__hash__
+    fields_of = operator.attrgetter(*(f.name for f in dataclasses.fields(cls)))    # in C: no frame
 
     def __hash__(self) -> int:
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = self.__dict__["_hash"] = tree_hash(self)
-        return h
-
-    def __getstate__(self) -> dict:
-        # bytes hash differently in another process: a copy computes its own
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+        try:
+            return self._hash
+        except AttributeError:
+            h = hash((cls, fields_of(self)))
+            object.__setattr__(self, "_hash", h)    # not a field: a pickled copy computes its own
+            return h
 
     cls.__hash__ = __hash__
-    cls.__getstate__ = __getstate__
     return cls
 
 
-@dataclass(frozen=True)
-class Bytes:
-    """Exactly one byte whose value is in `mask` (bit i set = byte i allowed)."""
-    mask: int
+class Bytes(int):
+    """Exactly one byte whose value is in the set: bit i set = byte i allowed. An int, so that
+    the many literal bytes of a large schema hash and compare in C (a Python-level hash or
+    comparison per byte is a frame pushed each time, see README.md, "Frame stack")."""
+    __slots__ = ()
+
+    @property
+    def mask(self) -> int:
+        return int(self)
+
+    def __repr__(self) -> str:
+        return f"Bytes(mask={int(self)})"
 
 
 @_hash_once
-@dataclass(frozen=True)
-class Seq:
+@dataclass(frozen=True, slots=True)
+class Seq(_Node):
     items: tuple
 
 
 @_hash_once
-@dataclass(frozen=True)
-class Alt:
+@dataclass(frozen=True, slots=True)
+class Alt(_Node):
     """Any one of `items`; an empty Alt matches nothing (the empty language)."""
     items: tuple
 
 
 @_hash_once
-@dataclass(frozen=True)
-class Repeat:
+@dataclass(frozen=True, slots=True)
+class Repeat(_Node):
     item: object
     lo: int
     hi: int | None  # None = unbounded
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Call:
     """Match one instance of another rule (pushdown call): recursive $refs, and large parts
     used in many places."""
@@ -66,8 +79,8 @@ class Call:
 
 
 @_hash_once
-@dataclass(frozen=True)
-class Obj:
+@dataclass(frozen=True, slots=True)
+class Obj(_Node):
     """`{` members `}` where `members` are (member_ir, required) emitted in this order,
     comma-separated, optional ones skippable; then `extra` (a member IR) any number of times.
     Between `lo` and `hi` (None = no limit) members in all; extras count each if `extra_counts`,
@@ -88,15 +101,15 @@ class Obj:
 
 
 @_hash_once
-@dataclass(frozen=True)
-class Leaf:
+@dataclass(frozen=True, slots=True)
+class Leaf(_Node):
     """`item` (no calls, no objects) determinised once and copied at every use: the NFA then
     holds one state per position of it instead of dozens, which is what makes subset
     construction of schemas with many strings fast. Used for string bodies, keys and numbers."""
     item: object
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Counted:
     """The contents of a JSON string of `lo`..`hi` characters (None = no upper bound), matched
     by one copy of the character automaton plus a counter kept beside the automaton state
@@ -107,8 +120,8 @@ class Counted:
 
 
 @_hash_once
-@dataclass(frozen=True)
-class Table:
+@dataclass(frozen=True, slots=True)
+class Table(_Node):
     """An explicit DFA: per state ((byte mask, target), ...), per state accepting; start 0."""
     edges: tuple
     accept: tuple
@@ -148,7 +161,8 @@ def seq(*items) -> object:
             flat.extend(it.items)
         else:
             flat.append(it)
-    if Alt in map(type, flat) and NEVER in flat:      # the type test first: flat is mostly bytes
+    # The type test first, in C: flat is mostly bytes.
+    if Alt in map(type, flat) and any(type(it) is Alt and not it.items for it in flat):
         return NEVER
     return flat[0] if len(flat) == 1 else Seq(tuple(flat))
 
@@ -159,9 +173,11 @@ def alt(*items) -> object:
         if isinstance(it, Alt):
             flat.extend(it.items)
             seen.update(it.items)
-        elif it not in seen:
-            flat.append(it)
-            seen.add(it)
+        else:
+            n = len(seen)
+            seen.add(it)            # one hash per item, not two
+            if len(seen) > n:
+                flat.append(it)
     return flat[0] if len(flat) == 1 else Alt(tuple(flat))
 
 

@@ -84,25 +84,28 @@ def count_keyword(schema: dict, key: str, ptr: str) -> int | None:
 
 _QUICK = frozenset({"type", "enum", "const", "pattern", "minLength", "maxLength"})
 
+# Values -> a verdict per value: True, False, or None where a full validator is needed.
+BatchCheck = Callable[[list], list]
 
-def quick_checker(schema: dict) -> Callable[[object], bool | None] | None:
-    """A check of whether a value is valid against `schema` when only simple keywords constrain
-    it (the check answers None where a full validator is needed), the schema's keywords read
-    once: callers checking many values against one schema keep it (reading a long enum again
-    per value is quadratic). None when `schema` needs a validator."""
+
+def quick_checker(schema: dict) -> BatchCheck | None:
+    """A check of many values at once against `schema` when only simple keywords constrain it,
+    the schema's keywords read once: callers checking many values against one schema keep it
+    (reading a long enum again per value is quadratic), and one call checks them all, with no
+    Python call per value (see README.md, "Frame stack"). None when `schema` needs a validator."""
     return _checker(schema) if isinstance(schema, dict) else None
 
 
-def _checker(schema: dict) -> Callable[[object], bool | None] | None:
+def _checker(schema: dict) -> BatchCheck | None:
     if not constraint_keys(schema) <= _QUICK:
         return None
-    checks: list[Callable[[object], bool | None]] = []
+    checks: list[BatchCheck] = []
     if "type" in schema:
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
 
-        def of_type(value) -> bool | None:
-            fits = [_has_type(value, t) for t in types]
-            return True if True in fits else None if None in fits else False
+        def of_type(values: list) -> list:
+            per_type = [_type_verdicts(values, t) for t in types] or [[False] * len(values)]
+            return [True if True in fits else None if None in fits else False for fits in zip(*per_type)]
         checks.append(of_type)
     for key in ("enum", "const"):
         if key in schema:
@@ -110,26 +113,27 @@ def _checker(schema: dict) -> Callable[[object], bool | None] | None:
             if not isinstance(options, list):
                 return None
             keys = frozenset(value_key(o) for o in options)
-            checks.append(lambda value, keys=keys: value_key(value) in keys)
+            checks.append(lambda values, keys=keys: [value_key(v) in keys for v in values])
     string_checks = _string_checks(schema)
     if string_checks is None:
         return None
     checks += string_checks
+    if not checks:
+        return lambda values: [True] * len(values)
     if len(checks) == 1:
         return checks[0]
 
-    def check(value) -> bool | None:
-        for c in checks:
-            verdict = c(value)
-            if verdict is not True:
-                return verdict
-        return True
+    def check(values: list) -> list:
+        out = checks[0](values)
+        for c in checks[1:]:        # the first verdict that is not True stands
+            out = [a if a is not True else b for a, b in zip(out, c(values))]
+        return out
     return check
 
 
-def _string_checks(schema: dict) -> list[Callable[[object], bool]] | None:
+def _string_checks(schema: dict) -> list[BatchCheck] | None:
     """Checks of the string keywords (true for any other value), or None if one is malformed."""
-    checks: list[Callable[[object], bool]] = []
+    checks: list[BatchCheck] = []
     pattern = schema.get("pattern")
     if pattern is not None:
         if not isinstance(pattern, str):
@@ -138,31 +142,32 @@ def _string_checks(schema: dict) -> list[Callable[[object], bool]] | None:
             search = re.compile(pattern).search
         except re.error:
             return None
-        checks.append(lambda v: not isinstance(v, str) or search(v) is not None)
+        checks.append(lambda values: [not isinstance(v, str) or search(v) is not None for v in values])
     n = schema.get("minLength")
     if n is not None:
         if isinstance(n, bool) or not isinstance(n, int):
             return None
-        checks.append(lambda v, n=n: not isinstance(v, str) or len(v) >= n)
+        checks.append(lambda values, n=n: [not isinstance(v, str) or len(v) >= n for v in values])
     n = schema.get("maxLength")
     if n is not None:
         if isinstance(n, bool) or not isinstance(n, int):
             return None
-        checks.append(lambda v, n=n: not isinstance(v, str) or len(v) <= n)
+        checks.append(lambda values, n=n: [not isinstance(v, str) or len(v) <= n for v in values])
     return checks
 
 
-def _has_type(value, t) -> bool | None:
-    """None where drafts differ (1.0 is an integer from draft 6 on) or `t` is not a type name."""
+def _type_verdicts(values: list, t: object) -> list:
+    """Whether each value has JSON type `t`; None where drafts differ (1.0 is an integer from
+    draft 6 on) or `t` is not a type name."""
     if t == "integer":
-        if isinstance(value, float):
-            return False if not value.is_integer() else None
-        return isinstance(value, int) and not isinstance(value, bool)
-    check = _TYPE_CHECKS.get(t)
-    return None if check is None else check(value)
+        return [(None if v.is_integer() else False) if isinstance(v, float)
+                else isinstance(v, int) and not isinstance(v, bool) for v in values]
+    if t == "number":
+        return [isinstance(v, (int, float)) and not isinstance(v, bool) for v in values]
+    kind = _PYTHON_TYPES.get(t) if isinstance(t, str) else None
+    if kind is None:
+        return [None] * len(values)
+    return [isinstance(v, kind) for v in values]
 
 
-_TYPE_CHECKS = {"string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
-                "null": lambda v: v is None, "array": lambda v: isinstance(v, list),
-                "object": lambda v: isinstance(v, dict),
-                "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}
+_PYTHON_TYPES = {"string": str, "boolean": bool, "null": type(None), "array": list, "object": dict}

@@ -44,16 +44,15 @@ def _values(s: object) -> frozenset[str] | None:
             values = part["enum"]
         else:
             continue
-        checkers = [quick_checker(p) for p in parts]
-        return frozenset(value_key(v) for v in values
-                         if all(c is None or c(v) is not False for c in checkers))
+        verdicts = [c(values) for c in map(quick_checker, parts) if c is not None]
+        return frozenset(value_key(v) for v, *said in zip(values, *verdicts) if False not in said)
     return None
 
 
 def _refuses_all(schema: dict, value_keys: frozenset[str]) -> bool:
     """Every value (as value_key JSON) is known to be invalid against `schema`."""
     checker = quick_checker(schema)
-    return checker is not None and all(checker(json.loads(v)) is False for v in value_keys)
+    return checker is not None and all(ok is False for ok in checker([json.loads(v) for v in value_keys]))
 
 
 def _kinds(s: object, resolve, inferred: bool, depth: int = 0) -> frozenset[str]:

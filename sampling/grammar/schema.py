@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from itertools import compress, islice
 from typing import Callable
 
 import jsonschema
@@ -21,7 +22,8 @@ from . import ir, jsonstr, numeric
 from .allof import with_all_of
 from .errors import SchemaError, SchemaTooLarge, UnsupportedSchemaError, unsupported
 from .formats import FORMATS, REFUSED_FORMATS
-from .keywords import JSON_TYPES, REFUSED, TYPE_KEYWORDS, constraint_keys, count_keyword, dump_json, quick_checker, value_key
+from .keywords import (JSON_TYPES, REFUSED, TYPE_KEYWORDS, BatchCheck, constraint_keys, count_keyword, dump_json,
+                       quick_checker, value_key)
 from .products import intersection
 from .arrays import ArrayRules
 from .objects import ObjectRules
@@ -118,7 +120,7 @@ class SchemaCompiler(ReferenceRules, ArrayRules, ObjectRules):
         self._inlined: list[str] = []
         self.merged_memo: dict[int, tuple[dict, object]] = {}
         self._branch_values_memo: dict[int, tuple[list, list]] = {}
-        self._checkers: dict[int, tuple[object, Callable[[object], bool | None] | None]] = {}
+        self._checkers: dict[int, tuple[object, BatchCheck | None]] = {}
         self.nodes_built = 0
         self.unique_rules: dict[int, int] = {}   # array rules whose items unique.py keeps distinct: kind
 
@@ -216,12 +218,16 @@ class SchemaCompiler(ReferenceRules, ArrayRules, ObjectRules):
             merged, inlined = [], {}
             check_siblings = quick_checker(siblings)
             branch_values = self._branch_values(subs) if check_siblings is not None else [None] * len(subs)
+            # All the branches' values checked in one call; the loop below makes no call per
+            # enum branch (one anyOf of task names can meet hundreds of siblings).
+            every = [v for values in branch_values if values is not None for v in values]
+            verdicts = iter(check_siblings(every) if every else ())
             for i, (sub, values) in enumerate(zip(subs, branch_values)):
-                verdicts = None if values is None else [check_siblings(v) for v in values]
-                if verdicts is not None and None not in verdicts:
+                mine = None if values is None else list(islice(verdicts, len(values)))
+                if mine is not None and None not in mine:
                     # An enum branch under simple siblings: its values filtered, no merge (an
-                    # anyOf of 238 task names under each of 238 patterns is 57,000 merges).
-                    kept = [v for v, ok in zip(values, verdicts) if ok]
+                    # anyOf of task names under each of many patterns is that product of merges).
+                    kept = list(compress(values, mine))
                     merged.append({"enum": kept} if kept else False)
                     continue
                 try:
@@ -246,23 +252,25 @@ class SchemaCompiler(ReferenceRules, ArrayRules, ObjectRules):
         """_enum_values of each branch; one anyOf of task names can meet hundreds of siblings."""
         return _by_identity(self._branch_values_memo, subs, lambda s: [_enum_values(sub) for sub in s])
 
-    def _quick_checker(self, schema: object) -> Callable[[object], bool | None] | None:
-        """keywords.quick_checker, built once per sub-schema in this compile: its enum values are
-        checked one at a time, and reading a long enum again per value was quadratic."""
+    def _quick_checker(self, schema: object) -> BatchCheck | None:
+        """keywords.quick_checker, built once per sub-schema in this compile: reading a long enum
+        again per check was quadratic."""
         return _by_identity(self._checkers, schema, quick_checker)
 
-    def _satisfies(self, value: object, schema: dict, ptr: str) -> bool:
-        """`value` is valid against `schema` (a sub-schema of the root, $refs resolved there)."""
+    def _valid(self, values: list, schema: dict, ptr: str) -> list[bool]:
+        """Whether each value is valid against `schema` (a sub-schema of the root, $refs resolved
+        there)."""
         checker = self._quick_checker(schema)
-        quick = None if checker is None else checker(value)
-        if quick is not None:
-            return quick
+        verdicts = [None] * len(values) if checker is None else checker(values)
+        if None not in verdicts:
+            return verdicts
         if self._validator is None:
             root = self.root if isinstance(self.root, (dict, bool)) else {}
             cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
             self._validator = cls(root, format_checker=cls.FORMAT_CHECKER)
         try:
-            return self._validator.evolve(schema=schema).is_valid(value)
+            validator = self._validator.evolve(schema=schema)
+            return [validator.is_valid(v) if ok is None else ok for v, ok in zip(values, verdicts)]
         except (jsonschema.exceptions.SchemaError, referencing.exceptions.Unresolvable,
                 ValueError, TypeError, LookupError, RecursionError) as e:
             raise SchemaError(f"cannot check the enum/const values at {ptr or '/'}: {e}") from None
@@ -272,7 +280,8 @@ class SchemaCompiler(ReferenceRules, ArrayRules, ObjectRules):
         if not isinstance(values, list) or not values:
             raise SchemaError(f"'enum' at {ptr or '/'} must be a non-empty array")
         rule = {k: v for k, v in schema.items() if k != "nullable"}
-        kept = [v for v in values if (nullable and v is None) or self._satisfies(v, rule, ptr)]
+        ok = iter(self._valid([v for v in values if not (nullable and v is None)], rule, ptr))
+        kept = [v for v in values if (nullable and v is None) or next(ok)]
         try:
             encoded = list(dict.fromkeys(e for v in kept for e in _spellings(v)))
         except ValueError as e:

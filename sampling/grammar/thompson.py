@@ -19,7 +19,7 @@ class Thompson(NFA):
         """Instantiate `node` starting at state `s`; return its end state."""
         if isinstance(node, ir.Bytes):
             e = self.new()
-            self.byte_edge(s, node.mask, e)
+            self.byte_edge(s, node, e)
             return e
         if isinstance(node, ir.Seq):
             for it in node.items:
@@ -27,7 +27,7 @@ class Thompson(NFA):
                     e = self.n
                     self.n += 1
                     self.edge_src.append(s)
-                    self.edge_mask.append(it.mask)
+                    self.edge_mask.append(it)       # a Bytes node is its own mask
                     self.edge_dst.append(e)
                     s = e
                 else:
