@@ -53,7 +53,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tmp_path_factory):
     from server.cluster.deploy import CODE_ROOT, build_application
 
     ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": CODE_ROOT}},
@@ -63,7 +63,7 @@ def cluster():
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         # imbalanced_threshold 1: sequential requests follow their prefix; a burst spreads out.
         app = build_application(None, ENGINE, replicas=2, imbalanced_threshold=1, drain_timeout=5.0,
-                                stats_interval=0.5)
+                                stats_interval=0.5, data_dir=tmp_path_factory.mktemp("jobs"))
         serve.run(app, name=APP, route_prefix="/")
         c = Cluster(port)
         wait_until(lambda: httpx.get(f"{c.url}/health", timeout=10).status_code == 200, 180, "cluster not ready")
@@ -230,6 +230,28 @@ def test_a_killed_replica_fails_only_its_requests_and_is_replaced(cluster):
         for i in range(2):
             r = client.post("/generate", json={"prompt": f"Name a fruit ({i}):", "max_tokens": 4, "temperature": 0})
             assert r.status_code == 200, r.text
+
+
+def test_a_batch_job_at_the_ingress_spreads_over_the_replicas(cluster, http):
+    openai = pytest.importorskip("openai")
+    import io
+
+    client = openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    before = {r: s.engine.tiers["batch"].finished for r, s in cluster.replicas().items()}
+    lines = [{"custom_id": f"j{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": model, "prompt": f"Item {i} of the list is", "max_tokens": 6, "temperature": 0}}
+             for i in range(24)]
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = client.files.create(file=("jobs.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
+    batch = wait_until(lambda: (b := client.batches.retrieve(batch.id)).status in ("completed", "failed") and b,
+                       300, "the job did not finish")
+    assert batch.status == "completed" and batch.request_counts.completed == 24
+    out = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+    assert sorted(x["custom_id"] for x in out) == sorted(f"j{i}" for i in range(24))
+    after = {r: s.engine.tiers["batch"].finished for r, s in cluster.replicas().items()}
+    assert all(after[r] > before.get(r, 0) for r in after)  # both replicas ran some of it
 
 
 def test_cluster_benchmark_runs_in_quick_mode_and_stores_its_run(cluster, tmp_path, capsys):

@@ -14,7 +14,8 @@ from ray import serve
 from server.cluster.ingress import ClusterIngress
 from server.cluster.replica import EngineReplica
 from server.cluster.routing import DEFAULT_IMBALANCED_THRESHOLD, PREFIX, router_config, tree_actor_namespace
-from server.context import DEFAULT_DRAIN_TIMEOUT_S, INGRESS_STOP_BACKSTOP_S, REPLICA_STOP_BACKSTOP_S
+from server.context import DEFAULT_DRAIN_TIMEOUT_S, INGRESS_STOP_BACKSTOP_S, REPLICA_STOP_BACKSTOP_S, ServerSettings
+from server.jobs.runner import in_flight_for
 
 log = logging.getLogger("cobatch.cluster")
 
@@ -44,9 +45,13 @@ def build_application(
     model_id: str | None = None,
     replica_cpus: float = 1.0,
     stats_interval: float = 1.0,
+    data_dir: Path | None = None,
+    max_upload_bytes: int | None = None,
 ) -> Any:
     """The Serve application: an ingress over `replicas` engine replicas. engine_options are
-    Engine keyword arguments; n_threads=None means the replica's node cores / replicas."""
+    Engine keyword arguments; n_threads=None means the replica's node cores / replicas. With a
+    data_dir the ingress runs batch jobs, its store on the ingress's machine, spreading their
+    requests over the replicas as it routes live ones."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     capacity = replica_capacity(engine_options)
@@ -71,8 +76,19 @@ def build_application(
         max_ongoing_requests=replicas * capacity,
         ray_actor_options={"num_cpus": 0},
         graceful_shutdown_timeout_s=drain_timeout + INGRESS_STOP_BACKSTOP_S,
-    ).bind(engine, model_path, replicas, drain_timeout, model_id, stats_interval)
+    ).bind(engine, model_path, replicas, _ingress_settings(engine_options, replicas, drain_timeout, model_id, data_dir,
+                                                           max_upload_bytes), stats_interval)
     return ingress
+
+
+def _ingress_settings(engine_options: dict[str, Any], replicas: int, drain_timeout: float, model_id: str | None,
+                      data_dir: Path | None, max_upload_bytes: int | None) -> ServerSettings:
+    from engine import EngineConfig
+
+    max_running = EngineConfig(**{k: v for k, v in engine_options.items() if v is not None}).max_batch
+    extra = {} if max_upload_bytes is None else {"max_upload_bytes": max_upload_bytes}
+    return ServerSettings(drain_timeout=drain_timeout, model_id=model_id, data_dir=data_dir,
+                          jobs_in_flight=replicas * in_flight_for(max_running), **extra)
 
 
 def remove_app(app_name: str) -> None:
@@ -107,7 +123,8 @@ def serve_cluster(options: Any, engine_options: dict[str, Any]) -> int:
     app = build_application(
         options.model, engine_options, replicas=options.replicas, routing=options.routing,
         imbalanced_threshold=options.imbalanced_threshold, drain_timeout=options.drain_timeout,
-        model_id=options.model_id, replica_cpus=options.replica_cpus,
+        model_id=options.model_id, replica_cpus=options.replica_cpus, data_dir=options.data_dir,
+        max_upload_bytes=options.max_upload_bytes,
     )
     serve.run(app, name=APP_NAME, route_prefix="/")
     log.info("serving %d engine replicas on http://%s:%d (routing: %s)", options.replicas, options.host,

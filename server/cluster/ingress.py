@@ -17,13 +17,13 @@ class ClusterIngress:
     __serve_build_asgi_app__ on the replica, then runs the app's lifespan (which starts
     connecting to the engine replicas in the background: /health says "loading" until then)."""
 
-    def __init__(self, engine: Any, model_path: str | None, replicas: int, drain_timeout: float,
-                 model_id: str | None = None, stats_interval: float = 1.0) -> None:
+    def __init__(self, engine: Any, model_path: str | None, replicas: int, settings: ServerSettings,
+                 stats_interval: float = 1.0) -> None:
         self._engine_handle = engine
         self._model_path = model_path
         self._replicas = replicas
         self._stats_interval = stats_interval
-        self._settings = ServerSettings(drain_timeout=drain_timeout, model_id=model_id)
+        self._settings = settings
         self.remote: RemoteEngine | None = None
 
     def _connect(self) -> RemoteEngine:
