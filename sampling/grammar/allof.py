@@ -23,7 +23,8 @@ def merge_all_of(schema: dict, ptr: str, resolve: Callable[[object, str], dict])
     `resolve(sub, where)` returns the dict a sub-schema stands for (following $ref); it raises
     for what cannot be inlined (recursive references).
     """
-    own = {k: v for k, v in schema.items() if k != "allOf" and k in constraint_keys(schema)}
+    constraining = constraint_keys(schema)
+    own = {k: v for k, v in schema.items() if k != "allOf" and k in constraining}
     subs = schema["allOf"]
     if not isinstance(subs, list) or not subs:
         raise SchemaError(f"'allOf' at {ptr or '/'} must be a non-empty array")
@@ -37,7 +38,8 @@ def merge_all_of(schema: dict, ptr: str, resolve: Callable[[object, str], dict])
             continue
         if "allOf" in sub:
             sub = merge_all_of(sub, where, resolve)
-        branches.append({k: v for k, v in sub.items() if k in constraint_keys(sub)})
+        constraining = constraint_keys(sub)
+        branches.append({k: v for k, v in sub.items() if k in constraining})
     # Merged members keep the order the schema is written in (llguidance does the same): the
     # schema's own `properties` go after the allOf's when written after it.
     keys = list(schema)

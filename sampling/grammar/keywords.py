@@ -13,6 +13,7 @@ from typing import Callable
 from .errors import SchemaError
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)   # one, not one per call
+_encode_string = json.encoder.encode_basestring      # what _COMPACT does with a str
 
 ANNOTATIONS = frozenset({
     "title", "description", "$schema", "$id", "id", "examples", "default", "$comment",
@@ -45,9 +46,12 @@ REFUSED = frozenset({
 JSON_TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
 
-def constraint_keys(schema: dict) -> set[str]:
+_CONSTRAINING = SUPPORTED | REFUSED
+
+
+def constraint_keys(schema: dict) -> frozenset[str]:
     """Keys that constrain the instance: the supported and refused ones (others are ignored)."""
-    return {k for k in schema if k in SUPPORTED or k in REFUSED}
+    return _CONSTRAINING.intersection(schema)
 
 
 def escape_pointer(token: str) -> str:
@@ -70,6 +74,8 @@ def _normal_value(v):
 
 
 def dump_json(v) -> bytes:
+    if type(v) is str:      # keys, mostly: straight to the C encoder
+        return _encode_string(v).encode("utf-8", "surrogatepass")
     return _COMPACT.encode(v).encode("utf-8", "surrogatepass")
 
 

@@ -273,7 +273,7 @@ class ObjectRules:
         members = []
         for name in names:
             where = f"{ptr}/properties/{escape_pointer(name)}"
-            parts = ([props[name]] if name in props else []) + matching(name, patterns)
+            parts = ([props[name]] if name in props else []) + (matching(name, patterns) if patterns else [])
             if not parts:   # a required name that no properties / patternProperties entry covers
                 if extra is False and explicit:
                     raise SchemaError(f"no JSON document satisfies this schema: {name!r} is required "
