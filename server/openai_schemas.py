@@ -5,7 +5,8 @@ max_completion_tokens), temperature, top_p, n (1 only), stream,
 stream_options.include_usage, stop, seed, user, presence_penalty, frequency_penalty,
 logit_bias, logprobs (completions: an integer 0..20; chat: true/false with top_logprobs 0..20),
 and for chat response_format (json_object, json_schema: constrained by the engine's grammar).
-Extensions: top_k, min_p, repetition_penalty and priority ("interactive" | "batch"). Defaults
+Extensions: top_k, min_p, repetition_penalty, priority ("interactive" | "batch") and ignore_eos
+(generate past end-of-generation tokens: benchmarks). Defaults
 (OpenAI's where it has one): server/defaults.py COMPLETIONS and CHAT.
 
 Parts of the API this engine cannot do are refused with 501 and say so: n > 1, best_of > 1,

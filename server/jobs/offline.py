@@ -51,9 +51,9 @@ def run_offline(input_path: Path, output_path: Path, app: Any, in_flight: int, p
 
 async def _run(todo: list[InputRequest], total: int, done: int, output_path: Path, app: Any, in_flight: int,
                progress: TextIO) -> int:
-    meter = _Progress(total, done, progress)
     async with app.router.lifespan_context(app):
         await _until_ready(app)
+        meter = _Progress(total, done, progress)  # from here: model loading is not the batch's speed
         routes = InProcessRoutes(app)
         model_id = app.state.ctx.state.model.model_id  # a line that names no model means this one
         queue = iter(enumerate(todo))
