@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     started_ray = not ray.is_initialized()
     init_ray(args.ray_address, args.replicas, args.replica_cpus)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-    engine_options = dict(n_ctx=args.n_ctx, n_threads=args.threads, max_batch=16, step_token_budget=256,
+    engine_options = dict(n_ctx=args.n_ctx, n_threads=args.threads, max_running=16, step_token_budget=256,
                           flash_attn=True,  # as `cobatch serve` runs by default
                           cache_max_fraction=args.cache_max_fraction)
     with Model(resolve_model(args.model)) as model:

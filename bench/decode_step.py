@@ -38,7 +38,7 @@ def engine_run(engine: Engine, prompts: list[str], n_generate: int, sampling: di
 
 def run(batch_sizes: list[int], n_generate: int, trials: int, threads: int, model_path: str | None,
         prefix_cache: bool = False, record: RunRecord | None = None) -> tuple[str, dict]:
-    engine = Engine(model_path, n_threads=threads, max_batch=max(batch_sizes), n_ctx=4096,
+    engine = Engine(model_path, n_threads=threads, max_running=max(batch_sizes), n_ctx=4096,
                     step_token_budget=512, prefix_cache=prefix_cache)
     raw_ctx = raw_loop_context(engine.model, max(batch_sizes), threads)
     rows = []

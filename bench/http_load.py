@@ -22,7 +22,7 @@ tokens per request of each side is printed under the table).
 
 cobatch: POST {url}/generate with "stream": true (SSE `event: delta` / `event: done`). Without
 --url a cobatch server is started in this process (uvicorn on 127.0.0.1, a free port, a
-background thread) with the bundled model, --threads and max_batch >= the top concurrency,
+background thread) with the bundled model, --threads and max_running >= the top concurrency,
 and stopped at the end; it then shares this process (and its GIL) with the client, which costs
 it throughput at high concurrency. --spawn runs `cobatch serve` in a child process instead,
 the like-for-like setting for a comparison with llama-server (also a separate process).

@@ -156,7 +156,7 @@ class LlamaCpp(Target):
 class InProcessServer:
     """cobatch's app on uvicorn, 127.0.0.1 and a free port, served from a daemon thread."""
 
-    def __init__(self, model: str | None, threads: int, max_batch: int, n_ctx: int) -> None:
+    def __init__(self, model: str | None, threads: int, max_running: int, n_ctx: int) -> None:
         import uvicorn
 
         from server.app import create_app
@@ -165,8 +165,8 @@ class InProcessServer:
         def load_engine() -> Any:
             from engine import Engine
 
-            return Engine(model, n_threads=threads, max_batch=max_batch, n_ctx=n_ctx,
-                          step_token_budget=max(256, max_batch))
+            return Engine(model, n_threads=threads, max_running=max_running, n_ctx=n_ctx,
+                          step_token_budget=max(256, max_running))
 
         self.app = create_app(load_engine, ServerSettings(drain_timeout=10.0))
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -196,15 +196,15 @@ class SpawnedServer:
     """`cobatch serve` in a child process (its own GIL, like any real deployment), stopped with
     SIGINT (its graceful drain)."""
 
-    def __init__(self, model: str | None, threads: int, max_batch: int, n_ctx: int,
+    def __init__(self, model: str | None, threads: int, max_running: int, n_ctx: int,
                  extra_args: list[str] | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.command = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                        "--threads", str(threads), "--max-batch", str(max_batch), "--n-ctx", str(n_ctx),
-                        "--step-token-budget", str(max(256, max_batch)), "--log-level", "warning"]
+                        "--threads", str(threads), "--max-running", str(max_running), "--n-ctx", str(n_ctx),
+                        "--step-token-budget", str(max(256, max_running)), "--log-level", "warning"]
         if model:
             self.command += ["--model", model]
         self.command += extra_args or []

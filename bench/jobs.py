@@ -127,7 +127,7 @@ def run_job(url: str, path: Path, every: float | None, model: str, chat_tokens: 
 
 def run_offline(args: argparse.Namespace, path: Path, out: Path) -> dict[str, Any]:
     command = [sys.executable, "-m", "server.cli", "batch", str(path), "-o", str(out), "--threads",
-               str(args.threads), "--max-batch", str(args.max_batch), "--n-ctx", str(args.n_ctx)]
+               str(args.threads), "--max-running", str(args.max_running), "--n-ctx", str(args.n_ctx)]
     if args.model:
         command += ["--model", args.model]
     start = time.perf_counter()
@@ -144,7 +144,7 @@ def run_offline(args: argparse.Namespace, path: Path, out: Path) -> dict[str, An
 def one_trial(args: argparse.Namespace, trial: int, record: RunRecord) -> None:
     with tempfile.TemporaryDirectory(prefix="cobatch-bench-jobs-") as tmp:
         tmp_path = Path(tmp)
-        server = SpawnedServer(args.model, args.threads, args.max_batch, args.n_ctx,
+        server = SpawnedServer(args.model, args.threads, args.max_running, args.n_ctx,
                                ["--data-dir", str(tmp_path / "data")])
         with server:
             url = server.url
@@ -195,8 +195,8 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
     summary = (
         f"Batch jobs: {args.requests} chat completions of {args.tokens} tokens (ignore_eos) per job; closed loop "
         f"C={args.concurrency} over the first {args.baseline_requests} of the same bodies; interactive chats of "
-        f"{args.interactive_tokens} tokens every {args.every} s beside the second job; server --max-batch "
-        f"{args.max_batch}, --threads {args.threads}.\n\n{table}\n\n"
+        f"{args.interactive_tokens} tokens every {args.every} s beside the second job; server --max-running "
+        f"{args.max_running}, --threads {args.threads}.\n\n{table}\n\n"
         f"Targets: job alone >= 0.95 of closed loop: {verdict(worst['alone'] >= 0.95)} (worst trial "
         f"{worst['alone']:.3f}); chats' TTFT p95 <= 2x idle: {verdict(worst['ttft'] <= 2.0)} (worst "
         f"{worst['ttft']:.2f}x); offline >= the job: {verdict(worst['offline'] >= 1.0)} (worst {worst['offline']:.3f})."
@@ -218,12 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=float, default=5.0, help="seconds between interactive chats")
     parser.add_argument("--interactive-tokens", type=int, default=32)
     parser.add_argument("--probes", type=int, default=8, help="interactive chats on the idle server")
-    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--max-running", "--max-batch", type=int, default=32)
     parser.add_argument("--n-ctx", type=int, default=8192)
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.tokens, args.baseline_requests, args.concurrency = 24, 8, 12, 4
-        args.every, args.interactive_tokens, args.probes, args.max_batch, args.n_ctx = 0.5, 4, 2, 8, 2048
+        args.every, args.interactive_tokens, args.probes, args.max_running, args.n_ctx = 0.5, 4, 2, 8, 2048
     record = RunRecord("jobs", args, args.model, argv)
     for trial in range(args.trials):
         one_trial(args, trial, record)

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
         per_cell = kv_bytes_per_cell(model, args.threads)
     record.trial(kv_bytes_per_cell=per_cell)
     runs: dict[int, list[dict]] = {c: [] for c in levels}
-    with Engine(model_path, n_threads=args.threads, max_batch=max(levels), n_ctx=args.n_ctx,
+    with Engine(model_path, n_threads=args.threads, max_running=max(levels), n_ctx=args.n_ctx,
                 prefix_cache=False) as engine:
         engine.generate(["Warm-up."], max_tokens=4)
         rss_loaded = resident_bytes()

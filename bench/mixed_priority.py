@@ -112,7 +112,7 @@ def change(prio: dict, fifo: dict, key: str) -> str:
 
 def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     flash_attn = args.flash_attn == "on"
-    common = dict(n_threads=args.threads, max_batch=args.max_batch, flash_attn=flash_attn)
+    common = dict(n_threads=args.threads, max_running=args.max_running, flash_attn=flash_attn)
     engines = {
         "priority": Engine(args.model, interrupt_window=args.interrupt_window, **common),
         "fifo": Engine(args.model, priority_scheduling=False, **common),
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
         engines["fifo"].generate(["Warm-up."], max_tokens=4)
         # One fixed step shape, timed right after every flood: the machine's speed at that
         # moment (its speed drifts), and the uninterruptible tail that bounds TTFT.
-        probe = TailProbe(warm.model, min(args.batch, args.max_batch), args.batch_tokens // 2, args.threads,
+        probe = TailProbe(warm.model, min(args.batch, args.max_running), args.batch_tokens // 2, args.threads,
                           flash_attn)
         measured: dict[str, list[dict]] = {"idle": [], "priority": [], "fifo": []}
         for trial in range(args.trials):
@@ -173,8 +173,8 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     tail = med["priority"]
     summary = (
         f"{table}\n\nWorkload: {args.batch} batch x {args.batch_tokens} tokens at once; interactive "
-        f"{args.interactive_tokens} tokens every {args.every} s until the batch is done; max_batch "
-        f"{args.max_batch}; interrupt_window {args.interrupt_window}; flash attention {args.flash_attn}; "
+        f"{args.interactive_tokens} tokens every {args.every} s until the batch is done; max_running "
+        f"{args.max_running}; interrupt_window {args.interrupt_window}; flash attention {args.flash_attn}; "
         f"{args.threads} threads; medians of "
         f"{args.trials} trial(s).\n\n"
         f"Ratios are taken within each trial (the machine's speed drifts between trials), then "
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-requests", type=int, default=8)
     parser.add_argument("--interrupt-window", type=float, default=EngineConfig.interrupt_window,
                         help="the priority engine's interrupt_window (0: never interrupt a step)")
-    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--max-running", "--max-batch", type=int, default=32)
     # On by default, as `cobatch serve` runs: the server is where the two tiers meet.
     parser.add_argument("--flash-attn", choices=["on", "off"], default="on",
                         help="llama.cpp's flash attention for both engines (default on, as cobatch serve)")
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.batch, args.batch_tokens, args.interactive_tokens = 3, 12, 4
-        args.every, args.idle_requests, args.max_batch, args.trials = 0.1, 2, 4, 1
+        args.every, args.idle_requests, args.max_running, args.trials = 0.1, 2, 4, 1
     record = RunRecord("mixed-priority", args, args.model, argv)
     publish(record, *run(args, record))
     return 0

@@ -67,7 +67,7 @@ def run(n_requests: int, system_tokens: int, max_tokens: int, n_ctx: int, thread
     for trial in range(trials):
         # alternate which setting goes first: the machine's speed drifts within a run
         for cache in ((False, True) if trial % 2 == 0 else (True, False)):
-            with Engine(model, n_ctx=n_ctx, max_batch=n_requests, step_token_budget=512,
+            with Engine(model, n_ctx=n_ctx, max_running=n_requests, step_token_budget=512,
                         n_threads=threads, prefix_cache=cache) as engine:
                 system = system_prompt_ids(engine, system_tokens)
                 r = run_case(engine, system, n_requests, max_tokens)

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     model_path = str(resolve_model(args.model))
     prompts = benchmark_prompts(args.requests)
     levels = [int(c) for c in args.concurrency.split(",")]
-    engine = Engine(model_path, n_threads=args.threads, max_batch=max(levels), n_ctx=args.n_ctx)
+    engine = Engine(model_path, n_threads=args.threads, max_running=max(levels), n_ctx=args.n_ctx)
     seq_runs: list[float] = []
     cobatch_runs: dict[int, list[dict]] = {c: [] for c in levels}
     raw_runs: dict[int, list[float]] = {c: [] for c in levels}

@@ -109,7 +109,7 @@ MODES = ("jump", "sampled", "free")  # constrained with jump-forward, constraine
 def run(batch_sizes: list[int], max_tokens: int, rounds: int, threads: int, model: str | None,
         record: RunRecord | None = None, schema_name: str = "review", n_documents: int = 8) -> tuple[str, dict]:
     schema, asked_for = NAMED[schema_name]
-    settings = dict(n_ctx=8192, max_batch=max(batch_sizes), n_threads=threads, step_token_budget=512)
+    settings = dict(n_ctx=8192, max_running=max(batch_sizes), n_threads=threads, step_token_budget=512)
     with Engine(model, **settings) as engine, Engine(model, jump_forward=False, **settings) as plain:
         start = time.perf_counter()
         compile_grammar(schema, engine.vocabulary)

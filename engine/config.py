@@ -1,7 +1,8 @@
 """Every engine setting in one place: its default, its help text and its check.
 
 `cobatch serve` builds one flag per field from this class (server/cli.py), so a setting is
-written once. A field's metadata may name its flag (`flag`), spell a switch `on`/`off`
+written once. A field's metadata may name its flag (`flag`) and older spellings of it
+(`aliases`), spell a switch `on`/`off`
 (`on_off`), give the server its own default (`serve_default`), or read 0 on the command line as
 None (`zero_is_none`). A switch gets both `--name` and `--no-name`.
 """
@@ -26,9 +27,10 @@ class EngineConfig:
     window's, and a finished sequence's early cells would otherwise be gone."""
 
     n_ctx: int = setting(8192, "KV cache cells shared by all requests (one unified cache)")
-    max_batch: int = setting(32, "sequences generating at once")
+    max_running: int = setting(32, "sequences generating at once (their rows share each decode step)",
+                               aliases=("--max-batch",))
     step_token_budget: int = setting(
-        256, "tokens per llama_decode: decoding rows first, then prompt chunks (at least --max-batch)")
+        256, "tokens per llama_decode: decoding rows first, then prompt chunks (at least --max-running)")
     n_threads: int = setting(
         max(1, os.cpu_count() or 1),
         "CPU threads (default: all cores; with --replicas N, the node's cores / N per replica)", flag="--threads",
@@ -41,7 +43,7 @@ class EngineConfig:
     block_size: int = setting(16, "KV cells per block of the cache ledger (divides --n-ctx)")
     prefix_cache: bool = setting(True, "keep finished requests' prompt blocks for reuse")
     cache_holders: int = setting(
-        64, f"seq ids reserved to hold cached prefixes (--max-batch plus this at most {LLAMA_MAX_SEQ})")
+        64, f"seq ids reserved to hold cached prefixes (--max-running plus this at most {LLAMA_MAX_SEQ})")
     # Cached cells are not free: every decode step's attention spans the used cells of the cache.
     cache_max_fraction: float = setting(
         0.25, "share of KV cells idle cached prefixes may hold; with flash attention off every decode step "
@@ -70,20 +72,20 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.n_ctx < 64:
             raise ValueError(f"n_ctx must be at least 64, got {self.n_ctx}")
-        if not 1 <= self.max_batch < LLAMA_MAX_SEQ:
-            raise ValueError(f"max_batch must be between 1 and {LLAMA_MAX_SEQ - 1}, got {self.max_batch}")
-        if self.step_token_budget < self.max_batch:
+        if not 1 <= self.max_running < LLAMA_MAX_SEQ:
+            raise ValueError(f"max_running must be between 1 and {LLAMA_MAX_SEQ - 1}, got {self.max_running}")
+        if self.step_token_budget < self.max_running:
             raise ValueError(
-                "step_token_budget must be at least max_batch, so every running sequence can "
-                f"decode each step (got {self.step_token_budget} < {self.max_batch})"
+                "step_token_budget must be at least max_running, so every running sequence can "
+                f"decode each step (got {self.step_token_budget} < {self.max_running})"
             )
         if self.n_threads < 1:
             raise ValueError(f"n_threads must be >= 1, got {self.n_threads}")
         if self.block_size < 1 or self.n_ctx % self.block_size:
             raise ValueError(f"block_size must divide n_ctx, got {self.block_size} for {self.n_ctx}")
-        if self.cache_holders < 0 or self.max_batch + self.cache_holders > LLAMA_MAX_SEQ:
-            raise ValueError(f"cache_holders must be >= 0 and max_batch + cache_holders <= {LLAMA_MAX_SEQ}, "
-                             f"got {self.cache_holders} with max_batch {self.max_batch}")
+        if self.cache_holders < 0 or self.max_running + self.cache_holders > LLAMA_MAX_SEQ:
+            raise ValueError(f"cache_holders must be >= 0 and max_running + cache_holders <= {LLAMA_MAX_SEQ}, "
+                             f"got {self.cache_holders} with max_running {self.max_running}")
         if not 0.0 <= self.interrupt_window <= 1.0:
             raise ValueError(f"interrupt_window must be between 0 and 1, got {self.interrupt_window}")
         if not 0.0 <= self.cache_max_fraction <= 1.0:
@@ -98,11 +100,11 @@ class EngineConfig:
         for batch sequences suspended to make room for interactive ones (the prefix cache's
         holders take theirs from the same llama.cpp limit)."""
         holders = self.cache_holders if self.prefix_cache else 0
-        return max(self.max_batch, min(2 * self.max_batch, LLAMA_MAX_SEQ - holders))
+        return max(self.max_running, min(2 * self.max_running, LLAMA_MAX_SEQ - holders))
 
     def scheduling_policy(self) -> SchedulingPolicy:
         """A new policy object (it keeps per-engine state)."""
         if not self.priority_scheduling:
             return FifoPolicy()
-        return TwoTierPolicy(self.max_batch, self.step_token_budget, self.batch_min_share, self.interrupt_window > 0,
+        return TwoTierPolicy(self.max_running, self.step_token_budget, self.batch_min_share, self.interrupt_window > 0,
                              self.interactive_batch_rows)

@@ -49,14 +49,14 @@ class EngineCore:
         self.config = cfg = config
         self.model = model
         self.runner = runner
-        self.n_ctx: int = runner.n_cells
+        self.n_ctx: int = runner.n_ctx
         holders = cfg.cache_holders if cfg.prefix_cache else 0
         self.kv_cache = KvCache(
             runner.context, self.n_ctx, cfg.block_size, running_ids=range(cfg.sequence_ids),
             holder_ids=range(cfg.sequence_ids, cfg.sequence_ids + holders), prefix_cache=cfg.prefix_cache,
             max_cached_blocks=int(cfg.cache_max_fraction * (self.n_ctx // cfg.block_size)),
         )
-        self.scheduler = Scheduler(self.kv_cache, cfg.max_batch, cfg.step_token_budget, cfg.scheduling_policy())
+        self.scheduler = Scheduler(self.kv_cache, cfg.max_running, cfg.step_token_budget, cfg.scheduling_policy())
         self.sampler = BatchSampler(model.n_vocab)
         self.jump = JumpForward(lambda text: model.tokenize(text, add_bos=False), model.token_bytes) \
             if cfg.jump_forward else None

@@ -56,7 +56,7 @@ class Engine:
     def _start(self, model: Any, runner: Any, config: EngineConfig, clock: Callable[[], float] = time.perf_counter) -> None:
         self.config = config
         self.model = model
-        self.n_ctx: int = runner.n_cells
+        self.n_ctx: int = runner.n_ctx
         self.interrupt_window = InterruptWindow(runner.interrupter, config.interrupt_window, clock)
         self.core = EngineCore(model, runner, config, watch=self.interrupt_window,
                                on_finished=lambda seq: self._inbox.finished(seq))

@@ -40,7 +40,8 @@ class ModelRunner:
         return self.context.interrupter
 
     @property
-    def n_cells(self) -> int:
+    def n_ctx(self) -> int:
+        """The KV cells llama.cpp gave the context (it may round the configured n_ctx up)."""
         return self.context.n_ctx
 
     def build_batch(self, plan: StepPlan) -> list[Sequence]:

@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
                            help="JSONL answers, one per custom_id; rerun the same command to resume")
     _add_model_flags(batch_cmd)
     batch_cmd.add_argument("--in-flight", type=int, default=None,
-                           help="requests in the engine at once (default: --max-batch and a few more)")
+                           help="requests in the engine at once (default: --max-running and a few more)")
     batch_cmd.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     add_engine_flags(batch_cmd.add_argument_group("engine (engine/config.py's EngineConfig, one flag per field)"))
     return parser
@@ -107,7 +107,8 @@ def add_engine_flags(group: Any) -> None:
             shown = "" if default is None else f" (default: {default})"
             if meta.get("zero_is_none") and default is None:
                 default = 0
-            group.add_argument(flag, dest=f.name, type=kind, default=default, help=meta["help"] + shown)
+            group.add_argument(flag, *meta.get("aliases", ()), dest=f.name, type=kind, default=default,
+                               help=meta["help"] + shown)
 
 
 def _model_spec_problem(spec: str | None) -> str | None:
@@ -195,7 +196,7 @@ def serve(options: argparse.Namespace) -> int:
 
     settings = ServerSettings(drain_timeout=options.drain_timeout, model_id=options.model_id,
                               data_dir=options.data_dir, max_upload_bytes=options.max_upload_bytes,
-                              jobs_in_flight=in_flight_for(EngineConfig(**engine_options).max_batch))
+                              jobs_in_flight=in_flight_for(EngineConfig(**engine_options).max_running))
     app = create_app(load_engine, settings, on_load_failure=on_load_failure)
     config = uvicorn.Config(
         app,
@@ -223,7 +224,7 @@ def run_batch(parser: argparse.ArgumentParser, options: argparse.Namespace) -> i
     if not options.input.is_file():
         parser.error(f"{options.input}: no such file")
     engine_options = engine_options_from(options)
-    in_flight = options.in_flight or in_flight_for(EngineConfig(**engine_options).max_batch)
+    in_flight = options.in_flight or in_flight_for(EngineConfig(**engine_options).max_running)
     app = create_app(lambda: Engine(options.model, **engine_options), ServerSettings(model_id=options.model_id))
     try:
         return run_offline(options.input, options.output, app, in_flight)

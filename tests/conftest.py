@@ -17,7 +17,7 @@ def engine(model_path):
     then round differently, so golden and same-seed tests would depend on which tests ran
     before. The prefix cache has its own tests (test_prefix_cache.py, test_kv_cache_memory.py).
     """
-    with Engine(model_path, n_ctx=4096, max_batch=32, step_token_budget=512, prefix_cache=False) as eng:
+    with Engine(model_path, n_ctx=4096, max_running=32, step_token_budget=512, prefix_cache=False) as eng:
         yield eng
 
 

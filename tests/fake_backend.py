@@ -132,10 +132,10 @@ class StepGate:
 
 
 class FakeRunner:
-    def __init__(self, n_cells: int, gate: StepGate | None = None) -> None:
+    def __init__(self, n_ctx: int, gate: StepGate | None = None) -> None:
         self.context = FakeMemory()
         self.interrupter = FakeInterrupter()
-        self.n_cells = n_cells
+        self.n_ctx = n_ctx
         self.gate = gate
         self.current: list[Row] = []  # the step being decoded (or about to be)
         self.decoded: list[list[Row]] = []  # every step that completed
@@ -178,7 +178,7 @@ class FakeRunner:
 
 
 def fake_engine(gate: StepGate | None = None, **overrides) -> tuple[Engine, FakeRunner]:
-    settings = dict(n_ctx=1024, max_batch=4, step_token_budget=64, n_threads=1, prefix_cache=False,
+    settings = dict(n_ctx=1024, max_running=4, step_token_budget=64, n_threads=1, prefix_cache=False,
                     block_size=16)
     settings.update(overrides)
     config = EngineConfig(**settings)

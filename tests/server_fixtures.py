@@ -20,7 +20,7 @@ from engine.model_source import default_model_path
 from server.app import create_app
 from server.context import ServerSettings
 
-SMALL_ENGINE = dict(n_ctx=4096, max_batch=16, step_token_budget=256)
+SMALL_ENGINE = dict(n_ctx=4096, max_running=16, step_token_budget=256)
 
 
 def make_engine(**overrides: Any) -> Engine:
@@ -106,7 +106,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float, message: str = "con
 
 def kv_positions(engine: Engine) -> list[int]:
     """seq_pos_max of every sequence id, read on the engine thread (-1: holds no KV)."""
-    n = engine.config.max_batch
+    n = engine.config.max_running
     return engine.inspect(lambda runner: [runner.context.seq_pos_max(i) for i in range(n)])
 
 
@@ -119,7 +119,7 @@ def assert_engine_idle(engine: Engine, timeout: float = 15.0) -> None:
     """Nothing running or queued, no KV cells counted, and llama.cpp holds no position for
     any sequence id: whatever ran before left no seq id or KV behind."""
     wait_until(lambda: is_idle(engine), timeout, f"engine not idle: {engine.stats()}")
-    assert kv_positions(engine) == [-1] * engine.config.max_batch
+    assert kv_positions(engine) == [-1] * engine.config.max_running
 
 
 def generate_stream(client: httpx.Client, body: dict) -> list[tuple[str | None, Any]]:

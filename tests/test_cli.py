@@ -14,7 +14,8 @@ def _flag(f) -> str:
     return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
 
 
-def test_every_engine_setting_has_a_documented_flag(capsys):
+def test_every_engine_setting_has_a_documented_flag(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100000")  # one line per flag: argparse would wrap at hyphens
     with pytest.raises(SystemExit):
         cli.main(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
@@ -46,11 +47,11 @@ def test_each_kind_of_flag_reaches_its_setting():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--max-batch", "16", "--step-token-budget", "8"], "--step-token-budget must be at least --max-batch"),
+    (["--max-batch", "16", "--step-token-budget", "8"], "--step-token-budget must be at least --max-running"),
     (["--cache-max-fraction", "1.5"], "--cache-max-fraction must be between 0 and 1"),
     (["--interactive-batch-rows", "-2"], "--interactive-batch-rows must be >= 1"),
     (["--batch-min-share", "1"], "--batch-min-share must be at least 0 and below 1"),
-    (["--max-batch", "200", "--cache-holders", "100"], "--max-batch + --cache-holders <= 256"),
+    (["--max-batch", "200", "--cache-holders", "100"], "--max-running + --cache-holders <= 256"),
 ])
 def test_a_bad_setting_is_refused_before_anything_loads_naming_its_flag(argv, message, capsys):
     with pytest.raises(SystemExit) as info:

@@ -22,7 +22,7 @@ from bench.sse import sse_events  # noqa: E402
 from tests.server_fixtures import scrape, wait_until  # noqa: E402
 
 APP = "cobatch-test"
-ENGINE = dict(n_ctx=2048, max_batch=8, step_token_budget=128, n_threads=1)
+ENGINE = dict(n_ctx=2048, max_running=8, step_token_budget=128, n_threads=1)
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "greedy_b1.json").read_text())
 # Words, not a repeated token: the prefix must reach the replica's KV cache as ~300 real tokens.
 LONG_PREFIX = " ".join(f"Rule {i}: answer politely and cite section {i * 7 % 31}." for i in range(30))

@@ -19,7 +19,7 @@ def prompt(i: int, n: int = 8) -> list[int]:
 
 class Core:
     def __init__(self, **overrides) -> None:
-        settings = dict(n_ctx=1024, max_batch=4, step_token_budget=64, n_threads=1, prefix_cache=False)
+        settings = dict(n_ctx=1024, max_running=4, step_token_budget=64, n_threads=1, prefix_cache=False)
         settings.update(overrides)
         config = EngineConfig(**settings)
         self.runner = FakeRunner(config.n_ctx)
@@ -143,7 +143,7 @@ def test_interrupt_window_aborts_only_early_in_an_interruptible_step():
 
 
 def test_while_interactive_sequences_decode_batch_rows_are_capped_and_rotate():
-    c = Core(max_batch=9, interactive_batch_rows=2, batch_min_share=0.1)
+    c = Core(max_running=9, interactive_batch_rows=2, batch_min_share=0.1)
     batch = [c.add(f"b{i}", prompt(i), max_tokens=40) for i in range(8)]
     for _ in range(2):
         c.core.step()

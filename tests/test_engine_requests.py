@@ -8,7 +8,7 @@ from engine import Engine, FinishReason, InvalidParameterError, PromptTooLongErr
 
 
 def test_cancel_mid_generation_frees_the_seq_id_and_its_kv(model_path):
-    with Engine(model_path, n_ctx=1024, max_batch=2, step_token_budget=64) as eng:
+    with Engine(model_path, n_ctx=1024, max_running=2, step_token_budget=64) as eng:
         handle = eng.submit("Count slowly from one to one thousand:", max_tokens=500)
         deadline = time.monotonic() + 60
         while len(handle.streamed_text()) < 10:
@@ -28,7 +28,7 @@ def test_cancel_mid_generation_frees_the_seq_id_and_its_kv(model_path):
 
 
 def test_cancel_while_waiting(model_path):
-    with Engine(model_path, n_ctx=1024, max_batch=1, step_token_budget=64) as eng:
+    with Engine(model_path, n_ctx=1024, max_running=1, step_token_budget=64) as eng:
         busy = eng.submit("Tell me a long story:", max_tokens=200)
         queued = eng.submit("Never runs", max_tokens=10)
         queued.cancel()
@@ -79,7 +79,7 @@ def test_multibyte_characters_are_never_split(engine):
 
 
 def test_prompt_longer_than_the_context_is_a_clear_error(model_path):
-    with Engine(model_path, n_ctx=256, max_batch=2, step_token_budget=64) as eng:
+    with Engine(model_path, n_ctx=256, max_running=2, step_token_budget=64) as eng:
         with pytest.raises(PromptTooLongError, match="256"):
             eng.submit("word " * 400, max_tokens=4)
         assert eng.stats().waiting == {"interactive": 0, "batch": 0}
@@ -87,7 +87,7 @@ def test_prompt_longer_than_the_context_is_a_clear_error(model_path):
 
 
 def test_generation_stops_at_the_context_limit(model_path):
-    with Engine(model_path, n_ctx=256, max_batch=2, step_token_budget=64) as eng:
+    with Engine(model_path, n_ctx=256, max_running=2, step_token_budget=64) as eng:
         prompt = [2] + [236743] * 200  # token ids, to control the prompt length exactly
         result = eng.submit(prompt, max_tokens=1000).result(60)
         assert result.finish_reason in (FinishReason.CONTEXT_LENGTH, FinishReason.STOP)
@@ -131,7 +131,7 @@ def test_async_stream_and_await(engine):
 
 
 def test_prefilled_tokens_are_counted_when_the_last_prompt_token_lands_alone(model_path):
-    with Engine(model_path, n_ctx=512, max_batch=2, step_token_budget=32, prefix_cache=False) as eng:
+    with Engine(model_path, n_ctx=512, max_running=2, step_token_budget=32, prefix_cache=False) as eng:
         prompt = eng.tokenize("The history of the printing press begins in China. " * 8)[:33]
         result = eng.submit(prompt, max_tokens=2).result(60)
         assert result.metrics.prompt_tokens == 33

@@ -121,7 +121,7 @@ def test_logprobs_requests_sample_every_token(engine):
 
 def test_forced_chunks_fit_a_tiny_step_budget(model_path):
     # Four rows per step: forced tokens wait for room instead of overflowing the batch.
-    with Engine(model_path, n_ctx=1024, max_batch=4, step_token_budget=4, prefix_cache=False) as small:
+    with Engine(model_path, n_ctx=1024, max_running=4, step_token_budget=4, prefix_cache=False) as small:
         results = [h.result(timeout=600) for h in small.submit_many(
             ["Review as JSON:"] * 4, json_schema=REVIEW, max_tokens=40, temperature=0.7, seed=5)]
         for r in results:
@@ -131,7 +131,7 @@ def test_forced_chunks_fit_a_tiny_step_budget(model_path):
 
 
 def test_switched_off_it_forces_nothing(model_path):
-    with Engine(model_path, n_ctx=1024, max_batch=2, jump_forward=False, prefix_cache=False) as plain:
+    with Engine(model_path, n_ctx=1024, max_running=2, jump_forward=False, prefix_cache=False) as plain:
         r = plain.generate("Review as JSON:", json_schema=REVIEW, max_tokens=32, seed=1)[0]
         jsonschema.validate(json.loads(r.text), REVIEW)
         assert r.metrics.forced_tokens == 0 and plain.stats().tokens_forced == 0

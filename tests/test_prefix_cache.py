@@ -13,8 +13,8 @@ SYSTEM = (
 
 @pytest.fixture(scope="module")
 def engines(model_path):
-    with Engine(model_path, n_ctx=2048, max_batch=8, step_token_budget=512) as cached, \
-            Engine(model_path, n_ctx=2048, max_batch=8, step_token_budget=512, prefix_cache=False) as plain:
+    with Engine(model_path, n_ctx=2048, max_running=8, step_token_budget=512) as cached, \
+            Engine(model_path, n_ctx=2048, max_running=8, step_token_budget=512, prefix_cache=False) as plain:
         yield cached, plain
 
 
@@ -71,7 +71,7 @@ def test_multi_turn_chat_reuses_the_previous_turn(engines):
 
 def test_preempted_sequence_resumes_with_its_output_kept(model_path):
     # 16 blocks of 16 cells: three sequences of ~110 tokens cannot all grow, so one is preempted.
-    with Engine(model_path, n_ctx=256, max_batch=3, step_token_budget=64, block_size=16) as eng:
+    with Engine(model_path, n_ctx=256, max_running=3, step_token_budget=64, block_size=16) as eng:
         assert eng.n_ctx == 256
         prompts = [f"Story {i}: once upon a time there was a" for i in range(3)]
         together = eng.generate(prompts, max_tokens=100, ignore_eos=True)
@@ -124,7 +124,7 @@ def test_interleaved_conversations_keep_their_history_with_few_holders(model_pat
     """Each turn's prompt and reply pile up under the holder of the turn before: with 4 holders,
     4 conversations taking turns in rotation still find their whole history cached (two holders
     per turn ran the holders out, and freeing one evicted live conversations' latest turns)."""
-    with Engine(model_path, n_ctx=2048, max_batch=4, step_token_budget=256, cache_holders=4,
+    with Engine(model_path, n_ctx=2048, max_running=4, step_token_budget=256, cache_holders=4,
                 cache_max_fraction=1.0) as engine:
         histories = [f"Conversation {c} about {topic}.\n" for c, topic in enumerate(("tea", "maps", "owls", "jazz"))]
         previous = [0] * 4  # tokens of the last turn's prompt and reply

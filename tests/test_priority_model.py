@@ -22,7 +22,7 @@ def wait_until(predicate, timeout=60.0):
 # flash attention on is what `cobatch serve` runs with; off is the Engine's default
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["flash-attn-off", "flash-attn-on"])
 def test_interactive_first_token_within_two_steps_under_a_batch_flood(model_path, flash_attn):
-    with Engine(model_path, n_ctx=2048, max_batch=4, step_token_budget=64, prefix_cache=True,
+    with Engine(model_path, n_ctx=2048, max_running=4, step_token_budget=64, prefix_cache=True,
                 flash_attn=flash_attn) as engine:
         batch = engine.submit_many(
             [f"Write a long story about lighthouse keeper number {i}." for i in range(6)],

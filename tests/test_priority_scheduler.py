@@ -259,7 +259,7 @@ def test_cancel_in_every_state_frees_everything(state):
     gate = StepGate()
     # 128 cells (8 blocks): with two batch sequences holding a block each, a 100-token
     # interactive prompt (7 blocks) fits only once the suspended one releases its KV.
-    engine, runner = fake_engine(gate, step_token_budget=16, max_batch=2, n_ctx=128 if state == "preempted" else 1024)
+    engine, runner = fake_engine(gate, step_token_budget=16, max_running=2, n_ctx=128 if state == "preempted" else 1024)
     try:
         others = submit_batch(engine, 2, max_tokens=30)
         long_prompt = prompt(7, n=100)
@@ -315,7 +315,7 @@ def test_cancel_in_every_state_frees_everything(state):
 
 def test_deadlines_end_waiting_and_running_requests_with_timeout():
     gate = StepGate()
-    engine, runner = fake_engine(gate, max_batch=1)
+    engine, runner = fake_engine(gate, max_running=1)
     try:
         running = engine.submit(prompt(1), max_tokens=500, timeout=0.2, **GREEDY)
         waiting = engine.submit(prompt(2), max_tokens=5, timeout=0.2, **GREEDY)
@@ -337,7 +337,7 @@ def test_deadlines_end_waiting_and_running_requests_with_timeout():
 
 def test_each_tier_has_its_own_bounded_queue():
     gate = StepGate()
-    engine, runner = fake_engine(gate, max_batch=1, max_waiting=2, max_waiting_interactive=1)
+    engine, runner = fake_engine(gate, max_running=1, max_waiting=2, max_waiting_interactive=1)
     try:
         engine.submit(prompt(0), max_tokens=50, **GREEDY)
         gate.step()  # running, so the queues below are waiting

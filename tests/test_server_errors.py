@@ -1,6 +1,6 @@
 """Every error class: the status, a message saying what is wrong, and that nothing changed.
 
-The engine here runs one sequence and queues one more (max_batch=1, max_waiting=1) so a full
+The engine here runs one sequence and queues one more (max_running=1, max_waiting=1) so a full
 queue is easy to reach for the 429 test.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ MAX_BODY = 64 * 1024
 
 @pytest.fixture(scope="module")
 def live():
-    with make_engine(n_ctx=2048, max_batch=1, step_token_budget=128, max_waiting=1) as engine:
+    with make_engine(n_ctx=2048, max_running=1, step_token_budget=128, max_waiting=1) as engine:
         with running_server(lambda: engine, engine, max_body_bytes=MAX_BODY) as server:
             yield server
 

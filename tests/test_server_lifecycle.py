@@ -137,7 +137,7 @@ def test_serve_flags_select_the_engine_options(capsys):
                                         "--no-priority", "--max-batch", "8", "--flash-attn", "off"])
     chosen = cli.engine_options_from(options)
     assert chosen["prefix_cache"] is False and chosen["cache_max_fraction"] == 0.05
-    assert chosen["priority_scheduling"] is False and chosen["max_batch"] == 8 and chosen["flash_attn"] is False
+    assert chosen["priority_scheduling"] is False and chosen["max_running"] == 8 and chosen["flash_attn"] is False
     defaults = cli.engine_options_from(cli._parser().parse_args(["serve"]))
     assert defaults["prefix_cache"] is True and defaults["cache_max_fraction"] == 0.25
     assert defaults["flash_attn"] is True

@@ -149,9 +149,9 @@ def test_soak_mixed_traffic_leaves_nothing_behind(live):
 
 
 def _every_seq_id_is_free_again(live) -> None:
-    """max_batch requests can all run at once: no seq id was lost to a leaked request."""
+    """max_running requests can all run at once: no seq id was lost to a leaked request."""
     engine = live.engine
-    n = engine.config.max_batch
+    n = engine.config.max_running
 
     async def fill() -> None:
         all_running = asyncio.Event()

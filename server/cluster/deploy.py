@@ -31,7 +31,7 @@ def replica_capacity(engine_options: dict[str, Any]) -> int:
     from engine import EngineConfig
 
     cfg = EngineConfig(**{k: v for k, v in engine_options.items() if v is not None})
-    return cfg.max_batch + cfg.max_waiting + cfg.max_waiting_interactive
+    return cfg.max_running + cfg.max_waiting + cfg.max_waiting_interactive
 
 
 def build_application(
@@ -85,7 +85,7 @@ def _ingress_settings(engine_options: dict[str, Any], replicas: int, drain_timeo
                       data_dir: Path | None, max_upload_bytes: int | None) -> ServerSettings:
     from engine import EngineConfig
 
-    max_running = EngineConfig(**{k: v for k, v in engine_options.items() if v is not None}).max_batch
+    max_running = EngineConfig(**{k: v for k, v in engine_options.items() if v is not None}).max_running
     extra = {} if max_upload_bytes is None else {"max_upload_bytes": max_upload_bytes}
     return ServerSettings(drain_timeout=drain_timeout, model_id=model_id, data_dir=data_dir,
                           jobs_in_flight=replicas * in_flight_for(max_running), **extra)
