@@ -3,9 +3,9 @@
 Public API
 ----------
 ``compile_grammar(schema, vocab) -> CompiledGrammar`` (cached per (canonical schema JSON,
-id(vocab))); ``CompiledGrammar.matcher() -> GrammarMatcher`` per request; the matcher gives
-``allowed_mask(remaining_tokens=None)``, ``is_allowed(token, remaining_tokens=None)``,
-``advance(token)``, ``is_complete``, ``is_finished``, ``min_tokens_to_complete()``.
+id(vocab)), within a memory bound: cache.py); ``CompiledGrammar.matcher() -> GrammarMatcher``
+per request; the matcher gives ``allowed_mask(remaining_tokens=None)``,
+``is_allowed(token, remaining_tokens=None)``, ``advance(token)``, ``is_complete``, ``is_finished``, ``min_tokens_to_complete()``.
 ``schema=None`` is OpenAI's ``json_object`` mode: any JSON *object* (not any value).
 
 Design
@@ -47,19 +47,20 @@ Output format and restrictions (all make the language *smaller*, so output stays
 from __future__ import annotations
 
 import json
-import threading
 
 from ..vocabulary import TokenVocabulary
+from .cache import GrammarCache
 from .compiled import CompiledGrammar
 from .errors import SchemaError, UnsupportedSchemaError
 from .matcher import GrammarMatcher
 from .vocab_index import index_for
 
-__all__ = ["CompiledGrammar", "GrammarMatcher", "SchemaError", "UnsupportedSchemaError", "compile_grammar"]
+__all__ = ["CompiledGrammar", "GrammarMatcher", "SchemaError", "UnsupportedSchemaError", "compile_grammar", "CACHE"]
 
-_CACHE: dict[tuple[str, int, bool], CompiledGrammar] = {}
-_CACHE_LOCK = threading.Lock()
-_CACHE_MAX = 64
+# Compiled grammars kept for reuse, by (canonical schema JSON, vocabulary, open_objects): within
+# an estimate of the memory they hold (their tables and the token tables they cached since), and
+# a count for the many small ones.
+CACHE = GrammarCache(max_bytes=256 * 2**20, max_entries=64)
 
 
 def compile_grammar(schema: dict | bool | None, vocab: TokenVocabulary, *,
@@ -74,13 +75,9 @@ def compile_grammar(schema: dict | bool | None, vocab: TokenVocabulary, *,
         key = (json.dumps(schema, separators=(",", ":"), allow_nan=False), id(vocab), open_objects)
     except (TypeError, ValueError) as e:
         raise SchemaError(f"schema is not JSON-serialisable: {e}") from None
-    with _CACHE_LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None and hit.idx.token_bytes is vocab.token_bytes:
-            return hit
+    hit = CACHE.get(key)
+    if hit is not None and hit.idx.token_bytes is vocab.token_bytes:
+        return hit
     grammar = CompiledGrammar(schema, index_for(vocab), open_objects=open_objects)
-    with _CACHE_LOCK:
-        _CACHE[key] = grammar
-        while len(_CACHE) > _CACHE_MAX:
-            _CACHE.pop(next(iter(_CACHE)))
+    CACHE.put(key, grammar)
     return grammar

@@ -31,13 +31,13 @@ from .vocab_index import VocabIndex
 INF = np.int32(2**30)
 _STRUCTURAL = frozenset(b'{}[]",:-.0123456789')
 # Live columns (byte classes) among those the pieces use: in a large schema a free string's
-# states have nearly all columns live (up to 87 of 91 in service-schema), a key's states 1. A small
-# schema has few columns, and its pieces are then walked from every state, as with no limit.
+# states have nearly all columns live, a key's states one. A small schema has few columns, and
+# its pieces are then walked from every state, as with no limit.
 NARROW_LIVE = 32
 # From this many states on, each token walk is split between two threads (the walk in C runs
-# without the GIL): only the largest schemas, whose walks take a tenth of a second or more.
+# without the GIL): only the largest schemas, whose walks are long enough to repay a thread.
 PARALLEL_STATES = 20_000
-# Literals this long in all (bytes) make the budget set cost ten milliseconds or more.
+# Literals this long in all (bytes) make the budget set worth finding on the second thread.
 BACKGROUND_LITERAL_BYTES = 5_000
 
 

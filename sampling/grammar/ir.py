@@ -1,6 +1,6 @@
 """A tiny regular-expression IR over bytes, plus calls to other rules (for recursion).
 
-Schema compilation produces IR trees; `nfa.py` turns them into a Thompson NFA. IR nodes are
+Schema compilation produces IR trees; `thompson.py` turns them into an NFA. IR nodes are
 immutable and may be shared: every use is instantiated afresh by the NFA builder.
 """
 from __future__ import annotations
@@ -14,10 +14,9 @@ from . import utf8
 
 
 class _Node:
-    """IR nodes carry slots, not a __dict__ each (half the objects the garbage collector
-    tracks in a large compile), and keep their hash once computed: a dataclass hash walks
-    the whole tree each time, and IR trees are hashed again and again (leaf cache keys,
-    alt() deduplication)."""
+    """IR nodes carry slots, not a __dict__ each (one object for the garbage collector to
+    track, not two), and keep their hash once computed: a dataclass hash walks the whole tree
+    each time, and IR trees are hashed again and again (leaf cache keys, alt() deduplication)."""
     __slots__ = ("_hash",)
 
 
@@ -41,10 +40,6 @@ class Bytes(int):
     the many literal bytes of a large schema hash and compare in C (a Python-level hash or
     comparison per byte is a frame pushed each time, see README.md, "Frame stack")."""
     __slots__ = ()
-
-    @property
-    def mask(self) -> int:
-        return int(self)
 
     def __repr__(self) -> str:
         return f"Bytes(mask={int(self)})"

@@ -78,10 +78,3 @@ def counted_char() -> object:
     position, since bounded strings are unrolled."""
     raw = utf8.subtract([(0, utf8.MAX_CP)], [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
     return ir.alt(ir.chars(raw), ir.seq(ir.lit(b"\\"), ir.Bytes(ir.byte_mask(b'"\\/bfnrt'))))
-
-
-def literal_string(text: str) -> object:
-    """The shortest JSON encoding of a known string, quotes included (used for keys and enums)."""
-    import json
-
-    return ir.lit(json.dumps(text, ensure_ascii=False).encode("utf-8", "surrogatepass"))

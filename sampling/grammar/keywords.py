@@ -15,12 +15,6 @@ from .errors import SchemaError
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)   # one, not one per call
 _encode_string = json.encoder.encode_basestring      # what _COMPACT does with a str
 
-ANNOTATIONS = frozenset({
-    "title", "description", "$schema", "$id", "id", "examples", "default", "$comment",
-    "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "$anchor", "$dynamicAnchor",
-    "$recursiveAnchor", "$vocabulary", "contentEncoding", "contentMediaType", "contentSchema",
-})
-
 TYPE_KEYWORDS: dict[str, frozenset[str]] = {
     "object": frozenset({"properties", "required", "additionalProperties", "patternProperties",
                          "dependentRequired", "dependencies", "minProperties", "maxProperties"}),

@@ -65,7 +65,7 @@ def subset_construct(eps: tuple[np.ndarray, np.ndarray], edges: tuple[np.ndarray
         raise MemoryError("automaton construction ran out of memory")
     try:
         n = out.n_states
-        # The table (a large schema's 65 MB) is handed over, not copied: numpy's array keeps
+        # The table (large for a large schema) is handed over, not copied: numpy's array keeps
         # the buffer, which frees it with the array.
         owned = ffi.gc(out.trans, lib.automaton_free)
         out.trans = ffi.NULL

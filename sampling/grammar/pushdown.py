@@ -20,6 +20,12 @@ StateSet = frozenset           # of Stack: the live parses (more than one only w
 
 INF = int(distance.INF)
 MAX_STACKS = 512
+# nbytes(): rough Python object sizes. Per state, pointers in five lists and an int object;
+# a transition row is a list over 256 bytes; a cached step or closure is a key, a frozenset of
+# tuples and a dict slot.
+_PER_STATE_LISTS = 5 * 8 + 32
+_ROW = 256 * 8 + 56
+_CACHE_ENTRY = 400
 
 
 class Pushdown:
@@ -84,6 +90,20 @@ class Pushdown:
         self._mask_cap = mask_cache
         self._live: dict[int, tuple[int, ...]] = {}   # state -> bytes it has a transition on
         self._forced: dict[tuple[StateSet, int], tuple[bytes, bool]] = {}
+
+    def nbytes(self) -> int:
+        """An estimate of the memory this grammar holds: its tables, and what it has cached so
+        far (token tables, masks, rows, steps), which grows as requests use it."""
+        arrays = [self.trans, self.byte_class, self.u16, self.boundary, self._U64, *(self._columns or ())]
+        with self._lock:
+            for f in self._frames.values():
+                arrays += [f.u_end, f.cand_call, f.cand_ret, *(f.inside or ()), *(f.left or ())]
+            arrays += [mask for mask, _ in self._masks.values()]
+            arrays += list(self._best.values())
+        total = sum(a.nbytes for a in arrays)
+        total += self.n_states * _PER_STATE_LISTS + len(self._rows) * _ROW
+        total += (len(self._step) + len(self._closure) + len(self._forced) + len(self._live)) * _CACHE_ENTRY
+        return total
 
     # ------------------------------------------------------------ stack simulation
     def row(self, g: int) -> list[int]:

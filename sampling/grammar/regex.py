@@ -226,7 +226,7 @@ _TRAILING_REPEAT = re.compile(r"(?:\*|\+|\?|\{(\d+)(?:,\d*)?\})\??$")
 
 def _least_trailing_repeat(core: str) -> str:
     """A quantifier ending an unanchored pattern needs only its least count: 'x{1,255}' is
-    found somewhere exactly where 'x' is. (Unrolling the 255 would cost seconds to compile.)"""
+    found somewhere exactly where 'x' is. (Unrolling the 255 would multiply the automaton.)"""
     m = _TRAILING_REPEAT.search(core)
     if m is None:
         return core
