@@ -4,6 +4,18 @@ from engine import Engine
 from engine.model_source import default_model_path
 
 
+def pytest_configure(config):
+    # `-m "not model"` is the fast selection: a test that loads the model there is missing its
+    # marker, and says so instead of quietly making the selection slow.
+    if "not model" in (config.option.markexpr or ""):
+        from bindings import model
+
+        def refuse(self, *args, **kwargs):
+            raise RuntimeError("this test loads the model: mark it with pytest.mark.model")
+
+        model.Model.__init__ = refuse
+
+
 @pytest.fixture(scope="session")
 def model_path():
     return default_model_path()

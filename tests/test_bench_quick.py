@@ -6,6 +6,8 @@ import pytest
 
 from bench.cli import BENCHMARKS, main
 
+pytestmark = pytest.mark.model
+
 # cluster: run by tests/test_cluster.py, on the Ray instance those tests share.
 RUNNABLE = sorted(set(BENCHMARKS) - {"plot", "cluster"})
 

@@ -21,6 +21,8 @@ from bench.schemas import REVIEW_SCHEMA  # noqa: E402
 from bench.sse import sse_events  # noqa: E402
 from tests.server_fixtures import scrape, wait_until  # noqa: E402
 
+pytestmark = [pytest.mark.model, pytest.mark.ray]
+
 APP = "cobatch-test"
 ENGINE = dict(n_ctx=2048, max_running=8, step_token_budget=128, n_threads=1)
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "greedy_b1.json").read_text())

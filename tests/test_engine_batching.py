@@ -1,9 +1,12 @@
 """Continuous batching on the real model: many requests at once, late joiners, own outputs."""
 import time
 
+import pytest
 
 from bench.raw_loop import run_raw_loop
 from engine import FinishReason
+
+pytestmark = pytest.mark.model
 
 PROMPTS = [
     "The capital of France is",

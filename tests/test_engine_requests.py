@@ -6,6 +6,8 @@ import pytest
 
 from engine import Engine, FinishReason, InvalidParameterError, PromptTooLongError
 
+pytestmark = pytest.mark.model
+
 
 def test_cancel_mid_generation_frees_the_seq_id_and_its_kv(model_path):
     with Engine(model_path, n_ctx=1024, max_running=2, step_token_budget=64) as eng:

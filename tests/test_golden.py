@@ -2,7 +2,11 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.raw_loop import run_raw_loop
+
+pytestmark = pytest.mark.model
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "greedy_b1.json").read_text())
 

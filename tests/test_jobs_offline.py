@@ -9,7 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from server.jobs.offline import finished_ids
+
+pytestmark = pytest.mark.model
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,6 +22,8 @@ import pytest
 from server.jobs.store import JobStore
 from tests.server_fixtures import wait_until
 
+pytestmark = pytest.mark.model
+
 REPO = Path(__file__).resolve().parents[1]
 ENDPOINT = "/v1/chat/completions"
 

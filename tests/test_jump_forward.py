@@ -10,6 +10,8 @@ from engine import Engine, FinishReason
 from engine.jump_forward import JumpForward
 from sampling.grammar import compile_grammar
 
+pytestmark = pytest.mark.model
+
 SUMMARY = {"type": "object", "properties": {"summary": {"type": "string", "maxLength": 40}}, "required": ["summary"]}
 
 

@@ -12,6 +12,8 @@ from bindings import TokenBatch, Context, ContextSettings, DecodeOutcome, Model
 from engine.kv_cache import KvCache
 from engine.model_source import default_model_path
 
+pytestmark = pytest.mark.model
+
 BLOCK = 16
 RUNNING, HOLDERS = range(0, 3), range(3, 6)
 N_CTX = 256

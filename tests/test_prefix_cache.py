@@ -4,6 +4,8 @@ import pytest
 
 from engine import Engine, FinishReason
 
+pytestmark = pytest.mark.model
+
 SYSTEM = (
     "You are a careful assistant for a small bakery. Answer customers politely, mention opening "
     "hours (8am to 6pm, closed on Mondays) when relevant, suggest seasonal pastries, and never "

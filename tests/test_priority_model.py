@@ -9,6 +9,8 @@ import pytest
 
 from engine import Engine, FinishReason
 
+pytestmark = pytest.mark.model
+
 BATCH_TOKENS = 96
 
 

@@ -9,6 +9,8 @@ import pytest
 
 from tests.server_fixtures import assert_engine_idle, generate_stream, metric, scrape
 
+pytestmark = pytest.mark.model
+
 METRIC_KEYS = {
     "latency_ms", "tokens_per_second", "queue_time_ms", "ttft_ms", "generation_time_ms",
     "prompt_tokens", "tokens_generated", "cached_tokens", "forced_tokens",

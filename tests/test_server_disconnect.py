@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from tests.server_fixtures import (
     assert_engine_idle,
     kv_positions,
@@ -11,6 +13,8 @@ from tests.server_fixtures import (
     scrape,
     wait_until,
 )
+
+pytestmark = pytest.mark.model
 
 LONG = {"prompt": "Write a very long story about a lighthouse keeper.", "max_tokens": 2000, "temperature": 0}
 # Steps the engine may take between the hang-up reaching the server and the cancel being applied:

@@ -29,6 +29,8 @@ from tests.server_fixtures import (
     wait_until,
 )
 
+pytestmark = pytest.mark.model
+
 MAX_BODY = 64 * 1024
 
 

@@ -14,6 +14,8 @@ import pytest
 from bench.schemas import REVIEW_SCHEMA
 from tests.server_fixtures import REVIEW_PROMPT, generate_stream
 
+pytestmark = pytest.mark.model
+
 MODEL = "gemma-3-270m-Q4_K_M"
 FIRST_TOKEN_PROMPT = "The capital of France is"
 

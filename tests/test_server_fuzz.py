@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from tests.server_fixtures import assert_engine_idle, running_server, shared_engine
 
+pytestmark = pytest.mark.model
+
 MODEL = "gemma-3-270m-Q4_K_M"
 ODD = [None, True, 0, -1, 1.5, 2**70, "", "x", [], [1], {}, {"a": 1}, "\u0000", "é"]
 # field -> (valid values, invalid values)

@@ -24,6 +24,8 @@ from tests.server_fixtures import (
     wait_until,
 )
 
+pytestmark = pytest.mark.model
+
 REPO = Path(__file__).resolve().parents[1]
 
 

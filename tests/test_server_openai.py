@@ -11,6 +11,8 @@ from bench.sse import sse_events
 from server.chat_format import ChatMessage
 from tests.server_fixtures import assert_engine_idle, wait_until
 
+pytestmark = pytest.mark.model
+
 MODEL = "gemma-3-270m-Q4_K_M"
 
 

@@ -1,7 +1,11 @@
 """Priority, deadlines and per-tier queues through HTTP, on the shared live server."""
 from __future__ import annotations
 
+import pytest
+
 from tests.server_fixtures import generate_stream, metric, scrape
+
+pytestmark = pytest.mark.model
 
 
 def test_timeout_ends_a_long_generation_with_504(http):

@@ -18,6 +18,8 @@ import pytest
 from server.health import process_rss_bytes
 from tests.server_fixtures import assert_engine_idle, shared_engine, metric, running_server, scrape, wait_until
 
+pytestmark = pytest.mark.model
+
 # Kept small per request (short prompts, <= 4 new tokens) so 300 requests take about a minute
 # on 2 cores; COBATCH_SOAK_REQUESTS makes it longer or shorter.
 N_REQUESTS = int(os.environ.get("COBATCH_SOAK_REQUESTS", "300"))

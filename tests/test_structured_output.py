@@ -8,6 +8,8 @@ import pytest
 from bench.schemas import REVIEW_SCHEMA as REVIEW
 from engine import FinishReason, InvalidParameterError
 
+pytestmark = pytest.mark.model
+
 TREE = {
     "$defs": {
         "node": {
