@@ -15,12 +15,14 @@ from typing import AsyncIterator, Awaitable, Callable
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from server import generate_routes, openai_routes
 from engine import EngineStats
+from server.auth import OPEN_PATHS, KeyCheck, RequireKeys
 from server.context import CANCEL_BACKSTOP_S, SHUTDOWN_BACKSTOP_S, ServerContext, ServerSettings
 from server.engine_protocol import ServedEngine
 from server.errors import CLIENT_CLOSED_REQUEST, APIError, InternalError, MethodNotAllowed, NotFound
@@ -86,11 +88,18 @@ def create_app(
             methods=["POST"],
         ),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_exception})
+    middleware, own_headers = [], {}
+    if settings.api_keys:
+        check = KeyCheck(settings.api_keys)
+        open_paths = OPEN_PATHS if settings.protect_metrics else OPEN_PATHS | {"/metrics"}
+        middleware.append(Middleware(RequireKeys, check=check, open_paths=open_paths))
+        own_headers = {"Authorization": f"Bearer {check.internal_key}"}
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
+                    exception_handlers={HTTPException: _http_exception})
     app.state.ctx = ctx
     if settings.data_dir is not None:
         # Batch jobs run through this app's own routes, so they are answered as HTTP requests are.
-        jobs = Jobs.open(settings.data_dir, app, settings.jobs_in_flight, settings.max_upload_bytes)
+        jobs = Jobs.open(settings.data_dir, app, settings.jobs_in_flight, settings.max_upload_bytes, own_headers)
         app.router.routes.extend(job_routes(jobs, lambda handler, name: _api(lambda r, c: handler(r), ctx, name)))
     app.state.jobs = jobs
     return app

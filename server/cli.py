@@ -26,6 +26,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = _model_spec_problem(options.model) or _engine_options_problem(options)
     if problem:
         parser.error(problem)
+    if options.command == "serve":
+        options.api_keys = _api_keys(parser, options)
     if options.command == "batch":
         return run_batch(parser, options)
     if options.replicas is not None or options.ray_address is not None:
@@ -51,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--max-upload-bytes", type=int, default=defaults.max_upload_bytes,
                            help="largest file /v1/files accepts (default: %(default)s)")
     serve_cmd.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    keys = serve_cmd.add_argument_group("API keys (any given: every route but /health needs Authorization: Bearer KEY)")
+    keys.add_argument("--api-key", action="append", default=[], metavar="KEY", help="an accepted key (repeatable)")
+    keys.add_argument("--api-key-file", type=Path, default=None,
+                      help="a file of accepted keys, one per line (# starts a comment)")
+    keys.add_argument("--protect-metrics", action="store_true", help="/metrics needs a key too")
     add_engine_flags(serve_cmd.add_argument_group("engine (engine/config.py's EngineConfig, one flag per field)"))
     cluster = serve_cmd.add_argument_group("several engines (Ray Serve; needs the extra: pip install 'cobatch[ray]')")
     cluster.add_argument("--replicas", type=int, default=None,
@@ -120,6 +127,16 @@ def _model_spec_problem(spec: str | None) -> str | None:
     if len(parts) >= 3 and parts[-1].endswith(".gguf") and not Path(spec).is_absolute():
         return None
     return f"--model {spec}: no such file (give a GGUF path, or owner/repo/file.gguf on Hugging Face)"
+
+
+def _api_keys(parser: argparse.ArgumentParser, options: argparse.Namespace) -> tuple[str, ...]:
+    """--api-key, --api-key-file and COBATCH_API_KEY together."""
+    from server.auth import read_keys
+
+    try:
+        return read_keys(options.api_key, options.api_key_file)
+    except (OSError, ValueError) as exc:
+        parser.error(f"API keys: {exc}")
 
 
 def engine_options_from(options: argparse.Namespace) -> dict[str, Any]:
@@ -196,7 +213,8 @@ def serve(options: argparse.Namespace) -> int:
 
     settings = ServerSettings(drain_timeout=options.drain_timeout, model_id=options.model_id,
                               data_dir=options.data_dir, max_upload_bytes=options.max_upload_bytes,
-                              jobs_in_flight=in_flight_for(EngineConfig(**engine_options).max_running))
+                              jobs_in_flight=in_flight_for(EngineConfig(**engine_options).max_running),
+                              api_keys=options.api_keys, protect_metrics=options.protect_metrics)
     app = create_app(load_engine, settings, on_load_failure=on_load_failure)
     config = uvicorn.Config(
         app,

@@ -38,6 +38,8 @@ class ServerSettings:
     data_dir: Path | None = None  # batch jobs' store; None: no /v1/files or /v1/batches
     max_upload_bytes: int = 200 * 1024 * 1024  # a batch input file's limit, as OpenAI's
     jobs_in_flight: int = 40  # batch-job requests in the engine at once (server.jobs.runner.in_flight_for)
+    api_keys: tuple[str, ...] = ()  # none: no authentication (server/auth.py)
+    protect_metrics: bool = False  # /metrics needs a key too (/health never does)
 
 
 @dataclass

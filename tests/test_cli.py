@@ -57,3 +57,14 @@ def test_a_bad_setting_is_refused_before_anything_loads_naming_its_flag(argv, me
     with pytest.raises(SystemExit) as info:
         cli.main(["serve", *argv])
     assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_api_keys_are_read_once_and_a_bad_one_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COBATCH_API_KEY", "sk-env")
+    keys = tmp_path / "keys"
+    keys.write_text("sk-file\n")
+    options = cli._parser().parse_args(["serve", "--api-key", "sk-flag", "--api-key-file", str(keys)])
+    assert cli._api_keys(cli._parser(), options) == ("sk-flag", "sk-file", "sk-env")
+    with pytest.raises(SystemExit) as info:
+        cli.main(["serve", "--api-key-file", str(tmp_path / "missing")])
+    assert info.value.code == 2 and "API keys" in capsys.readouterr().err

@@ -14,9 +14,10 @@ RETRY_LATER = frozenset({429, CLIENT_CLOSED_REQUEST, 503})
 
 
 class InProcessRoutes:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, headers: dict[str, str] | None = None) -> None:
+        # headers: the server's own key, when it requires keys
         self._client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cobatch.jobs",
-                                         timeout=None)
+                                         timeout=None, headers=headers)
 
     async def __call__(self, url: str, body: dict[str, Any]) -> Outcome | None:
         if body.get("stream"):

@@ -41,9 +41,10 @@ class Jobs:
     max_upload_bytes: int
 
     @classmethod
-    def open(cls, data_dir: Path, app: Any, in_flight: int, max_upload_bytes: int) -> "Jobs":
+    def open(cls, data_dir: Path, app: Any, in_flight: int, max_upload_bytes: int,
+             headers: dict[str, str] | None = None) -> "Jobs":
         store = JobStore(data_dir)
-        routes = InProcessRoutes(app)
+        routes = InProcessRoutes(app, headers)
         return cls(store, JobRunner(store, routes, lambda: in_flight), routes, max_upload_bytes)
 
     async def close(self) -> None:
