@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from server import generate_routes, openai_routes
+from server import generate_routes, openai_routes, tokenize_routes
 from engine import EngineStats
 from server.auth import OPEN_PATHS, KeyCheck, RequireKeys
 from server.context import CANCEL_BACKSTOP_S, SHUTDOWN_BACKSTOP_S, ServerContext, ServerSettings
@@ -79,6 +79,8 @@ def create_app(
         Route("/health", _plain(health, ctx), methods=["GET"]),
         Route("/metrics", _plain(prometheus, ctx), methods=["GET"]),
         Route("/generate", _api(generate_routes.generate, ctx, "generate"), methods=["POST"]),
+        Route("/tokenize", _api(tokenize_routes.tokenize, ctx, "tokenize"), methods=["POST"]),
+        Route("/detokenize", _api(tokenize_routes.detokenize, ctx, "detokenize"), methods=["POST"]),
         Route("/v1/models", _api(openai_routes.list_models, ctx, "models"), methods=["GET"]),
         Route("/v1/models/{model:path}", _api(openai_routes.get_model, ctx, "models"), methods=["GET"]),
         Route("/v1/completions", _api(openai_routes.completions, ctx, "completions"), methods=["POST"]),
