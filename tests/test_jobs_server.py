@@ -109,6 +109,8 @@ def test_a_job_submitted_with_the_openai_client_completes(tmp_path):
             assert body["choices"][0]["message"]["content"] and x["error"] is None
         listed = client.batches.list(limit=5)
         assert [b.id for b in listed.data] == [batch.id]
+        assert {f.id for f in client.files.list(purpose="batch_output")} == {batch.output_file_id}
+        assert uploaded.id in {f.id for f in client.files.list()}
         assert client.files.delete(uploaded.id).deleted
         with pytest.raises(openai.NotFoundError):
             client.files.retrieve(uploaded.id)

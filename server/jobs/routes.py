@@ -1,6 +1,7 @@
 """OpenAI's Files and Batch routes over the job store: /v1/files and /v1/batches.
 
     POST   /v1/files                 multipart: purpose=batch, file=<JSONL>
+    GET    /v1/files                 ?purpose=batch|batch_output
     GET    /v1/files/{id}            the file object
     GET    /v1/files/{id}/content    the bytes
     DELETE /v1/files/{id}
@@ -63,6 +64,7 @@ def job_routes(jobs: Jobs, wrap: Callable[[Callable[[Request], Awaitable[Respons
 
     return [
         route("/v1/files", upload_file, "POST", "files"),
+        route("/v1/files", list_files, "GET", "files"),
         route("/v1/files/{file_id}", get_file, "GET", "files"),
         route("/v1/files/{file_id}", delete_file, "DELETE", "files"),
         route("/v1/files/{file_id}/content", file_content, "GET", "files"),
@@ -110,6 +112,12 @@ def _read_all(handle: Any, limit: int) -> Any:
         if size > limit:
             raise PayloadTooLarge(f"the file exceeds {limit} bytes", param="file", code="file_too_large")
         yield chunk
+
+
+async def list_files(jobs: Jobs, request: Request) -> Response:
+    purpose = request.query_params.get("purpose")
+    files = [f.as_openai() for f in jobs.store.files(purpose)]
+    return JSONResponse({"object": "list", "data": files, "has_more": False})
 
 
 def _file_or_404(jobs: Jobs, file_id: str) -> Any:

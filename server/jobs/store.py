@@ -129,6 +129,14 @@ class JobStore:
         row = self._one("SELECT * FROM files WHERE id = ?", (file_id,))
         return None if row is None else StoredFile(**dict(row))
 
+    def files(self, purpose: str | None) -> list[StoredFile]:
+        """Every file (of one purpose), newest first."""
+        if purpose is None:
+            rows = self._all("SELECT * FROM files ORDER BY created_at DESC, id", ())
+        else:
+            rows = self._all("SELECT * FROM files WHERE purpose = ? ORDER BY created_at DESC, id", (purpose,))
+        return [StoredFile(**dict(r)) for r in rows]
+
     def file_path(self, file_id: str) -> Path:
         if not file_id.replace("_", "").replace("-", "").isalnum():
             raise ValueError(f"not a file id: {file_id!r}")  # ids name files on disk
