@@ -104,7 +104,7 @@ class JobRunner:
 
     async def _validate_new(self) -> None:
         for batch_id in self.store.batch_ids([VALIDATING]):
-            batch = self.store.batch(batch_id)
+            batch = self.store.batch_row(batch_id)
             path = self.store.file_path(batch["input_file_id"])
             try:
                 requests, problems = await asyncio.to_thread(input_file.read_requests, path, batch["endpoint"])
@@ -119,7 +119,7 @@ class JobRunner:
     async def _end_cancelled_and_expired(self) -> None:
         now = time.time()
         for batch_id in self.store.batch_ids([IN_PROGRESS, CANCELLING]):
-            batch = self.store.batch(batch_id)
+            batch = self.store.batch_row(batch_id)
             if batch["status"] == CANCELLING:
                 final, code, why = CANCELLED, "batch_cancelled", "the batch was cancelled before this request ran"
             elif now >= batch["expires_at"]:
@@ -139,7 +139,7 @@ class JobRunner:
     def _fill(self) -> None:
         for batch_id in self.store.batch_ids([IN_PROGRESS]):
             if batch_id not in self._jobs:
-                self._jobs[batch_id] = _Job(batch_id, self.store.batch(batch_id)["endpoint"])
+                self._jobs[batch_id] = _Job(batch_id, self.store.batch_row(batch_id)["endpoint"])
         room = self._limit() - self.in_flight
         while room > 0 and not self._stopping:
             progressed = False

@@ -168,6 +168,11 @@ class JobStore:
         row = self._one("SELECT * FROM batches WHERE id = ?", (batch_id,))
         return None if row is None else self._batch_object(row)
 
+    def batch_row(self, batch_id: str) -> dict[str, Any] | None:
+        """The batch's own columns, without counting its requests (the runner's every-round read)."""
+        row = self._one("SELECT * FROM batches WHERE id = ?", (batch_id,))
+        return None if row is None else dict(row)
+
     def batches(self, limit: int, after: str | None) -> tuple[list[dict[str, Any]], bool]:
         """Newest first, up to `limit` after the batch `after`; and whether more follow."""
         if after is None:
