@@ -5,9 +5,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import httpx
@@ -159,3 +163,37 @@ def raw_http_request(port: int, path: str, body: dict) -> socket.socket:
 
 # Asks for the product-review schema of bench/schemas.py (max_tokens ~40 is enough).
 REVIEW_PROMPT = "Review of the Acme kettle as JSON with rating, pros, cons and summary:\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_process(*args: str, timeout: float = 180) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`cobatch serve ARGS` in a child process on a free port, once /health says ok; killed at
+    the end if the test left it running. Yields the process and its base URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--log-level", "warning", *args],
+        cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+        except httpx.TransportError:
+            assert proc.poll() is None, proc.stdout.read()
+            return False
+
+    try:
+        wait_until(ready, timeout, "cobatch serve did not become ready")
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

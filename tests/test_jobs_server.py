@@ -6,12 +6,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import re
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,47 +16,19 @@ import openai
 import pytest
 
 from server.jobs.store import JobStore
-from tests.server_fixtures import wait_until
+from tests.server_fixtures import serve_process, wait_until
 
 pytestmark = pytest.mark.model
 
-REPO = Path(__file__).resolve().parents[1]
 ENDPOINT = "/v1/chat/completions"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
 def serving(data_dir: Path, *extra: str):
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--n-ctx", "2048", "--max-batch", "8",
-         "--step-token-budget", "128", "--data-dir", str(data_dir), "--log-level", "warning", *extra],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-
-    def ready():
-        try:
-            return httpx.get(f"{url}/health", timeout=2).status_code == 200
-        except httpx.TransportError:
-            assert proc.poll() is None, proc.stdout.read()
-            return False
-
-    try:
-        wait_until(ready, 180, "cobatch serve did not become ready")
+    with serve_process("--n-ctx", "2048", "--max-running", "8", "--step-token-budget", "128", "--data-dir", str(data_dir),
+                       *extra) as (proc, url):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
-        model = client.models.list().data[0].id
-        yield proc, url, client, model
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        yield proc, url, client, client.models.list().data[0].id
 
 
 def _jsonl(model: str, n: int, max_tokens: int = 6) -> bytes:

@@ -2,15 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 import types
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,14 +15,14 @@ from bench.sse import sse_events
 from server import cli
 from tests.server_fixtures import (
     assert_engine_idle,
-    shared_engine,
     running_server,
+    serve_process,
+    shared_engine,
     wait_until,
 )
 
 pytestmark = pytest.mark.model
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -152,12 +148,6 @@ def test_serve_flags_select_the_engine_options(capsys):
     assert info.value.code == 2 and "--cache-max-fraction must be between 0 and 1" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_signal_handler_starts_the_drain_and_a_second_ctrl_c_forces_exit():
     import uvicorn
 
@@ -172,24 +162,9 @@ def test_signal_handler_starts_the_drain_and_a_second_ctrl_c_forces_exit():
     assert server._captured_signals == []  # not re-raised after a clean drain: exit status 0
 
 
-def test_cobatch_serve_drains_and_exits_cleanly_on_sigterm():
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--n-ctx", "1024",
-         "--max-batch", "2", "--step-token-budget", "64", "--drain-timeout", "30", "--log-level", "warning"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        def ready():
-            try:
-                return httpx.get(f"{url}/health", timeout=2).status_code == 200
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.stdout.read()
-                return False
-
-        wait_until(ready, 120, "cobatch serve did not become ready")
+def test_cobatch_serve_drains_and_exits_cleanly_on_sigterm(tmp_path):
+    with serve_process("--n-ctx", "1024", "--max-running", "2", "--step-token-budget", "64", "--drain-timeout", "30",
+                       "--data-dir", str(tmp_path)) as (proc, url):
         thread, out = _stream_in_background(
             url, {"prompt": "Name some birds.", "max_tokens": 20, "temperature": 0, "stream": True})
         assert out["first"].wait(30)
@@ -200,7 +175,3 @@ def test_cobatch_serve_drains_and_exits_cleanly_on_sigterm():
         assert name == "done" and final["finish_reason"] in ("length", "stop")
         with pytest.raises(httpx.TransportError):  # no longer listening
             httpx.get(f"{url}/health", timeout=2)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
