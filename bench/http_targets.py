@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -208,6 +209,10 @@ class SpawnedServer:
         if model:
             self.command += ["--model", model]
         self.command += extra_args or []
+        # Its own batch-job store, gone with it, unless the caller keeps one.
+        self._data_dir = None if "--data-dir" in self.command else tempfile.TemporaryDirectory(prefix="cobatch-bench-")
+        if self._data_dir is not None:
+            self.command += ["--data-dir", self._data_dir.name]
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 300.0) -> "SpawnedServer":
@@ -226,14 +231,15 @@ class SpawnedServer:
         self.stop()
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._data_dir is not None:
+            self._data_dir.cleanup()
 
 
 def wait_healthy(url: str, timeout: float, process: "subprocess.Popen | None" = None) -> None:
