@@ -144,7 +144,7 @@ def _merge_objects(branches: list[dict], out: dict, ptr: str) -> None:
                 raise SchemaError(f"no JSON document satisfies this schema (property {name!r} "
                                   f"required but forbidden by allOf at {ptr or '/'})")
             continue
-        uniq = _distinct(parts)
+        uniq = _distinct(parts) if len(parts) > 1 else parts
         props[name] = uniq[0] if len(uniq) == 1 else {"allOf": uniq}
     out["properties"] = props
     extras = [b["additionalProperties"] for b in branches if "additionalProperties" in b]
