@@ -1,6 +1,8 @@
 """Thompson construction: IR -> NFA; and the leaf automata (small minimal DFAs) it copies in."""
 from __future__ import annotations
 
+from itertools import groupby
+
 import numpy as np
 
 from . import dfa, ir, jsonstr
@@ -22,16 +24,19 @@ class Thompson(NFA):
             self.byte_edge(s, node, e)
             return e
         if isinstance(node, ir.Seq):
-            for it in node.items:
-                if type(it) is ir.Bytes:    # literal bytes, most of a large schema: no call each
-                    e = self.n
-                    self.n += 1
+            for kind, run in groupby(node.items, type):
+                if kind is ir.Bytes:    # literal bytes, most of a large schema: a chain in bulk
+                    masks = list(run)   # a Bytes node is its own mask
+                    first = self.n
+                    self.n += len(masks)
                     self.edge_src.append(s)
-                    self.edge_mask.append(it)       # a Bytes node is its own mask
-                    self.edge_dst.append(e)
-                    s = e
+                    self.edge_src.extend(range(first, self.n - 1))
+                    self.edge_mask.extend(masks)
+                    self.edge_dst.extend(range(first, self.n))
+                    s = self.n - 1
                 else:
-                    s = self._into(it, s)
+                    for it in run:
+                        s = self._into(it, s)
             return s
         if isinstance(node, ir.Alt):
             e = self.new()
@@ -72,16 +77,20 @@ class Thompson(NFA):
         return end
 
     def _copy(self, edges, accept, s: int) -> int:
+        """A copy of a small DFA (per state: ((byte mask, target), ...); per state: accepting)
+        from `s`: its edges appended in bulk, offset by the copy's first state."""
         first = self.n
         self.n += len(edges) + 1
         end = self.n - 1
         if edges:
             self.link(s, first)
-        for i, out in enumerate(edges):
-            for mask, t in out:
-                self.byte_edge(first + i, mask, first + t)
-            if accept[i]:
-                self.link(first + i, end)
+        src, masks, dst, accepting = _flat(edges, accept)
+        shift = first.__add__
+        self.edge_src.extend(map(shift, src))
+        self.edge_mask.extend(masks)
+        self.edge_dst.extend(map(shift, dst))
+        self.eps_src.extend(map(shift, accepting))
+        self.eps_dst.extend([end] * len(accepting))
         return end
 
     def _repeat(self, node: ir.Repeat, s: int) -> int:
@@ -245,3 +254,21 @@ def _edge_lists(aut: dfa.Automaton) -> tuple[list[list[tuple[int, int]]], list[b
             out.append((int.from_bytes(bits, "little"), number[t]))
         edges.append(out)
     return edges, [bool(aut.accept[g]) for g in order]
+
+
+_FLAT: dict[int, tuple[object, tuple]] = {}
+
+
+def _flat(edges, accept) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """A small DFA's edges as parallel columns (source, mask, target) and its accepting states,
+    in state order: what _copy appends. Kept per table (a leaf's is copied at every use)."""
+    hit = _FLAT.get(id(edges))
+    if hit is not None and hit[0] is edges:
+        return hit[1]
+    pairs = [(i, mask, t) for i, out in enumerate(edges) for mask, t in out]
+    src, masks, dst = (tuple(column) for column in zip(*pairs)) if pairs else ((), (), ())
+    flat = src, masks, dst, tuple(i for i, a in enumerate(accept) if a)
+    if len(_FLAT) > 4096:
+        _FLAT.clear()
+    _FLAT[id(edges)] = (edges, flat)     # holding `edges` keeps its id from being reused
+    return flat
