@@ -8,7 +8,7 @@ from collections import OrderedDict
 from typing import Hashable, Protocol
 
 
-class Sized(Protocol):
+class Measured(Protocol):
     def nbytes(self) -> int: ...
 
 
@@ -19,20 +19,20 @@ class GrammarCache:
     def __init__(self, max_bytes: int, max_entries: int) -> None:
         self.max_bytes = max_bytes
         self.max_entries = max_entries
-        self._entries: OrderedDict[Hashable, Sized] = OrderedDict()
+        self._entries: OrderedDict[Hashable, Measured] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: Hashable) -> Sized | None:
+    def get(self, key: Hashable) -> Measured | None:
         with self._lock:
             hit = self._entries.get(key)
             if hit is not None:
                 self._entries.move_to_end(key)
             return hit
 
-    def put(self, key: Hashable, value: Sized) -> None:
+    def put(self, key: Hashable, value: Measured) -> None:
         with self._lock:
             self._entries[key] = value
             self._entries.move_to_end(key)
@@ -50,7 +50,3 @@ class GrammarCache:
     def nbytes(self) -> int:
         with self._lock:
             return sum(v.nbytes() for v in self._entries.values())
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
