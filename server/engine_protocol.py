@@ -26,6 +26,9 @@ class ServedEngine(Protocol):
     def submit(self, request: Request) -> RequestHandle:
         """Queue it, or raise one of engine.REFUSALS (nothing queued then)."""
 
+    def submit_many(self, requests: list[Request]) -> list[RequestHandle]:
+        """Queue all of them, or raise one of engine.REFUSALS with none queued."""
+
     def stats(self) -> EngineStats: ...
 
     def close(self, drain_timeout: float = 0.0) -> None: ...

@@ -30,12 +30,12 @@ async def generate(request: Request, ctx: ServerContext) -> Response:
     body = await read_json_object(request, ctx.settings.max_body_bytes)
     engine = ctx.require_engine()
     spec = parse_generate(body, n_ctx=engine.n_ctx)
-    handle, _ = await ctx.service.submit(lambda: spec, ENDPOINT, "gen")
+    ((handle, _),) = await ctx.service.submit(lambda: [spec], ENDPOINT, "gen")
     return await reply(
-        request, ctx, handle, endpoint=ENDPOINT, priority=spec.priority, stream=spec.stream,
+        request, ctx, [handle], endpoint=ENDPOINT, priority=spec.priority, stream=spec.stream,
         events=lambda: _events(handle, spec, engine),
         error_event=lambda err: encode_event(err.body(), event="error"),
-        payload=lambda result: _final_payload(result, spec, engine),
+        payload=lambda results: _final_payload(results[0], spec, engine),
     )
 
 

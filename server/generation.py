@@ -18,6 +18,7 @@ from engine import (
     InvalidParameterError,
     PromptTooLongError,
     QueueFullError,
+    Request,
     RequestError,
     RequestHandle,
 )
@@ -29,6 +30,7 @@ from server.errors import (
     ServiceUnavailable,
     TooManyRequests,
 )
+from server.engine_protocol import ServedEngine
 from server.metrics import ServerMetrics
 from server.spec import GenerationSpec
 from server.state import ServingState
@@ -48,40 +50,40 @@ class GenerationService:
         self._accounting: set[asyncio.Task] = set()
 
     async def submit(
-        self, prepare: Callable[[], GenerationSpec], endpoint: str, id_prefix: str
-    ) -> tuple[RequestHandle, GenerationSpec]:
-        """Build the spec and queue it, or raise the APIError that says why not (nothing is
-        queued then). Runs on a worker thread: tokenizing a long prompt takes milliseconds per
-        10 kB and must not stall the event loop that streams everyone else's tokens."""
+        self, prepare: Callable[[], list[GenerationSpec]], endpoint: str, id_prefix: str
+    ) -> list[tuple[RequestHandle, GenerationSpec]]:
+        """Build the specs (one per choice) and queue them all, or raise the APIError that says
+        why not (nothing is queued then). Runs on a worker thread: tokenizing a long prompt takes
+        milliseconds per 10 kB and must not stall the event loop that streams everyone else's tokens."""
         future = asyncio.get_running_loop().run_in_executor(None, self._submit_blocking, prepare, id_prefix)
         try:
-            handle, spec = await asyncio.shield(future)
+            submitted = await asyncio.shield(future)
         except asyncio.CancelledError:
-            future.add_done_callback(self._abandon)  # cancelled mid-submit: don't leave it running
+            future.add_done_callback(self._abandon)  # cancelled mid-submit: don't leave them running
             raise
-        task = asyncio.get_running_loop().create_task(self._account(handle, endpoint, spec.priority))
-        self._accounting.add(task)  # the loop keeps only weak references to tasks
-        task.add_done_callback(self._accounting.discard)
-        return handle, spec
+        for handle, spec in submitted:
+            task = asyncio.get_running_loop().create_task(self._account(handle, endpoint, spec.priority))
+            self._accounting.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(self._accounting.discard)
+        return submitted
 
     def _abandon(self, future: asyncio.Future) -> None:
         if not future.cancelled() and future.exception() is None:
-            handle, _ = future.result()
-            handle.cancel()
-            self.state.untrack(handle)
+            for handle, _ in future.result():
+                handle.cancel()
+                self.state.untrack(handle)
 
     def _submit_blocking(
-        self, prepare: Callable[[], GenerationSpec], id_prefix: str
-    ) -> tuple[RequestHandle, GenerationSpec]:
+        self, prepare: Callable[[], list[GenerationSpec]], id_prefix: str
+    ) -> list[tuple[RequestHandle, GenerationSpec]]:
         with self.state.admit() as engine:
-            spec = prepare()
-            request_id = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
-            try:
-                handle = engine.submit(spec.request(request_id))
-            except RequestError as exc:
-                raise refusal_error(exc, spec) from None
-            self.state.track(handle)
-            return handle, spec
+            specs = prepare()
+            base = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
+            ids = [base] if len(specs) == 1 else [f"{base}-{i}" for i in range(len(specs))]
+            handles = submit_all(engine, [spec.request(i) for spec, i in zip(specs, ids)], specs)
+            for handle in handles:
+                self.state.track(handle)
+            return list(zip(handles, specs))
 
     async def _account(self, handle: RequestHandle, endpoint: str, priority: str) -> None:
         try:
@@ -95,27 +97,40 @@ class GenerationService:
         finally:
             self.state.untrack(handle)
 
-    async def wait(self, handle: RequestHandle, receive: Receive, endpoint: str, priority: str) -> GenerationResult | None:
-        """The result, or None if the client disconnected first (its request is then cancelled)."""
-        result_task = asyncio.ensure_future(_result_of(handle))
+    async def wait(self, handles: list[RequestHandle], receive: Receive, endpoint: str,
+                   priority: str) -> list[GenerationResult] | None:
+        """Every result, or None if the client disconnected first (its requests are then cancelled)."""
+        results_task = asyncio.ensure_future(asyncio.gather(*(_result_of(h) for h in handles)))
         disconnect_task = asyncio.ensure_future(wait_for_disconnect(receive))
         try:
-            done, _ = await asyncio.wait({result_task, disconnect_task}, return_when=asyncio.FIRST_COMPLETED)
-            if result_task in done:
-                return result_task.result()
-            handle.cancel()
-            self.metrics.observe_disconnect(endpoint, priority)
+            done, _ = await asyncio.wait({results_task, disconnect_task}, return_when=asyncio.FIRST_COMPLETED)
+            if results_task in done:
+                return results_task.result()
+            for handle in handles:
+                handle.cancel()
+                self.metrics.observe_disconnect(endpoint, priority)
             return None
         finally:
             disconnect_task.cancel()
-            if not result_task.done():
-                handle.cancel()  # client gone, or this task was cancelled (forced shutdown)
-                result_task.cancel()
+            if not results_task.done():
+                for handle in handles:
+                    handle.cancel()  # client gone, or this task was cancelled (forced shutdown)
+                results_task.cancel()
 
     def client_left(self, handle: RequestHandle, endpoint: str, priority: str) -> None:
         if not handle.done():
             handle.cancel()
             self.metrics.observe_disconnect(endpoint, priority)
+
+
+def submit_all(engine: ServedEngine, requests: list[Request], specs: list[GenerationSpec]) -> list[RequestHandle]:
+    """All queued, or none (the first refusal is raised as its HTTP error)."""
+    try:
+        if len(requests) == 1:
+            return [engine.submit(requests[0])]
+        return engine.submit_many(requests)
+    except RequestError as exc:
+        raise refusal_error(exc, specs[0]) from None
 
 
 def refusal_error(exc: RequestError, spec: GenerationSpec) -> APIError:

@@ -22,7 +22,7 @@ from server import logprobs
 from server.errors import NotFound
 from server.generation import error_for_result, metrics_payload
 from server.openai_schemas import parse_chat, parse_completion
-from server.replies import reply
+from server.replies import merged_deltas, reply
 from server.spec import GenerationSpec
 from server.sse import encode_event
 from server.validation import read_json_object
@@ -53,10 +53,11 @@ async def completions(request: Request, ctx: ServerContext) -> Response:
     engine = ctx.require_engine()
     parsed = parse_completion(body, n_ctx=engine.n_ctx)
     model_id = _check_model(parsed.model, ctx)
-    handle, spec = await ctx.service.submit(lambda: parsed.spec, COMPLETIONS, "cmpl")
-    shape = _Shape(kind="text_completion", request_id=f"cmpl-{handle.request_id}", model=model_id,
-                   spec=spec, token_bytes=engine.model.token_bytes)
-    return await _respond(request, ctx, handle, COMPLETIONS, parsed.spec.priority, parsed.spec.stream,
+    submitted = await ctx.service.submit(lambda: parsed.specs, COMPLETIONS, "cmpl")
+    handles, specs = [h for h, _ in submitted], [s for _, s in submitted]
+    shape = _Shape(kind="text_completion", request_id=f"cmpl-{handles[0].request_id}", model=model_id,
+                   specs=specs, token_bytes=engine.model.token_bytes)
+    return await _respond(request, ctx, handles, COMPLETIONS, specs[0].priority, specs[0].stream,
                           parsed.include_usage, shape)
 
 
@@ -68,12 +69,12 @@ async def chat_completions(request: Request, ctx: ServerContext) -> Response:
     chat = ctx.state.chat
     assert chat is not None
     # Rendering tokenizes, so it runs inside submit's worker thread.
-    handle, spec = await ctx.service.submit(
-        lambda: parsed.with_prompt(chat.render(parsed.messages)), CHAT, "chat"
+    ((handle, spec),) = await ctx.service.submit(
+        lambda: [parsed.with_prompt(chat.render(parsed.messages))], CHAT, "chat"
     )
     shape = _Shape(kind="chat.completion", request_id=f"chatcmpl-{handle.request_id}", model=model_id,
-                   spec=spec, token_bytes=engine.model.token_bytes)
-    return await _respond(request, ctx, handle, CHAT, spec.priority, spec.stream, parsed.include_usage, shape)
+                   specs=[spec], token_bytes=engine.model.token_bytes)
+    return await _respond(request, ctx, [handle], CHAT, spec.priority, spec.stream, parsed.include_usage, shape)
 
 
 def _check_model(name: str, ctx: ServerContext) -> str:
@@ -85,12 +86,12 @@ def _check_model(name: str, ctx: ServerContext) -> str:
 
 
 class _Shape:
-    """Builds OpenAI objects for one request: full responses and stream chunks."""
+    """Builds OpenAI objects for one request: full responses and stream chunks, a choice per spec."""
 
-    def __init__(self, kind: str, request_id: str, model: str, spec: GenerationSpec | None = None,
+    def __init__(self, kind: str, request_id: str, model: str, specs: list[GenerationSpec] | None = None,
                  token_bytes: Sequence[bytes] = ()) -> None:
         self.kind = kind
-        self.spec = spec
+        self.specs = specs or []
         self.token_bytes = token_bytes
         self.chat = kind == "chat.completion"
         self.request_id = request_id
@@ -101,26 +102,33 @@ class _Shape:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model,
                 "choices": choices}
 
-    def response(self, result: GenerationResult) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": openai_finish_reason(result),
-                                  "logprobs": self._logprobs(result)}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": result.text}
-        else:
-            choice["text"] = result.text
-        payload = self._envelope(self.kind, [choice])
-        payload["usage"] = usage(result)
-        payload["metrics"] = metrics_payload(result)
+    def response(self, results: list[GenerationResult]) -> dict[str, Any]:
+        choices = []
+        for i, result in enumerate(results):
+            choice: dict[str, Any] = {"index": i, "finish_reason": openai_finish_reason(result),
+                                      "logprobs": self._logprobs(i, result)}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": result.text}
+            else:
+                choice["text"] = result.text
+            if len(results) > 1:
+                choice["metrics"] = metrics_payload(result)
+            choices.append(choice)
+        payload = self._envelope(self.kind, choices)
+        payload["usage"] = usage(results)
+        if len(results) == 1:
+            payload["metrics"] = metrics_payload(results[0])
         return payload
 
-    def _logprobs(self, result: GenerationResult) -> dict[str, Any] | None:
-        if self.spec is None or not self.spec.want_logprobs:
+    def _logprobs(self, i: int, result: GenerationResult) -> dict[str, Any] | None:
+        if i >= len(self.specs) or not self.specs[i].want_logprobs:
             return None
         build = logprobs.chat_logprobs if self.chat else logprobs.completion_logprobs
-        return build(result, self.token_bytes, self.spec.logprobs)
+        return build(result, self.token_bytes, self.specs[i].logprobs)
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False,
+              index: int = 0) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason, "logprobs": None}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text is not None:
@@ -130,10 +138,10 @@ class _Shape:
         choice["text"] = text or ""
         return self._envelope("text_completion", [choice])
 
-    def usage_chunk(self, result: GenerationResult) -> dict[str, Any]:
+    def usage_chunk(self, results: list[GenerationResult]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         payload = self._envelope(obj, [])
-        payload["usage"] = usage(result)
+        payload["usage"] = usage(results)
         return payload
 
 
@@ -141,35 +149,40 @@ def openai_finish_reason(result: GenerationResult) -> str:
     return "length" if result.finish_reason in (FinishReason.LENGTH, FinishReason.CONTEXT_LENGTH) else "stop"
 
 
-def usage(result: GenerationResult) -> dict[str, int]:
-    m = result.metrics
-    return {"prompt_tokens": m.prompt_tokens, "completion_tokens": m.tokens_generated,
-            "total_tokens": m.prompt_tokens + m.tokens_generated}
+def usage(results: list[GenerationResult]) -> dict[str, int]:
+    prompt = sum(r.metrics.prompt_tokens for r in results)
+    completion = sum(r.metrics.tokens_generated for r in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 async def _respond(
-    request: Request, ctx: ServerContext, handle: RequestHandle, endpoint: str, priority: str,
+    request: Request, ctx: ServerContext, handles: list[RequestHandle], endpoint: str, priority: str,
     stream: bool, include_usage: bool, shape: _Shape,
 ) -> Response:
     return await reply(
-        request, ctx, handle, endpoint=endpoint, priority=priority, stream=stream,
-        events=lambda: _chunks(handle, shape, include_usage),
+        request, ctx, handles, endpoint=endpoint, priority=priority, stream=stream,
+        events=lambda: _chunks(handles, shape, include_usage),
         error_event=lambda err: encode_event(err.body()) + encode_event("[DONE]"),
         payload=shape.response,
     )
 
 
-async def _chunks(handle: RequestHandle, shape: _Shape, include_usage: bool) -> AsyncIterator[bytes]:
+async def _chunks(handles: list[RequestHandle], shape: _Shape, include_usage: bool) -> AsyncIterator[bytes]:
     if shape.chat:  # OpenAI opens a chat stream with the role and empty content
-        yield encode_event(shape.chunk("", first=True))
-    async for delta in handle:
-        yield encode_event(shape.chunk(delta))
-    result = await handle
-    error = error_for_result(result)
-    if error is not None:
-        yield encode_event(error.body())
-    else:
-        yield encode_event(shape.chunk(None if shape.chat else "", openai_finish_reason(result)))
-        if include_usage:
-            yield encode_event(shape.usage_chunk(result))
+        for i in range(len(handles)):
+            yield encode_event(shape.chunk("", first=True, index=i))
+    results: list[GenerationResult | None] = [None] * len(handles)
+    async for i, item in merged_deltas(handles):
+        if isinstance(item, str):
+            yield encode_event(shape.chunk(item, index=i))
+            continue
+        results[i] = item
+        error = error_for_result(item)
+        if error is not None:
+            yield encode_event(error.body())
+            yield encode_event("[DONE]")
+            return
+        yield encode_event(shape.chunk(None if shape.chat else "", openai_finish_reason(item), index=i))
+    if include_usage:
+        yield encode_event(shape.usage_chunk([r for r in results if r is not None]))
     yield encode_event("[DONE]")

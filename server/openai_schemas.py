@@ -9,8 +9,9 @@ Extensions: top_k, min_p, repetition_penalty, priority ("interactive" | "batch")
 (generate past end-of-generation tokens: benchmarks). Defaults
 (OpenAI's where it has one): server/defaults.py COMPLETIONS and CHAT.
 
-Parts of the API this engine cannot do are refused with 501 and say so: n > 1, best_of > 1,
-echo, suffix, tools. Logprobs with streaming are refused with 400.
+`prompt` may be a list (of strings or of token-id lists, at most MAX_PROMPTS): each is a choice,
+with its index, all admitted or refused together. Parts of the API this engine cannot do are
+refused with 501 and say so: n > 1, best_of > 1, echo, suffix, tools. Logprobs with streaming are refused with 400.
 """
 from __future__ import annotations
 
@@ -27,10 +28,13 @@ from server.spec import GenerationSpec
 from server.validation import FieldReader
 
 
+MAX_PROMPTS = 256  # prompts in one completions request; more belong in a batch job (/v1/batches)
+
+
 @dataclass(frozen=True)
 class CompletionRequest:
     model: str
-    spec: GenerationSpec
+    specs: list[GenerationSpec]  # one per prompt: the choices, in order
     include_usage: bool
 
 
@@ -51,7 +55,7 @@ class ChatRequest:
 def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
     fields = FieldReader(body)
     model = fields.string("model", non_empty=True)
-    prompt = _completion_prompt(fields.raw("prompt", None))
+    prompts = _completion_prompts(fields.raw("prompt", None))
     sampling = read_sampling(fields, n_ctx=n_ctx, defaults=COMPLETIONS)
     stream, include_usage = _stream_fields(fields)
     _refuse_unsupported(fields)
@@ -64,9 +68,9 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
     fields.finish()
     check_combinations(sampling, stream=stream, wants_logprobs=logprobs is not None,
                        structured_output=None, logprobs_param="logprobs")
-    spec = GenerationSpec(prompt=prompt, stream=stream, logprobs=logprobs or 0,
-                          want_logprobs=logprobs is not None, **sampling)
-    return CompletionRequest(model, spec, include_usage)
+    specs = [GenerationSpec(prompt=prompt, stream=stream, logprobs=logprobs or 0, want_logprobs=logprobs is not None,
+                            **sampling) for prompt in prompts]
+    return CompletionRequest(model, specs, include_usage)
 
 
 def parse_chat(body: dict[str, Any], *, n_ctx: int) -> ChatRequest:
@@ -103,26 +107,35 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int) -> ChatRequest:
     return ChatRequest(model, messages, spec, include_usage)
 
 
-def _completion_prompt(value: Any) -> str | list[int]:
-    """A string, a list holding one string, or a list of token ids. Several prompts in one
-    request are refused: send them as separate requests and the engine batches them anyway."""
+def _completion_prompts(value: Any) -> list[str | list[int]]:
+    """A string or a list of token ids (one prompt), or a list of either (one choice each)."""
+    if value is None:
+        raise BadRequest("'prompt' is required", param="prompt")
+    if isinstance(value, str) or (isinstance(value, list) and value and _is_token_ids(value)):
+        return [_one_prompt(value)]
+    if not isinstance(value, list) or not value:
+        raise BadRequest("'prompt' must be a string, a list of token ids, or a non-empty list of either",
+                         param="prompt")
+    if len(value) > MAX_PROMPTS:
+        raise BadRequest(f"'prompt' lists at most {MAX_PROMPTS} prompts (got {len(value)}); send more as a batch "
+                         "job (/v1/batches)", param="prompt", code="too_many_prompts")
+    return [_one_prompt(p) for p in value]
+
+
+def _is_token_ids(value: list) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _one_prompt(value: Any) -> str | list[int]:
     if isinstance(value, str):
         if not value:
             raise BadRequest("'prompt' must not be empty", param="prompt")
         return value
-    if isinstance(value, list) and value:
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-            if any(t < 0 for t in value):
-                raise BadRequest("'prompt' token ids must be non-negative", param="prompt")
-            return list(value)
-        if len(value) == 1:
-            return _completion_prompt(value[0])
-        raise NotImplementedFeature(
-            "several prompts in one request are not supported; send one request per prompt", param="prompt"
-        )
-    if value is None:
-        raise BadRequest("'prompt' is required", param="prompt")
-    raise BadRequest("'prompt' must be a string, a list of one string, or a list of token ids", param="prompt")
+    if isinstance(value, list) and value and _is_token_ids(value):
+        if any(t < 0 for t in value):
+            raise BadRequest("'prompt' token ids must be non-negative", param="prompt")
+        return list(value)
+    raise BadRequest("each prompt must be a non-empty string or a non-empty list of token ids", param="prompt")
 
 
 def _stream_fields(fields: FieldReader) -> tuple[bool, bool]:

@@ -1,7 +1,8 @@
-"""How every generation route ends, once its request is queued: stream the answer as SSE, or
-wait for the result and answer it (or nothing, to a client that left)."""
+"""How every generation route ends, once its requests are queued (one per choice): stream the
+answer as SSE, or wait for the results and answer them (or nothing, to a client that left)."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any, AsyncIterator, Callable
 
 from starlette.requests import Request
@@ -17,39 +18,69 @@ from server.sse import EventStreamResponse
 async def reply(
     request: Request,
     ctx: ServerContext,
-    handle: RequestHandle,
+    handles: list[RequestHandle],
     *,
     endpoint: str,
     priority: str,
     stream: bool,
     events: Callable[[], AsyncIterator[bytes]],
     error_event: Callable[[APIError], bytes],
-    payload: Callable[[GenerationResult], dict[str, Any]],
+    payload: Callable[[list[GenerationResult]], dict[str, Any]],
 ) -> Response:
     """`events` makes this API's SSE body and `error_event` its in-stream error; `payload` is the
-    JSON answer to a result that has one (error_for_result's error answers the others)."""
-    headers = {"x-request-id": handle.request_id}
+    JSON answer to results that have one (the first error_for_result answers the others)."""
+    headers = {"x-request-id": handles[0].request_id}
     if stream:
-        return EventStreamResponse(
-            _cancel_if_abandoned(handle, events()),
-            on_disconnect=lambda: ctx.service.client_left(handle, endpoint, priority),
-            error_event=error_event,
-            headers=headers,
-        )
-    result = await ctx.service.wait(handle, request.receive, endpoint, priority)
-    if result is None:
+        def left() -> None:
+            for handle in handles:
+                ctx.service.client_left(handle, endpoint, priority)
+
+        return EventStreamResponse(_cancel_if_abandoned(handles, events()), on_disconnect=left,
+                                   error_event=error_event, headers=headers)
+    results = await ctx.service.wait(handles, request.receive, endpoint, priority)
+    if results is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody is listening; uvicorn drops it
-    error = error_for_result(result)
-    if error is not None:
-        error.headers.update(headers)
-        return error.response()
-    return JSONResponse(payload(result), headers=headers)
+    for result in results:
+        error = error_for_result(result)
+        if error is not None:
+            error.headers.update(headers)
+            return error.response()
+    return JSONResponse(payload(results), headers=headers)
 
 
-async def _cancel_if_abandoned(handle: RequestHandle, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def merged_deltas(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, str | GenerationResult]]:
+    """(choice index, text delta) as each arrives, whichever choice it belongs to, then
+    (index, result) once per choice as it finishes."""
+    if len(handles) == 1:  # the common case, without a queue between
+        async for delta in handles[0]:
+            yield 0, delta
+        yield 0, await handles[0]
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, handle: RequestHandle) -> None:
+        async for delta in handle:
+            await queue.put((i, delta))
+        await queue.put((i, await handle))
+
+    tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        for _ in handles:  # until every choice has finished
+            while True:
+                i, item = await queue.get()
+                yield i, item
+                if isinstance(item, GenerationResult):
+                    break
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _cancel_if_abandoned(handles: list[RequestHandle], events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     try:
         async for chunk in events:
             yield chunk
     finally:
-        if not handle.done():  # the stream was abandoned: don't leave the request running
-            handle.cancel()
+        for handle in handles:
+            if not handle.done():  # the stream was abandoned: don't leave the request running
+                handle.cancel()

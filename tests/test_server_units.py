@@ -59,10 +59,17 @@ def test_float_that_is_an_integer_is_accepted_as_one():
 
 
 def test_completion_prompt_forms_and_unsupported_options():
-    assert parse_completion({"model": "m", "prompt": ["hi"]}, n_ctx=64).spec.prompt == "hi"
-    assert parse_completion({"model": "m", "prompt": [2, 3]}, n_ctx=64).spec.prompt == [2, 3]
-    assert parse_completion({"model": "m", "prompt": "hi"}, n_ctx=64).spec.max_tokens == 16
-    for extra in ({"n": 2}, {"echo": True}, {"best_of": 3}, {"suffix": "x"}, {"prompt": ["a", "b"]}):
+    def prompts(value):
+        return [spec.prompt for spec in parse_completion({"model": "m", "prompt": value}, n_ctx=64).specs]
+
+    assert prompts(["hi"]) == ["hi"] and prompts([2, 3]) == [[2, 3]] and prompts("hi") == ["hi"]
+    assert prompts(["a", "b"]) == ["a", "b"] and prompts([[2, 3], [4]]) == [[2, 3], [4]]
+    assert prompts(["a", [5, 6]]) == ["a", [5, 6]]
+    for bad in ([], ["a", ""], [[]], ["a", 3], [True], [[1, -2]], ["x"] * 257):
+        with pytest.raises(BadRequest):
+            prompts(bad)
+    assert parse_completion({"model": "m", "prompt": "hi"}, n_ctx=64).specs[0].max_tokens == 16
+    for extra in ({"n": 2}, {"echo": True}, {"best_of": 3}, {"suffix": "x"}):
         with pytest.raises(NotImplementedFeature):
             parse_completion({"model": "m", "prompt": "hi", **extra}, n_ctx=64)
     with pytest.raises(BadRequest, match="stream_options"):
@@ -179,7 +186,7 @@ def test_generate_sampling_extras_reach_the_engine():
 
 def test_openai_penalties_and_logit_bias_are_accepted():
     spec = parse_completion({"model": "m", "prompt": "hi", "presence_penalty": 1, "frequency_penalty": 0.5,
-                             "logit_bias": {"50256": -100}}, n_ctx=64).spec
+                             "logit_bias": {"50256": -100}}, n_ctx=64).specs[0]
     assert spec.request("r").sampling.logit_bias == ((50256, -100.0),)
     chat = parse_chat({**CHAT, "presence_penalty": -2, "logit_bias": {"1": 5}}, n_ctx=64).spec
     assert chat.presence_penalty == -2.0 and chat.logit_bias == ((1, 5.0),)
@@ -225,10 +232,10 @@ def test_generate_rejects_bad_extras(extra, message):
 
 
 def test_openai_logprobs_fields():
-    spec = parse_completion({"model": "m", "prompt": "hi", "logprobs": 0}, n_ctx=64).spec
+    spec = parse_completion({"model": "m", "prompt": "hi", "logprobs": 0}, n_ctx=64).specs[0]
     assert spec.want_logprobs and spec.logprobs == 0 and spec.request("r").logprobs == 1
     for none in (None, False):
-        assert not parse_completion({"model": "m", "prompt": "hi", "logprobs": none}, n_ctx=64).spec.want_logprobs
+        assert not parse_completion({"model": "m", "prompt": "hi", "logprobs": none}, n_ctx=64).specs[0].want_logprobs
     chat = parse_chat({**CHAT, "logprobs": True, "top_logprobs": 4}, n_ctx=64)
     assert chat.spec.want_logprobs and chat.with_prompt(RenderedChat([1], ())).request("r").logprobs == 4
     assert not parse_chat({**CHAT, "logprobs": False}, n_ctx=64).spec.want_logprobs
@@ -348,7 +355,7 @@ def test_each_entry_point_applies_its_own_defaults():
     rendered = RenderedChat([1], ())
     built = [
         (defaults.GENERATE, parse_generate({"prompt": "x"}, n_ctx=4096).request("r")),
-        (defaults.COMPLETIONS, parse_completion({"model": "m", "prompt": "x"}, n_ctx=4096).spec.request("r")),
+        (defaults.COMPLETIONS, parse_completion({"model": "m", "prompt": "x"}, n_ctx=4096).specs[0].request("r")),
         (defaults.CHAT, parse_chat(CHAT, n_ctx=4096).with_prompt(rendered).request("r")),
     ]
     for expected, request in built:

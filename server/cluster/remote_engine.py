@@ -74,6 +74,19 @@ class RemoteEngine:
         self._loop.call_soon_threadsafe(self._spawn, self._pump(stream, handle, accepted, started))
         return handle
 
+    def submit_many(self, requests: list[Request]) -> list[RequestHandle]:
+        """Each to its own replica, in turn; on a refusal the ones already accepted are cancelled,
+        so none stays queued (they may have computed a step or two)."""
+        handles: list[RequestHandle] = []
+        try:
+            for request in requests:
+                handles.append(self.submit(request))
+        except BaseException:
+            for handle in handles:
+                handle.cancel()
+            raise
+        return handles
+
     def stats(self) -> Any:
         """The sum over replicas of their engines' stats, as of the last poll (every
         stats_interval seconds): the single-process /health and /metrics read it unchanged."""
