@@ -56,7 +56,7 @@ async def completions(request: Request, ctx: ServerContext) -> Response:
     submitted = await ctx.service.submit(lambda: parsed.specs, COMPLETIONS, "cmpl")
     handles, specs = [h for h, _ in submitted], [s for _, s in submitted]
     shape = _Shape(kind="text_completion", request_id=f"cmpl-{handles[0].request_id}", model=model_id,
-                   specs=specs, token_bytes=engine.model.token_bytes)
+                   specs=specs, token_bytes=engine.model.token_bytes, n=parsed.n)
     return await _respond(request, ctx, handles, COMPLETIONS, specs[0].priority, specs[0].stream,
                           parsed.include_usage, shape)
 
@@ -69,12 +69,12 @@ async def chat_completions(request: Request, ctx: ServerContext) -> Response:
     chat = ctx.state.chat
     assert chat is not None
     # Rendering tokenizes, so it runs inside submit's worker thread.
-    ((handle, spec),) = await ctx.service.submit(
-        lambda: [parsed.with_prompt(chat.render(parsed.messages))], CHAT, "chat"
-    )
-    shape = _Shape(kind="chat.completion", request_id=f"chatcmpl-{handle.request_id}", model=model_id,
-                   specs=[spec], token_bytes=engine.model.token_bytes)
-    return await _respond(request, ctx, [handle], CHAT, spec.priority, spec.stream, parsed.include_usage, shape)
+    submitted = await ctx.service.submit(lambda: parsed.with_prompt(chat.render(parsed.messages)), CHAT, "chat")
+    handles, specs = [h for h, _ in submitted], [s for _, s in submitted]
+    shape = _Shape(kind="chat.completion", request_id=f"chatcmpl-{handles[0].request_id}", model=model_id,
+                   specs=specs, token_bytes=engine.model.token_bytes, n=parsed.n)
+    return await _respond(request, ctx, handles, CHAT, specs[0].priority, specs[0].stream, parsed.include_usage,
+                          shape)
 
 
 def _check_model(name: str, ctx: ServerContext) -> str:
@@ -89,8 +89,9 @@ class _Shape:
     """Builds OpenAI objects for one request: full responses and stream chunks, a choice per spec."""
 
     def __init__(self, kind: str, request_id: str, model: str, specs: list[GenerationSpec] | None = None,
-                 token_bytes: Sequence[bytes] = ()) -> None:
+                 token_bytes: Sequence[bytes] = (), n: int = 1) -> None:
         self.kind = kind
+        self.n = n  # choices per prompt: usage counts each prompt once
         self.specs = specs or []
         self.token_bytes = token_bytes
         self.chat = kind == "chat.completion"
@@ -115,7 +116,7 @@ class _Shape:
                 choice["metrics"] = metrics_payload(result)
             choices.append(choice)
         payload = self._envelope(self.kind, choices)
-        payload["usage"] = usage(results)
+        payload["usage"] = usage(results, self.n)
         if len(results) == 1:
             payload["metrics"] = metrics_payload(results[0])
         return payload
@@ -141,7 +142,7 @@ class _Shape:
     def usage_chunk(self, results: list[GenerationResult]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         payload = self._envelope(obj, [])
-        payload["usage"] = usage(results)
+        payload["usage"] = usage(results, self.n)
         return payload
 
 
@@ -149,8 +150,9 @@ def openai_finish_reason(result: GenerationResult) -> str:
     return "length" if result.finish_reason in (FinishReason.LENGTH, FinishReason.CONTEXT_LENGTH) else "stop"
 
 
-def usage(results: list[GenerationResult]) -> dict[str, int]:
-    prompt = sum(r.metrics.prompt_tokens for r in results)
+def usage(results: list[GenerationResult], n: int = 1) -> dict[str, int]:
+    """Each prompt counted once, however many choices (n) were drawn from it."""
+    prompt = sum(r.metrics.prompt_tokens for r in results[::n])
     completion = sum(r.metrics.tokens_generated for r in results)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 

@@ -9,12 +9,15 @@ Extensions: top_k, min_p, repetition_penalty, priority ("interactive" | "batch")
 (generate past end-of-generation tokens: benchmarks). Defaults
 (OpenAI's where it has one): server/defaults.py COMPLETIONS and CHAT.
 
-`prompt` may be a list (of strings or of token-id lists, at most MAX_PROMPTS): each is a choice,
-with its index, all admitted or refused together. Parts of the API this engine cannot do are
-refused with 501 and say so: n > 1, best_of > 1, echo, suffix, tools. Logprobs with streaming are refused with 400.
+`prompt` may be a list (of strings or of token-id lists) and `n` (at most MAX_N) asks for several
+choices of each prompt: each choice has its index, all are admitted or refused together, at most
+MAX_PROMPTS in all. With a seed, choice i > 0 samples with a seed derived from (seed, i). Parts
+of the API this engine cannot do are refused with 501 and say so: best_of > 1, echo, suffix,
+tools. Logprobs with streaming are refused with 400.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,14 +31,16 @@ from server.spec import GenerationSpec
 from server.validation import FieldReader
 
 
-MAX_PROMPTS = 256  # prompts in one completions request; more belong in a batch job (/v1/batches)
+MAX_PROMPTS = 256  # choices in one request (prompts x n); more belong in a batch job (/v1/batches)
+MAX_N = 16  # choices per prompt
 
 
 @dataclass(frozen=True)
 class CompletionRequest:
     model: str
-    specs: list[GenerationSpec]  # one per prompt: the choices, in order
+    specs: list[GenerationSpec]  # the choices: n per prompt, prompt by prompt
     include_usage: bool
+    n: int = 1
 
 
 @dataclass(frozen=True)
@@ -44,12 +49,14 @@ class ChatRequest:
     messages: list[ChatMessage]
     spec: GenerationSpec  # its prompt is filled in by with_prompt() once the chat is rendered
     include_usage: bool
+    n: int = 1  # choices
 
-    def with_prompt(self, rendered: RenderedChat) -> GenerationSpec:
+    def with_prompt(self, rendered: RenderedChat) -> list[GenerationSpec]:
+        """The choices' specs, the rendered chat as their prompt."""
         # The transcript format's "\nuser:" stop would be refused next to JSON output, and is
         # not needed there: the grammar ends the answer when the document is complete.
         extra_stops = () if self.spec.structured is not None else rendered.extra_stops
-        return replace(self.spec, prompt=rendered.token_ids, extra_stops=extra_stops)
+        return choice_specs(replace(self.spec, prompt=rendered.token_ids, extra_stops=extra_stops), self.n)
 
 
 def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
@@ -59,6 +66,10 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
     sampling = read_sampling(fields, n_ctx=n_ctx, defaults=COMPLETIONS)
     stream, include_usage = _stream_fields(fields)
     _refuse_unsupported(fields)
+    n = _read_n(fields, sampling["max_tokens"], n_ctx)
+    if n * len(prompts) > MAX_PROMPTS:
+        raise BadRequest(f"{len(prompts)} prompts x n={n} is more than {MAX_PROMPTS} choices", param="n",
+                         code="too_many_prompts")
     _refuse_unless(fields, "suffix", (None, ""), "'suffix' (insertion) is not supported by this engine")
     _refuse_unless(fields, "echo", (None, False), "'echo' is not supported by this engine")
     _refuse_unless(fields, "best_of", (None, 1), "'best_of' other than 1 is not supported by this engine")
@@ -68,9 +79,10 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
     fields.finish()
     check_combinations(sampling, stream=stream, wants_logprobs=logprobs is not None,
                        structured_output=None, logprobs_param="logprobs")
-    specs = [GenerationSpec(prompt=prompt, stream=stream, logprobs=logprobs or 0, want_logprobs=logprobs is not None,
-                            **sampling) for prompt in prompts]
-    return CompletionRequest(model, specs, include_usage)
+    specs = [choice for prompt in prompts
+             for choice in choice_specs(GenerationSpec(prompt=prompt, stream=stream, logprobs=logprobs or 0,
+                                                       want_logprobs=logprobs is not None, **sampling), n)]
+    return CompletionRequest(model, specs, include_usage, n)
 
 
 def parse_chat(body: dict[str, Any], *, n_ctx: int) -> ChatRequest:
@@ -90,6 +102,7 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int) -> ChatRequest:
     stream, include_usage = _stream_fields(fields)
     response_format = structured.from_response_format(fields.raw("response_format", None))
     _refuse_unsupported(fields)
+    n = _read_n(fields, sampling["max_tokens"], n_ctx)
     logprobs = fields.boolean("logprobs", False, nullable=True)
     top_logprobs = fields.integer("top_logprobs", None, minimum=0, maximum=MAX_LOGPROBS, nullable=True)
     if top_logprobs is not None and not logprobs:
@@ -104,7 +117,7 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int) -> ChatRequest:
                        logprobs_param="logprobs")
     spec = GenerationSpec(prompt=(), stream=stream, structured=response_format, logprobs=top_logprobs or 0,
                           want_logprobs=logprobs, **sampling)
-    return ChatRequest(model, messages, spec, include_usage)
+    return ChatRequest(model, messages, spec, include_usage, n)
 
 
 def _completion_prompts(value: Any) -> list[str | list[int]]:
@@ -159,7 +172,26 @@ def _refuse_unless(fields: FieldReader, name: str, harmless: tuple, message: str
 
 def _refuse_unsupported(fields: FieldReader) -> None:
     """Fields both endpoints share that ask for something the engine does not do."""
-    n = fields.integer("n", 1, minimum=1, nullable=True)
-    if n != 1:
-        raise NotImplementedFeature("'n' other than 1 is not supported; send separate requests", param="n")
     fields.string("user", None, nullable=True)  # an end-user id for abuse tracking; nothing to do here
+
+
+def _read_n(fields: FieldReader, max_tokens: int, n_ctx: int) -> int:
+    """Choices per prompt. Their prompt is computed once and shared through the prefix cache;
+    what each generates needs cells of its own, so n * max_tokens must fit in the cache."""
+    n = fields.integer("n", 1, minimum=1, maximum=MAX_N, nullable=True) or 1
+    if n > 1 and n * max_tokens > n_ctx:
+        raise BadRequest(f"n={n} choices of up to {max_tokens} tokens need {n * max_tokens} KV cells; the cache "
+                         f"holds {n_ctx}: lower n or max_tokens", param="n", code="n_too_large")
+    return n
+
+
+def choice_specs(spec: GenerationSpec, n: int) -> list[GenerationSpec]:
+    """n choices of one spec; with a seed s, choice 0 keeps s and choice i > 0 gets a seed derived
+    from (s, i): reproducible, and different from each other."""
+    if n == 1 or spec.seed is None:
+        return [spec] * n
+    return [spec] + [replace(spec, seed=_derived_seed(spec.seed, i)) for i in range(1, n)]
+
+
+def _derived_seed(seed: int, i: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}/{i}".encode()).digest()[:8], "big") >> 1

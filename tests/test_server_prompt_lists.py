@@ -65,3 +65,24 @@ def test_hanging_up_on_a_streamed_list_cancels_every_choice(live):
     from tests.server_fixtures import wait_until
 
     wait_until(lambda: live.engine.stats().running == 0, 30, "choices still running after the hang-up")
+
+
+def test_n_choices_share_one_prompt_and_differ_with_a_seed(openai_client, live):
+    model = _model(openai_client)
+    prompt = "Write one sentence about the sea, then one about mountains. " * 12
+    before = live.engine.stats().tokens_prefilled
+    first = openai_client.completions.create(model=model, prompt=prompt, n=4, max_tokens=12, temperature=0.9,
+                                             seed=11)
+    prefilled = live.engine.stats().tokens_prefilled - before
+    prompt_tokens = first.usage.prompt_tokens
+    assert [c.index for c in first.choices] == [0, 1, 2, 3]
+    assert len({c.text for c in first.choices}) > 1  # derived seeds: the choices differ
+    # Counted once in usage, and computed about once: each later choice recomputes at most the
+    # prompt's last partial block (the prefix cache shares whole blocks).
+    assert prompt_tokens == len(live.engine.model.tokenize(prompt, add_bos=True))
+    assert prefilled <= prompt_tokens + 3 * 17
+    # (The seeds themselves are reproducible: tests/test_server_units.py. Equal texts across runs
+    # would also need every step's sums not to depend on the cache's layout and the neighbours.)
+    chat = openai_client.chat.completions.create(model=model, n=2, max_tokens=6, seed=3,
+                                                 messages=[{"role": "user", "content": "Name an animal."}])
+    assert [c.index for c in chat.choices] == [0, 1] and all(c.finish_reason for c in chat.choices)

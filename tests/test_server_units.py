@@ -69,11 +69,29 @@ def test_completion_prompt_forms_and_unsupported_options():
         with pytest.raises(BadRequest):
             prompts(bad)
     assert parse_completion({"model": "m", "prompt": "hi"}, n_ctx=64).specs[0].max_tokens == 16
-    for extra in ({"n": 2}, {"echo": True}, {"best_of": 3}, {"suffix": "x"}):
+    for extra in ({"echo": True}, {"best_of": 3}, {"suffix": "x"}):
         with pytest.raises(NotImplementedFeature):
             parse_completion({"model": "m", "prompt": "hi", **extra}, n_ctx=64)
     with pytest.raises(BadRequest, match="stream_options"):
         parse_completion({"model": "m", "prompt": "hi", "stream_options": {"include_usage": True}}, n_ctx=64)
+
+
+def test_n_choices_get_derived_seeds_and_must_fit_the_cache():
+    specs = parse_completion({"model": "m", "prompt": ["a", "b"], "n": 3, "seed": 7, "max_tokens": 4},
+                             n_ctx=64).specs
+    assert [s.prompt for s in specs] == ["a"] * 3 + ["b"] * 3
+    assert specs[0].seed == specs[3].seed == 7 and len({s.seed for s in specs[:3]}) == 3
+    again = parse_completion({"model": "m", "prompt": "a", "n": 3, "seed": 7, "max_tokens": 4}, n_ctx=64).specs
+    assert [s.seed for s in again] == [s.seed for s in specs[:3]]  # reproducible
+    unseeded = parse_completion({"model": "m", "prompt": "a", "n": 2, "max_tokens": 4}, n_ctx=64).specs
+    assert [s.seed for s in unseeded] == [None, None]
+    chat = parse_chat({**CHAT, "n": 2, "seed": 1, "max_tokens": 4}, n_ctx=64)
+    assert len(chat.with_prompt(RenderedChat([1], ()))) == 2
+    for body, code in (({"n": 5, "max_tokens": 16}, "n_too_large"), ({"n": 17}, None),
+                       ({"n": 2, "prompt": ["x"] * 129}, "too_many_prompts")):
+        with pytest.raises(BadRequest) as info:
+            parse_completion({"model": "m", "prompt": "a", "max_tokens": 1, **body}, n_ctx=64)
+        assert code is None or info.value.code == code
 
 
 def test_chat_max_completion_tokens_wins_and_tools_are_refused():
@@ -237,7 +255,7 @@ def test_openai_logprobs_fields():
     for none in (None, False):
         assert not parse_completion({"model": "m", "prompt": "hi", "logprobs": none}, n_ctx=64).specs[0].want_logprobs
     chat = parse_chat({**CHAT, "logprobs": True, "top_logprobs": 4}, n_ctx=64)
-    assert chat.spec.want_logprobs and chat.with_prompt(RenderedChat([1], ())).request("r").logprobs == 4
+    assert chat.spec.want_logprobs and chat.with_prompt(RenderedChat([1], ()))[0].request("r").logprobs == 4
     assert not parse_chat({**CHAT, "logprobs": False}, n_ctx=64).spec.want_logprobs
     with pytest.raises(BadRequest, match="'top_logprobs' needs"):
         parse_chat({**CHAT, "top_logprobs": 2}, n_ctx=64)
@@ -251,9 +269,9 @@ def test_json_chat_drops_the_transcript_stop_but_refuses_a_user_stop():
     from server.chat_format import RenderedChat
     rendered = RenderedChat(token_ids=[1, 2], extra_stops=("\nuser:",))
     plain = parse_chat(CHAT, n_ctx=64)
-    assert plain.with_prompt(rendered).request("r").stop == ("\nuser:",)
+    assert plain.with_prompt(rendered)[0].request("r").stop == ("\nuser:",)
     json_chat = parse_chat({**CHAT, "response_format": {"type": "json_object"}}, n_ctx=64)
-    request = json_chat.with_prompt(rendered).request("r")
+    request = json_chat.with_prompt(rendered)[0].request("r")
     assert request.stop == () and request.format == "json" and request.json_schema is None
     assert request.prompt == (1, 2) and request.sampling.temperature == 1.0  # OpenAI's default
     with pytest.raises(BadRequest, match="'stop' cannot be combined with JSON output"):
@@ -356,7 +374,7 @@ def test_each_entry_point_applies_its_own_defaults():
     built = [
         (defaults.GENERATE, parse_generate({"prompt": "x"}, n_ctx=4096).request("r")),
         (defaults.COMPLETIONS, parse_completion({"model": "m", "prompt": "x"}, n_ctx=4096).specs[0].request("r")),
-        (defaults.CHAT, parse_chat(CHAT, n_ctx=4096).with_prompt(rendered).request("r")),
+        (defaults.CHAT, parse_chat(CHAT, n_ctx=4096).with_prompt(rendered)[0].request("r")),
     ]
     for expected, request in built:
         p = request.sampling
