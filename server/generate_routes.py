@@ -4,6 +4,11 @@ Streaming events:
   event: delta   data: {"text": "<new text>"}                       one per text delta
   event: done    data: {"text", "finish_reason", "metrics", ...}     last event on success
   event: error   data: {"error": {...}, "finish_reason", "metrics"}  last event on failure
+
+With several choices (a list of prompts, or n > 1) the answer is {"id", "choices": [...]}, each
+choice the single answer's fields plus its "index"; streamed, each delta carries its "index",
+each finished choice is an `event: choice` with its fields, and `event: done` ends the stream
+with {"choices": [...]}.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from server import logprobs, structured
 from server.context import ServerContext
 from server.engine_protocol import ServedEngine
 from server.generation import error_for_result, metrics_payload
-from server.replies import reply
+from server.replies import merged_deltas, reply
 from server.schemas import parse_generate
 from server.spec import GenerationSpec
 from server.sse import encode_event
@@ -29,14 +34,49 @@ ENDPOINT = "generate"
 async def generate(request: Request, ctx: ServerContext) -> Response:
     body = await read_json_object(request, ctx.settings.max_body_bytes)
     engine = ctx.require_engine()
-    spec = parse_generate(body, n_ctx=engine.n_ctx)
-    ((handle, _),) = await ctx.service.submit(lambda: [spec], ENDPOINT, "gen")
+    specs = parse_generate(body, n_ctx=engine.n_ctx)
+    submitted = await ctx.service.submit(lambda: specs, ENDPOINT, "gen")
+    handles = [h for h, _ in submitted]
+    if len(handles) == 1:
+        return await reply(
+            request, ctx, handles, endpoint=ENDPOINT, priority=specs[0].priority, stream=specs[0].stream,
+            events=lambda: _events(handles[0], specs[0], engine),
+            error_event=lambda err: encode_event(err.body(), event="error"),
+            payload=lambda results: _final_payload(results[0], specs[0], engine),
+        )
     return await reply(
-        request, ctx, [handle], endpoint=ENDPOINT, priority=spec.priority, stream=spec.stream,
-        events=lambda: _events(handle, spec, engine),
+        request, ctx, handles, endpoint=ENDPOINT, priority=specs[0].priority, stream=specs[0].stream,
+        events=lambda: _choice_events(handles, specs, engine),
         error_event=lambda err: encode_event(err.body(), event="error"),
-        payload=lambda results: _final_payload(results[0], spec, engine),
+        payload=lambda results: {"id": handles[0].request_id,
+                                 "choices": [_choice(i, r, specs[i], engine) for i, r in enumerate(results)]},
     )
+
+
+def _choice(i: int, result: GenerationResult, spec: GenerationSpec, engine: ServedEngine) -> dict[str, Any]:
+    payload = _final_payload(result, spec, engine)
+    payload.pop("id")
+    return {"index": i, **payload}
+
+
+async def _choice_events(handles: list[RequestHandle], specs: list[GenerationSpec],
+                         engine: ServedEngine) -> AsyncIterator[bytes]:
+    choices: list[dict[str, Any]] = []
+    async for i, item in merged_deltas(handles):
+        if isinstance(item, str):
+            yield encode_event({"index": i, "text": item}, event="delta")
+            continue
+        error = error_for_result(item)
+        if error is not None:
+            body = error.body()
+            body.update(index=i, finish_reason=item.finish_reason.value, metrics=metrics_payload(item))
+            yield encode_event(body, event="error")
+            return
+        choice = _choice(i, item, specs[i], engine)
+        choices.append(choice)
+        yield encode_event(choice, event="choice")
+    yield encode_event({"id": handles[0].request_id, "choices": sorted(choices, key=lambda c: c["index"])},
+                       event="done")
 
 
 def _final_payload(result: GenerationResult, spec: GenerationSpec, engine: ServedEngine) -> dict[str, Any]:

@@ -1,23 +1,21 @@
 """Validation of OpenAI-compatible request bodies (/v1/completions, /v1/chat/completions).
 
 Accepted as OpenAI documents them: model, prompt | messages, max_tokens (chat also
-max_completion_tokens), temperature, top_p, n (1 only), stream,
-stream_options.include_usage, stop, seed, user, presence_penalty, frequency_penalty,
-logit_bias, logprobs (completions: an integer 0..20; chat: true/false with top_logprobs 0..20),
-and for chat response_format (json_object, json_schema: constrained by the engine's grammar).
-Extensions: top_k, min_p, repetition_penalty, priority ("interactive" | "batch") and ignore_eos
-(generate past end-of-generation tokens: benchmarks). Defaults
-(OpenAI's where it has one): server/defaults.py COMPLETIONS and CHAT.
+max_completion_tokens), temperature, top_p, n, stream, stream_options.include_usage, stop, seed,
+user, presence_penalty, frequency_penalty, logit_bias, logprobs (completions: an integer 0..20;
+chat: true/false with top_logprobs 0..20), and for chat response_format (json_object,
+json_schema: constrained by the engine's grammar). Extensions: top_k, min_p, repetition_penalty,
+priority ("interactive" | "batch") and ignore_eos (generate past end-of-generation tokens:
+benchmarks). Defaults (OpenAI's where it has one): server/defaults.py COMPLETIONS and CHAT.
 
-`prompt` may be a list (of strings or of token-id lists) and `n` (at most MAX_N) asks for several
-choices of each prompt: each choice has its index, all are admitted or refused together, at most
-MAX_PROMPTS in all. With a seed, choice i > 0 samples with a seed derived from (seed, i). Parts
-of the API this engine cannot do are refused with 501 and say so: best_of > 1, echo, suffix,
-tools. Logprobs with streaming are refused with 400.
+`prompt` may be a list (of strings or of token-id lists) and `n` asks for several choices of
+each prompt (limits: server/schemas.py MAX_N, MAX_PROMPTS): each choice has its index, and all
+are admitted or refused together. With a seed, choice i > 0 samples with a seed derived from
+(seed, i). Parts of the API this engine cannot do are refused with 501 and say so: best_of > 1,
+echo, suffix, tools. Logprobs with streaming are refused with 400.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,13 +24,11 @@ from server import structured
 from server.chat_format import ChatMessage, RenderedChat, parse_messages
 from server.defaults import CHAT, COMPLETIONS
 from server.errors import BadRequest, NotImplementedFeature
-from server.schemas import check_combinations, read_sampling
+from server.schemas import MAX_PROMPTS, check_combinations, choice_specs, read_n, read_sampling
 from server.spec import GenerationSpec
 from server.validation import FieldReader
 
 
-MAX_PROMPTS = 256  # choices in one request (prompts x n); more belong in a batch job (/v1/batches)
-MAX_N = 16  # choices per prompt
 
 
 @dataclass(frozen=True)
@@ -66,7 +62,7 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
     sampling = read_sampling(fields, n_ctx=n_ctx, defaults=COMPLETIONS)
     stream, include_usage = _stream_fields(fields)
     _refuse_unsupported(fields)
-    n = _read_n(fields, sampling["max_tokens"], n_ctx)
+    n = read_n(fields, sampling["max_tokens"], n_ctx)
     if n * len(prompts) > MAX_PROMPTS:
         raise BadRequest(f"{len(prompts)} prompts x n={n} is more than {MAX_PROMPTS} choices", param="n",
                          code="too_many_prompts")
@@ -102,7 +98,7 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int) -> ChatRequest:
     stream, include_usage = _stream_fields(fields)
     response_format = structured.from_response_format(fields.raw("response_format", None))
     _refuse_unsupported(fields)
-    n = _read_n(fields, sampling["max_tokens"], n_ctx)
+    n = read_n(fields, sampling["max_tokens"], n_ctx)
     logprobs = fields.boolean("logprobs", False, nullable=True)
     top_logprobs = fields.integer("top_logprobs", None, minimum=0, maximum=MAX_LOGPROBS, nullable=True)
     if top_logprobs is not None and not logprobs:
@@ -174,24 +170,3 @@ def _refuse_unsupported(fields: FieldReader) -> None:
     """Fields both endpoints share that ask for something the engine does not do."""
     fields.string("user", None, nullable=True)  # an end-user id for abuse tracking; nothing to do here
 
-
-def _read_n(fields: FieldReader, max_tokens: int, n_ctx: int) -> int:
-    """Choices per prompt. Their prompt is computed once and shared through the prefix cache;
-    what each generates needs cells of its own, so n * max_tokens must fit in the cache."""
-    n = fields.integer("n", 1, minimum=1, maximum=MAX_N, nullable=True) or 1
-    if n > 1 and n * max_tokens > n_ctx:
-        raise BadRequest(f"n={n} choices of up to {max_tokens} tokens need {n * max_tokens} KV cells; the cache "
-                         f"holds {n_ctx}: lower n or max_tokens", param="n", code="n_too_large")
-    return n
-
-
-def choice_specs(spec: GenerationSpec, n: int) -> list[GenerationSpec]:
-    """n choices of one spec; with a seed s, choice 0 keeps s and choice i > 0 gets a seed derived
-    from (s, i): reproducible, and different from each other."""
-    if n == 1 or spec.seed is None:
-        return [spec] * n
-    return [spec] + [replace(spec, seed=_derived_seed(spec.seed, i)) for i in range(1, n)]
-
-
-def _derived_seed(seed: int, i: int) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}/{i}".encode()).digest()[:8], "big") >> 1

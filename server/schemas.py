@@ -2,7 +2,10 @@
 
 Fields (all but `prompt` optional; the sampling fields' defaults are server/defaults.py GENERATE,
 shown in server/README.md's "Sampling defaults"):
-  prompt              non-empty string
+  prompt              non-empty string, or a list of them (one choice each, at most 256)
+  n                   integer 1..16                    (default 1: choices per prompt; the prompt is
+                                                        computed once; with a seed, choice i > 0
+                                                        samples with a seed derived from (seed, i))
   priority            "interactive" | "batch"
   timeout             seconds > 0, at most 86400       (default none; past it the request ends
                                                         with HTTP 504, or finish_reason "timeout"
@@ -35,6 +38,8 @@ shown in server/README.md's "Sampling defaults"):
 """
 from __future__ import annotations
 
+import hashlib
+from dataclasses import replace
 from typing import Any
 
 from engine.request import MAX_LOGPROBS
@@ -115,10 +120,15 @@ def check_combinations(sampling: dict[str, Any], *, stream: bool, wants_logprobs
         )
 
 
-def parse_generate(body: dict[str, Any], *, n_ctx: int) -> GenerationSpec:
+def parse_generate(body: dict[str, Any], *, n_ctx: int) -> list[GenerationSpec]:
+    """The choices: n per prompt, prompt by prompt (one, for a plain request)."""
     fields = FieldReader(body)
-    prompt = fields.string("prompt", non_empty=True)
+    prompts = _generate_prompts(fields.raw("prompt", None))
     sampling = read_sampling(fields, n_ctx=n_ctx, defaults=GENERATE)
+    n = read_n(fields, sampling["max_tokens"], n_ctx)
+    if n * len(prompts) > MAX_PROMPTS:
+        raise BadRequest(f"{len(prompts)} prompts x n={n} is more than {MAX_PROMPTS} choices", param="n",
+                         code="too_many_prompts")
     output_format = fields.string("format", None, choices=("raw", "json"), nullable=True)  # None: not given
     json_schema = fields.raw("json_schema", None)
     logprobs = fields.integer("logprobs", None, minimum=0, maximum=MAX_LOGPROBS, nullable=True)
@@ -127,5 +137,46 @@ def parse_generate(body: dict[str, Any], *, n_ctx: int) -> GenerationSpec:
     structured_output = structured.from_generate_fields(output_format, json_schema)
     check_combinations(sampling, stream=stream, wants_logprobs=logprobs is not None,
                        structured_output=structured_output, logprobs_param="logprobs")
-    return GenerationSpec(prompt=prompt, stream=stream, structured=structured_output,
-                          logprobs=logprobs or 0, want_logprobs=logprobs is not None, **sampling)
+    return [choice for prompt in prompts
+            for choice in choice_specs(GenerationSpec(prompt=prompt, stream=stream, structured=structured_output,
+                                                      logprobs=logprobs or 0, want_logprobs=logprobs is not None,
+                                                      **sampling), n)]
+
+
+def _generate_prompts(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        body = {} if value is None else {"prompt": value}
+        return [FieldReader(body).string("prompt", non_empty=True)]
+    if len(value) > MAX_PROMPTS:
+        raise BadRequest(f"'prompt' lists at most {MAX_PROMPTS} prompts (got {len(value)}); send more as a batch "
+                         "job (/v1/batches)", param="prompt", code="too_many_prompts")
+    if not value:
+        raise BadRequest("'prompt' must not be an empty list", param="prompt")
+    return [FieldReader({f"prompt[{i}]": p}).string(f"prompt[{i}]", non_empty=True) for i, p in enumerate(value)]
+
+
+MAX_PROMPTS = 256  # choices in one request (prompts x n); more belong in a batch job (/v1/batches)
+MAX_N = 16  # choices per prompt
+
+
+def read_n(fields: FieldReader, max_tokens: int, n_ctx: int) -> int:
+    """Choices per prompt. Their prompt is computed once and shared through the prefix cache;
+    what each generates needs cells of its own, so n * max_tokens must fit in the cache."""
+    n = fields.integer("n", 1, minimum=1, maximum=MAX_N, nullable=True) or 1
+    if n > 1 and n * max_tokens > n_ctx:
+        raise BadRequest(f"n={n} choices of up to {max_tokens} tokens need {n * max_tokens} KV cells; the cache "
+                         f"holds {n_ctx}: lower n or max_tokens", param="n", code="n_too_large")
+    return n
+
+
+def choice_specs(spec: GenerationSpec, n: int) -> list[GenerationSpec]:
+    """n choices of one spec; with a seed s, choice 0 keeps s and choice i > 0 gets a seed derived
+    from (s, i): reproducible, and different from each other."""
+    if n == 1 or spec.seed is None:
+        return [spec] * n
+    return [spec] + [replace(spec, seed=_derived_seed(spec.seed, i)) for i in range(1, n)]
+
+
+def _derived_seed(seed: int, i: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}/{i}".encode()).digest()[:8], "big") >> 1
+

@@ -14,7 +14,7 @@ from server.structured import StructuredOutput, from_response_format
 
 
 def test_generate_defaults_follow_the_documented_values():
-    spec = parse_generate({"prompt": "hi"}, n_ctx=4096)
+    spec = parse_generate({"prompt": "hi"}, n_ctx=4096)[0]
     assert (spec.max_tokens, spec.temperature, spec.top_p, spec.top_k) == (512, 0.7, 0.9, 40)
     assert spec.priority == "batch" and spec.stop == () and spec.seed is None and not spec.stream
     assert spec.structured is None
@@ -25,7 +25,7 @@ def test_generate_accepts_every_documented_field():
         {"prompt": "hi", "priority": "interactive", "format": "raw", "max_tokens": 8, "temperature": 0,
          "top_p": 1, "top_k": 0, "stop": "\n", "seed": 7, "stream": True},
         n_ctx=4096,
-    )
+    )[0]
     assert spec.stop == ("\n",) and spec.seed == 7 and spec.priority == "interactive" and spec.stream
     assert spec.request("r").sampling.temperature == 0.0
 
@@ -50,12 +50,12 @@ def test_generate_accepts_every_documented_field():
 )
 def test_generate_rejections_name_the_problem(body, message):
     with pytest.raises(BadRequest) as info:
-        parse_generate(body, n_ctx=4096)
+        parse_generate(body, n_ctx=4096)[0]
     assert message in info.value.message
 
 
 def test_float_that_is_an_integer_is_accepted_as_one():
-    assert parse_generate({"prompt": "x", "max_tokens": 16.0}, n_ctx=4096).max_tokens == 16
+    assert parse_generate({"prompt": "x", "max_tokens": 16.0}, n_ctx=4096)[0].max_tokens == 16
 
 
 def test_completion_prompt_forms_and_unsupported_options():
@@ -185,7 +185,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def test_the_server_builds_the_engines_request_with_the_generate_defaults():
-    request = parse_generate({"prompt": "x"}, n_ctx=64).request("gen-1")
+    request = parse_generate({"prompt": "x"}, n_ctx=64)[0].request("gen-1")
     assert isinstance(request, Request) and request.request_id == "gen-1" and request.prompt == "x"
     assert request.sampling == SamplingParams(temperature=0.7, top_p=0.9, top_k=40)
     assert (request.max_tokens, request.priority, request.format, request.logprobs) == (512, Priority.BATCH, "raw", 0)
@@ -194,7 +194,7 @@ def test_the_server_builds_the_engines_request_with_the_generate_defaults():
 def test_generate_sampling_extras_reach_the_engine():
     spec = parse_generate(
         {"prompt": "x", "min_p": 0.05, "repetition_penalty": 1.3, "presence_penalty": 0.5,
-         "frequency_penalty": -0.5, "logit_bias": {"17": -100, "3": 2.5}, "logprobs": 3}, n_ctx=64)
+         "frequency_penalty": -0.5, "logit_bias": {"17": -100, "3": 2.5}, "logprobs": 3}, n_ctx=64)[0]
     request = spec.request("r")
     assert request.sampling.min_p == 0.05 and request.sampling.repetition_penalty == 1.3
     assert request.sampling.presence_penalty == 0.5 and request.sampling.frequency_penalty == -0.5
@@ -245,7 +245,7 @@ def test_bad_logit_bias_is_400(bias, message):
 )
 def test_generate_rejects_bad_extras(extra, message):
     with pytest.raises(BadRequest) as info:
-        parse_generate({"prompt": "x", **extra}, n_ctx=64)
+        parse_generate({"prompt": "x", **extra}, n_ctx=64)[0]
     assert message in info.value.message
 
 
@@ -345,12 +345,12 @@ def test_a_failed_load_shows_its_error_on_health_without_directories():
 def test_generate_json_schema_alone_implies_format_json():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     for body in ({"prompt": "x", "json_schema": schema}, {"prompt": "x", "format": "json", "json_schema": schema}):
-        request = parse_generate(body, n_ctx=64).request("r")
+        request = parse_generate(body, n_ctx=64)[0].request("r")
         assert request.format == "json" and request.json_schema == schema
     with pytest.raises(BadRequest) as info:
-        parse_generate({"prompt": "x", "format": "raw", "json_schema": schema}, n_ctx=64)
+        parse_generate({"prompt": "x", "format": "raw", "json_schema": schema}, n_ctx=64)[0]
     assert info.value.param == "format"
-    assert parse_generate({"prompt": "x", "format": "raw"}, n_ctx=64).request("r").format == "raw"
+    assert parse_generate({"prompt": "x", "format": "raw"}, n_ctx=64)[0].request("r").format == "raw"
 
 
 def test_server_readme_shows_the_sampling_defaults_as_defined():
@@ -372,7 +372,7 @@ def test_each_entry_point_applies_its_own_defaults():
         defaults.ENGINE.max_tokens, defaults.ENGINE.temperature, defaults.ENGINE.top_k)
     rendered = RenderedChat([1], ())
     built = [
-        (defaults.GENERATE, parse_generate({"prompt": "x"}, n_ctx=4096).request("r")),
+        (defaults.GENERATE, parse_generate({"prompt": "x"}, n_ctx=4096)[0].request("r")),
         (defaults.COMPLETIONS, parse_completion({"model": "m", "prompt": "x"}, n_ctx=4096).specs[0].request("r")),
         (defaults.CHAT, parse_chat(CHAT, n_ctx=4096).with_prompt(rendered)[0].request("r")),
     ]
