@@ -83,7 +83,8 @@ BAD_BODIES = [
 BAD_FIELDS = [
     ({"max_tokens": 4}, "'prompt' is required", "prompt"),
     ({"prompt": 42}, "'prompt' must be a string, got a number", "prompt"),
-    ({"prompt": ["a"]}, "'prompt' must be a string, got an array", "prompt"),
+    ({"prompt": []}, "'prompt' must not be an empty list", "prompt"),
+    ({"prompt": ["a", 3]}, "'prompt[1]' must be a string, got a number", "prompt[1]"),
     ({"prompt": ""}, "'prompt' must not be empty", "prompt"),
     ({"prompt": "   \n"}, "'prompt' must not be empty", "prompt"),
     ({**GOOD, "tempreature": 0.1}, "unknown field(s): 'tempreature'", "tempreature"),

@@ -21,7 +21,8 @@ MODEL = "gemma-3-270m-Q4_K_M"
 ODD = [None, True, 0, -1, 1.5, 2**70, "", "x", [], [1], {}, {"a": 1}, "\u0000", "é"]
 # field -> (valid values, invalid values)
 GENERATE = {
-    "prompt": (["Hello", "🙂 two", "<start_of_turn>user"], ["", 5, ["x"]]),
+    "prompt": (["Hello", "🙂 two", "<start_of_turn>user", ["a", "b"]], ["", 5, ["x", 1], []]),
+    "n": ([1, 2], [0, 17]),
     "max_tokens": ([1, 2, 3], [0, -1, "3", 1.5, 10**9]),
     "priority": (["interactive", "batch"], ["other"]),
     "timeout": ([5, 0.5], [0, -1, 86401]),
@@ -41,10 +42,10 @@ GENERATE = {
 }
 COMPLETIONS = {
     "model": ([MODEL], ["", 5, "other"]),
-    "prompt": (["Hello", ["Hello"], [1, 2, 3]], ["", [], [[1, 2]], ["a", "b"], 5]),
+    "prompt": (["Hello", ["Hello"], [1, 2, 3], ["a", "b"], [[1, 2]]], ["", [], [[]], ["a", ""], 5]),
     "max_tokens": ([1, 2], [0, -1, 10**9]),
     "temperature": ([0, 1], [2.5]), "top_p": ([1, 0.3], [0]),
-    "n": ([1], [2, 0]), "best_of": ([1], [2]), "echo": ([False], [True]), "suffix": ([None, ""], ["x"]),
+    "n": ([1, 2], [0, 17]), "best_of": ([1], [2]), "echo": ([False], [True]), "suffix": ([None, ""], ["x"]),
     "stream": ([True, False], ["y"]), "stream_options": ([{"include_usage": True}], [{"include_usage": "y"}, []]),
     "stop": (["\n", ["a"]], [[1]]), "seed": ([1], [-5]), "user": (["u"], [5]),
     "logprobs": ([0, 5], [21]), "logit_bias": ([{"1": 2}], [{"a": 1}]), "priority": (["interactive"], ["x"]),
@@ -60,7 +61,7 @@ CHAT = {
                          {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}],
                         [{"type": "json_schema"}, {"type": "bogus"}, "json", {"type": "json_schema", "json_schema": {"schema": "x"}}]),
     "logprobs": ([True, False], [3]), "top_logprobs": ([0, 3], [21, -1]), "stream": ([True, False], [1]),
-    "stop": (["x", ["\n"]], [[1]]), "n": ([1], [2]), "tools": ([None], [[{"type": "function"}]]),
+    "stop": (["x", ["\n"]], [[1]]), "n": ([1, 2], [0, 17]), "tools": ([None], [[{"type": "function"}]]),
 }
 ROUTES = {"/generate": GENERATE, "/v1/completions": COMPLETIONS, "/v1/chat/completions": CHAT}
 REQUIRED = {"prompt", "model", "messages"}
