@@ -234,6 +234,14 @@ def test_a_killed_replica_fails_only_its_requests_and_is_replaced(cluster):
             assert r.status_code == 200, r.text
 
 
+def test_a_prompt_list_through_the_cluster_gets_a_choice_each(http):
+    model = http.get("/v1/models").json()["data"][0]["id"]
+    r = http.post("/v1/completions", json={"model": model, "prompt": ["One, two,", "Red, green,"], "n": 2,
+                                            "max_tokens": 3, "temperature": 0.8, "seed": 1})
+    assert r.status_code == 200, r.text
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1, 2, 3]
+
+
 def test_a_batch_job_at_the_ingress_spreads_over_the_replicas(cluster, http):
     openai = pytest.importorskip("openai")
     import io
