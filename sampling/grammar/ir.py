@@ -183,7 +183,14 @@ def opt(item) -> object:
 def chars(ranges: list[tuple[int, int]]) -> object:
     """One Unicode character from the code point ranges, as raw UTF-8."""
     seqs = utf8.sequences(ranges)
-    return alt(*(Seq(tuple(Bytes(range_mask(lo, hi)) for lo, hi in s)) for s in seqs))
+    return alt(*(Seq(tuple(byte_set(lo, hi) for lo, hi in s)) for s in seqs))
+
+
+@functools.lru_cache(maxsize=4096)
+def byte_set(lo: int, hi: int) -> Bytes:
+    """The shared node for one byte in lo..hi: patterns spell the same sets again and again,
+    one object each instead of one per use (fewer objects for the garbage collector)."""
+    return _BYTE[lo] if lo == hi else Bytes(range_mask(lo, hi))
 
 
 def size(node: object, limit: int) -> int:

@@ -200,11 +200,12 @@ class Thompson(NFA):
         return end
 
 
-_LEAVES: dict[object, tuple[list[list[tuple[int, int]]], list[bool]]] = {}
+LeafDFA = tuple[tuple[tuple[tuple[int, int], ...], ...], tuple[bool, ...]]
+_LEAVES: dict[object, LeafDFA] = {}
 
 
-def leaf_dfa(node) -> tuple[list[list[tuple[int, int]]], list[bool]]:
-    """A DFA for `node` as (per state: [(byte mask, target)], per state: accepting); state 0 is
+def leaf_dfa(node) -> LeafDFA:
+    """A DFA for `node` as (per state: ((byte mask, target), ...), per state: accepting); state 0 is
     the start. Memoised by IR value (IR nodes are immutable and hashable)."""
     by_id = _LEAVES_BY_ID.get(id(node))
     if by_id is not None and by_id[0] is node:
@@ -217,7 +218,7 @@ def leaf_dfa(node) -> tuple[list[list[tuple[int, int]]], list[bool]]:
     try:
         result = _edge_lists(dfa.build(nfa, [nfa.build(node)], minimal=True))   # _counted relies on it
     except dfa.EmptyLanguage:
-        result = [[]], [False]
+        result = ((),), (False,)
     if len(_LEAVES) > 4096:
         _LEAVES.clear()
     _LEAVES[node] = result
@@ -234,9 +235,10 @@ def _remember(node, result) -> None:
     _LEAVES_BY_ID[id(node)] = (node, result)     # holding `node` keeps its id from being reused
 
 
-def _edge_lists(aut: dfa.Automaton) -> tuple[list[list[tuple[int, int]]], list[bool]]:
+def _edge_lists(aut: dfa.Automaton) -> LeafDFA:
     """A one-rule automaton as leaf_dfa's result: its states reachable from the start, the start
-    numbered 0, edges grouped by target into byte masks."""
+    numbered 0, edges grouped by target into byte masks. Tuples of ints, which the garbage
+    collector stops tracking: the leaf cache holds many."""
     start = aut.rule_start[0]
     number = {start: 0}
     order = [start]
@@ -252,8 +254,8 @@ def _edge_lists(aut: dfa.Automaton) -> tuple[list[list[tuple[int, int]]], list[b
                 order.append(t)
             bits = np.packbits(row == t, bitorder="little").tobytes()
             out.append((int.from_bytes(bits, "little"), number[t]))
-        edges.append(out)
-    return edges, [bool(aut.accept[g]) for g in order]
+        edges.append(tuple(out))
+    return tuple(edges), tuple(bool(aut.accept[g]) for g in order)
 
 
 _FLAT: dict[int, tuple[object, tuple]] = {}
