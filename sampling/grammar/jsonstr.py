@@ -19,6 +19,7 @@ def _in(cp: int, ranges) -> bool:
     return any(lo <= cp <= hi for lo, hi in ranges)
 
 
+@functools.lru_cache(maxsize=None)
 def _hex_digit(value_lo: int, value_hi: int) -> ir.Bytes:
     """A hex digit (either case) whose value lies in [value_lo, value_hi]."""
     allowed = [b for b in _HEX if value_lo <= int(chr(b), 16) <= value_hi]

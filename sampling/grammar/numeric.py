@@ -14,7 +14,7 @@ _NONZERO_FRAC = ir.seq(ir.lit(b"."), ir.Repeat(_D, 0, None), ir.Bytes(ir.range_m
 
 
 def _digit(lo: int, hi: int) -> ir.Bytes:
-    return ir.Bytes(ir.range_mask(0x30 + lo, 0x30 + hi))
+    return ir.byte_set(0x30 + lo, 0x30 + hi)
 
 
 @functools.lru_cache(maxsize=None)
