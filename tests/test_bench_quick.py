@@ -6,7 +6,7 @@ import pytest
 
 from bench.cli import BENCHMARKS, main
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 # cluster: run by tests/test_cluster.py, on the Ray instance those tests share.
 RUNNABLE = sorted(set(BENCHMARKS) - {"plot", "cluster"})

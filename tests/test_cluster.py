@@ -264,6 +264,7 @@ def test_a_batch_job_at_the_ingress_spreads_over_the_replicas(cluster, http):
     assert all(after[r] > before.get(r, 0) for r in after)  # both replicas ran some of it
 
 
+@pytest.mark.slow
 def test_cluster_benchmark_runs_in_quick_mode_and_stores_its_run(cluster, tmp_path, capsys):
     from bench.cli import main
     from server.cluster.deploy import remove_app

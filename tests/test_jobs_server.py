@@ -18,7 +18,7 @@ import pytest
 from server.jobs.store import JobStore
 from tests.server_fixtures import serve_process, wait_until
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 ENDPOINT = "/v1/chat/completions"
 
