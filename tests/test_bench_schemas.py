@@ -43,6 +43,7 @@ def test_outcomes_name_the_refused_keyword_and_walk_instances():
     assert walk_instance(ok["grammar"], {"a": 1, "b": [1]}) and not walk_instance(ok["grammar"], {"a": "x"})
 
 
+@pytest.mark.model
 def test_quick_mode_compiles_validates_and_never_accepts_an_invalid_instance(tmp_path, capsys):
     assert main(["schemas", "--quick", "--results-dir", str(tmp_path)]) == 0
     (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
