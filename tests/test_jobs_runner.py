@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 
@@ -215,3 +214,15 @@ def test_offline_input_may_mix_endpoints_but_a_server_batch_may_not(tmp_path):
     assert [r.url for r in requests] == [ENDPOINT, "/v1/chat/completions"] and not problems
     _, problems = read_requests(path, ENDPOINT)
     assert [p.code for p in problems] == ["invalid_url"]
+
+
+def test_a_file_cut_off_mid_upload_leaves_nothing_on_disk(tmp_path):
+    store = JobStore(tmp_path)
+
+    def chunks():
+        yield b'{"custom_id": "a"}\n'
+        raise ValueError("the upload passed its limit")
+
+    with pytest.raises(ValueError):
+        store.add_file("batch", "in.jsonl", chunks())
+    assert list(store.files_dir.iterdir()) == [] and store.files(None) == []

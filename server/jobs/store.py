@@ -112,13 +112,18 @@ class JobStore:
         file_id = file_id or new_id("file")
         path = self.file_path(file_id)
         size = 0
-        with open(path.with_suffix(".part"), "wb") as out:
-            for chunk in chunks:
-                out.write(chunk)
-                size += len(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(path.with_suffix(".part"), path)  # a file is whole or absent, never partial
+        part = path.with_suffix(".part")
+        try:
+            with open(part, "wb") as out:
+                for chunk in chunks:  # may raise (an upload over its limit): nothing is left behind
+                    out.write(chunk)
+                    size += len(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+        os.replace(part, path)  # a file is whole or absent, never partial
         stored = StoredFile(file_id, purpose, filename, size, int(time.time()))
         with self._write() as db:
             db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)",
