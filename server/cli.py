@@ -6,7 +6,7 @@ import argparse
 import logging
 import re
 import sys
-from dataclasses import fields
+from dataclasses import Field, fields
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -94,13 +94,18 @@ def _add_model_flags(command: argparse.ArgumentParser) -> None:
     command.add_argument("--model-id", default=None, help="name to serve the model as (default: file stem)")
 
 
+def engine_flag(f: Field) -> str:
+    """The flag of an EngineConfig field: its metadata's, else its name spelt as a flag."""
+    return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+
+
 def add_engine_flags(group: Any) -> None:
     """One flag per EngineConfig field, with the field's help and default."""
     from engine.config import EngineConfig
 
     for f in fields(EngineConfig):
         meta = f.metadata
-        flag = meta.get("flag", "--" + f.name.replace("_", "-"))
+        flag = engine_flag(f)
         default = meta.get("serve_default", f.default)
         if f.type == "bool" and meta.get("on_off"):
             group.add_argument(flag, dest=f.name, choices=["on", "off"], default="on" if default else "off",
@@ -167,8 +172,7 @@ def _engine_options_problem(options: argparse.Namespace) -> str | None:
         message = str(exc)
         names = sorted(fields(EngineConfig), key=lambda f: -len(f.name))
         for f in names:
-            flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
-            message = re.sub(rf"(?<![\w-]){f.name}\b", flag, message)
+            message = re.sub(rf"(?<![\w-]){f.name}\b", engine_flag(f), message)
         return message
     return None
 

@@ -10,17 +10,13 @@ from engine import EngineConfig
 from server import cli
 
 
-def _flag(f) -> str:
-    return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
-
-
 def test_every_engine_setting_has_a_documented_flag(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100000")  # one line per flag: argparse would wrap at hyphens
     with pytest.raises(SystemExit):
         cli.main(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for f in fields(EngineConfig):
-        assert _flag(f) in text, f"no flag for EngineConfig.{f.name}"
+        assert cli.engine_flag(f) in text, f"no flag for EngineConfig.{f.name}"
         assert " ".join(f.metadata["help"].split()) in text
 
 
