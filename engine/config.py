@@ -14,6 +14,7 @@ from typing import Any
 
 from bindings import LLAMA_MAX_SEQ
 from engine.policy import FifoPolicy, SchedulingPolicy, TwoTierPolicy
+from engine.step_cost import StepCostModel
 
 
 def setting(default: Any, help: str, **cli: Any) -> Any:
@@ -62,10 +63,14 @@ class EngineConfig:
     interrupt_window: float = setting(
         0.5, "an interactive arrival aborts a pure decode step that has run less than this fraction of a "
              "typical one (0: never)")
-    # An interactive token waits for one step, whose time grows with its rows.
+    # An interactive token waits for one step, whose time grows with its rows: the target says how
+    # long that may be, and batch work gets whatever rows and prompt tokens fit in it.
+    interactive_token_ms: float | None = setting(
+        150.0, "per-token latency target for interactive requests while batch work runs: each step carries "
+               "the batch rows that fit (0: no target)", zero_is_none=True)
     interactive_batch_rows: int | None = setting(
-        3, "while interactive requests decode, batch tokens per step at most (rows rotate; 0: no bound)",
-        zero_is_none=True)
+        None, "while interactive requests decode, batch tokens per step at most, on top of the target "
+              "(rows rotate; 0: no cap)", zero_is_none=True)
     jump_forward: bool = setting(
         True, "where a JSON schema allows one continuation only, append its tokens unsampled")
 
@@ -102,9 +107,11 @@ class EngineConfig:
         holders = self.cache_holders if self.prefix_cache else 0
         return max(self.max_running, min(2 * self.max_running, LLAMA_MAX_SEQ - holders))
 
-    def scheduling_policy(self) -> SchedulingPolicy:
-        """A new policy object (it keeps per-engine state)."""
+    def scheduling_policy(self, step_cost: StepCostModel | None = None) -> SchedulingPolicy:
+        """A new policy object (it keeps per-engine state); `step_cost` is the engine's own model of
+        its step times, without which the latency target cannot be planned for."""
         if not self.priority_scheduling:
             return FifoPolicy()
+        target_s = None if self.interactive_token_ms is None else self.interactive_token_ms / 1000.0
         return TwoTierPolicy(self.max_running, self.step_token_budget, self.batch_min_share, self.interrupt_window > 0,
-                             self.interactive_batch_rows)
+                             self.interactive_batch_rows, target_s, step_cost)

@@ -16,6 +16,7 @@ from engine.outputs import SampledRows, append_token, flush_text, sample_rows
 from engine.request import FinishReason, Priority
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from engine.step_cost import StepCostModel
 from engine.stats import EngineStats, StepProfile, TierStats
 from engine.thread_governor import ThreadGovernor
 from sampling.sampler import BatchSampler
@@ -56,7 +57,9 @@ class EngineCore:
             holder_ids=range(cfg.sequence_ids, cfg.sequence_ids + holders), prefix_cache=cfg.prefix_cache,
             max_cached_blocks=int(cfg.cache_max_fraction * (self.n_ctx // cfg.block_size)),
         )
-        self.scheduler = Scheduler(self.kv_cache, cfg.max_running, cfg.step_token_budget, cfg.scheduling_policy())
+        self.step_cost = StepCostModel()
+        self.scheduler = Scheduler(self.kv_cache, cfg.max_running, cfg.step_token_budget,
+                                   cfg.scheduling_policy(self.step_cost))
         self.sampler = BatchSampler(model.n_vocab)
         self.jump = JumpForward(lambda text: model.tokenize(text, add_bos=False), model.token_bytes) \
             if cfg.jump_forward else None
@@ -109,6 +112,7 @@ class EngineCore:
         t5 = clock()
         produced = len(rows) + self.tokens_forced - forced_before
         self.profiles[kind].record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, produced)
+        self.step_cost.record(plan.n_tokens, len(rows), t5 - t0)
         return True
 
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
@@ -142,12 +146,17 @@ class EngineCore:
 
     def _apply(self, rows: list[Sequence], sampled: SampledRows) -> None:
         now = time.perf_counter()
+        interactive_intervals = []
         for i, (seq, token) in enumerate(zip(rows, sampled.tokens)):
             if i in sampled.dead_ends:
                 self.finish(seq, FinishReason.ERROR, error=sampled.dead_ends[i])
                 continue
             if seq.first_token_at is None:
                 seq.first_token_at, seq.first_token_step = now, self.steps_run
+            else:
+                interval = seq.token_delivered(now)
+                if seq.request.priority is Priority.INTERACTIVE:
+                    interactive_intervals.append(interval)
             try:
                 reason = append_token(seq, token, self.model.eog_tokens, self.n_ctx)
                 if reason is None:
@@ -157,6 +166,8 @@ class EngineCore:
                 continue
             if reason is not None:
                 self.finish(seq, reason)
+        if interactive_intervals:
+            self.scheduler.interactive_intervals(interactive_intervals)
 
     def _jump_forward(self, seq: Sequence) -> FinishReason | None:
         """Append the tokens the grammar forces next, and those a tight budget leaves no choice
@@ -234,4 +245,7 @@ class EngineCore:
             tiers=tiers,
             decode_threads=self.threads.current,
             thread_switches=self.threads.switches,
+            interactive_token_target_ms=self.config.interactive_token_ms if self.config.priority_scheduling else None,
+            latency_bounded_steps=scheduler.policy.bounded_steps,
+            batch_rows_granted=scheduler.policy.batch_rows_granted,
         )

@@ -18,8 +18,13 @@ while an interactive request reads its prompt:
 - the next step carries the interactive prompts alone, so the prefill runs as on an idle engine.
 
 Once interactive sequences decode, each of their tokens waits for one whole step, and a step's
-time grows about linearly with its rows, so steps then carry at most `interactive_batch_rows`
-batch tokens, the least advanced batch rows first.
+time grows about linearly with its rows. A per-token latency target (`interactive_token_s`)
+sets how long such a step may take: the step-cost model (engine/step_cost.py) says how many
+batch rows, then batch prompt tokens, fit beside the interactive rows, the least advanced batch
+rows first. The share of the target a step plans for follows the intervals interactive tokens
+really get (a whole turn of the loop, not just the decode): down after a miss, up slowly after
+hits, so that about one interval in twenty misses. `interactive_batch_rows` optionally caps the
+rows on top.
 
 For a slot, a batch sequence is suspended (it keeps its KV and resumes without recomputing);
 only when KV blocks run short is one released and later recomputed. `batch_min_share` bounds
@@ -33,9 +38,17 @@ from typing import Protocol
 
 from engine.request import Priority
 from engine.sequence import Sequence
+from engine.step_cost import StepCostModel
 from engine.step_plan import StepPlan
 
 INTERACTIVE, BATCH = Priority.INTERACTIVE, Priority.BATCH
+
+# The planned share of the per-token target: a miss takes 6% off, a hit adds 0.25 points, which
+# balance where about one interval in twenty misses (a p95 at the target).
+_PLANNED_SHARE_START = 0.8
+_PLANNED_SHARE_MIN = 0.2
+_SHARE_DOWN = 0.06
+_SHARE_UP = 0.0025
 
 
 class QueueView(Protocol):
@@ -70,6 +83,9 @@ class StepLayout:
 
 class SchedulingPolicy:
     """The questions the scheduler asks. This base class answers them as FIFO does."""
+
+    bounded_steps = 0  # steps laid out under a latency target
+    batch_rows_granted = 0  # batch rows those steps carried
 
     def next_candidate(self, view: QueueView, blocked: set[Priority]) -> Sequence | None:
         """The waiting sequence to try next; `blocked` holds the tiers whose head could not start."""
@@ -108,6 +124,9 @@ class SchedulingPolicy:
     def step_aborted(self, view: QueueView) -> None:
         """The last planned step was interrupted before it finished."""
 
+    def interactive_intervals(self, seconds: list[float]) -> None:
+        """Interactive sequences just got tokens, these many seconds after their previous ones."""
+
 
 class FifoPolicy(SchedulingPolicy):
     pass
@@ -115,16 +134,27 @@ class FifoPolicy(SchedulingPolicy):
 
 class TwoTierPolicy(SchedulingPolicy):
     def __init__(self, max_running: int, step_token_budget: int, batch_min_share: float = 0.25,
-                 interrupt_steps: bool = True, interactive_batch_rows: int | None = None) -> None:
+                 interrupt_steps: bool = True, interactive_batch_rows: int | None = None,
+                 interactive_token_s: float | None = None, step_cost: StepCostModel | None = None) -> None:
         if not 0.0 <= batch_min_share < 1.0:
             raise ValueError(f"batch_min_share must be at least 0 and below 1, got {batch_min_share}")
         if interactive_batch_rows is not None and interactive_batch_rows < 1:
             raise ValueError(f"interactive_batch_rows must be >= 1 (or None: no bound), got {interactive_batch_rows}")
+        if interactive_token_s is not None and not 0 < interactive_token_s < float("inf"):
+            raise ValueError(f"interactive_token_ms must be positive (or None: no target), got "
+                             f"{interactive_token_s * 1000:g}")
         share = batch_min_share
         self.interrupt_steps = interrupt_steps
-        # While interactive sequences decode, a step carries at most this many batch tokens:
-        # its time, and so each interactive token's, grows with its rows.
+        # While interactive sequences decode, a step carries at most this many batch tokens.
         self.interactive_batch_rows = interactive_batch_rows
+        # ... and no more than the step-cost model says fit within the per-token target. Without
+        # a model (a policy built only to check settings) the target cannot be planned for.
+        self.token_target_s = interactive_token_s if step_cost is not None else None
+        self.step_cost = step_cost
+        self.planned_share = _PLANNED_SHARE_START
+        self.bounded_steps = 0
+        self.batch_rows_granted = 0
+        self._last_step_bounded = False
         # Slots and prompt tokens batch work keeps whenever it has work; interactive work always
         # keeps at least one slot of its own.
         self.batch_slots = min(max_running - 1, max(1, round(share * max_running))) if share > 0 else 0
@@ -181,15 +211,46 @@ class TwoTierPolicy(SchedulingPolicy):
             order = [s for s in order if s.request.priority is INTERACTIVE and not s.is_decoding]
         wants = any(s.request.priority is BATCH and not s.is_decoding for s in order)
         layout = StepLayout(order, self.batch_tokens if wants else 0)
-        cap = self.interactive_batch_rows
-        if cap is not None and any(s.request.priority is INTERACTIVE and s.is_decoding for s in order):
-            # Batch rows rotate: the least advanced go first, so all progress at the same pace.
-            decoding = [s for s in order if s.request.priority is BATCH and s.is_decoding]
-            chosen = set(sorted(decoding, key=lambda s: (s.n_generated, s.arrival_order))[:cap])
-            layout.order = [s for s in order if s.request.priority is INTERACTIVE or s in chosen or not s.is_decoding]
-            layout.batch_prefill_reserve = 0
-            layout.batch_tokens_left = cap - len(chosen)
+        self._last_step_bounded = False
+        interactive_decoding = [s for s in order if s.request.priority is INTERACTIVE and s.is_decoding]
+        batch = [s for s in order if s.request.priority is BATCH]
+        if not interactive_decoding or not batch:
+            return layout
+        rows, prompt_tokens = self._batch_allowance(interactive_decoding, order)
+        if rows is None:
+            return layout  # neither a target nor a cap: batch rows ride along freely
+        # Batch rows rotate: the least advanced go first, so all progress at the same pace.
+        decoding = [s for s in batch if s.is_decoding]
+        chosen = set(sorted(decoding, key=lambda s: (s.n_generated, s.arrival_order))[:rows])
+        layout.order = [s for s in order if s.request.priority is INTERACTIVE or s in chosen or not s.is_decoding]
+        layout.batch_prefill_reserve = 0
+        layout.batch_tokens_left = prompt_tokens if prompt_tokens is not None else rows - len(chosen)
+        self._last_step_bounded = self.token_target_s is not None
+        if self._last_step_bounded:
+            self.bounded_steps += 1
+            self.batch_rows_granted += len(chosen)
         return layout
+
+    def _batch_allowance(self, interactive: list[Sequence], order: list[Sequence]) -> tuple[int | None, int | None]:
+        """Batch decode rows, and batch prompt tokens (None: whatever rows leave of the cap), a
+        step may carry beside the interactive rows."""
+        cap = self.interactive_batch_rows
+        cost = self.step_cost.estimate() if self.token_target_s is not None else None
+        if cost is None:
+            return cap, None
+        budget = self.planned_share * self.token_target_s
+        tokens = sum(s.n_pending for s in interactive)
+        spare = budget - cost.seconds(tokens, len(interactive))
+        row_s = cost.per_token_s + cost.per_output_s
+        rows = max(0, int(spare // row_s)) if spare > 0 else 0
+        if rows == 0 and not self._batch_may_wait(self._steps_without_batch):
+            rows = 1  # batch work's floor: progress in 1 of every 1/batch_min_share steps
+        if cap is not None:
+            rows = min(rows, cap)
+        n_decoding = sum(1 for s in order if s.request.priority is BATCH and s.is_decoding)
+        left = spare - min(rows, n_decoding) * row_s
+        prompt_tokens = max(0, int(left // cost.per_token_s)) if left > 0 else 0
+        return rows, prompt_tokens
 
     def step_planned(self, view: QueueView, plan: StepPlan) -> bool:
         waited = self._steps_without_batch
@@ -210,6 +271,17 @@ class TwoTierPolicy(SchedulingPolicy):
     def step_aborted(self, view: QueueView) -> None:
         if _batch_running(view):
             self._steps_without_batch = self._waited_before_step + 1
+
+    def interactive_intervals(self, seconds: list[float]) -> None:
+        # Only steps the target shaped tell whether the plan was right; a miss in a step of
+        # interactive rows alone says nothing about how much batch work fits.
+        if not self._last_step_bounded or self.token_target_s is None:
+            return
+        for interval in seconds:
+            if interval > self.token_target_s:
+                self.planned_share = max(_PLANNED_SHARE_MIN, self.planned_share * (1 - _SHARE_DOWN))
+            else:
+                self.planned_share = min(1.0, self.planned_share + _SHARE_UP)
 
     # ---- helpers ------------------------------------------------------------------------------
     def _displaceable(self, view: QueueView, seq: Sequence) -> list[Sequence]:

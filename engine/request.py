@@ -123,6 +123,8 @@ class RequestMetrics:
     preemptions: int = 0  # times it gave up its KV cells and recomputed them
     suspensions: int = 0  # times it gave up its slot to an interactive request, keeping its KV
     forced_tokens: int = 0  # of tokens_generated, appended unsampled where the grammar allowed one continuation
+    # Between consecutive steps that gave it tokens (the first token's wait is ttft_ms).
+    inter_token_ms: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,9 @@ class Scheduler:
     def step_aborted(self) -> None:
         self.policy.step_aborted(self)
 
+    def interactive_intervals(self, seconds: list[float]) -> None:
+        self.policy.interactive_intervals(seconds)
+
     def finish(self, seq: Sequence) -> None:
         """Take a finished or cancelled sequence out, freeing its KV before its id can be reused."""
         if seq.state is SequenceState.RUNNING:

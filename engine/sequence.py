@@ -53,6 +53,8 @@ class Sequence:
         self.submitted_at = time.perf_counter()
         self.admitted_at: float | None = None
         self.first_token_at: float | None = None
+        self._last_token_at: float | None = None
+        self.token_intervals: list[float] = []  # seconds between the steps that gave it tokens
         self.preemptions = 0  # times it gave up its KV cells (and recomputed them)
         self.suspensions = 0  # times it gave up its slot for an interactive request, keeping its KV
         self.forced_tokens = 0  # output tokens appended by jump-forward, unsampled
@@ -86,6 +88,14 @@ class Sequence:
         """How many more tokens max_tokens allows (the context may allow fewer)."""
         return self.request.max_tokens - self.n_generated
 
+    def token_delivered(self, now: float) -> float:
+        """Note a step that gave it tokens after its first; the seconds since the previous one."""
+        previous = self._last_token_at if self._last_token_at is not None else self.first_token_at
+        interval = now - previous
+        self.token_intervals.append(interval)
+        self._last_token_at = now
+        return interval
+
     def structured_data(self) -> Any:
         if self.matcher is None or not self.matcher.is_complete:
             return None
@@ -110,6 +120,7 @@ class Sequence:
             preemptions=self.preemptions,
             suspensions=self.suspensions,
             forced_tokens=self.forced_tokens,
+            inter_token_ms=tuple(ms(s) for s in self.token_intervals),
         )
         assert self.finish_reason is not None
         return GenerationResult(

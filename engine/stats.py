@@ -33,6 +33,9 @@ class EngineStats:
     tiers: dict[str, TierStats]
     decode_threads: int = 0  # threads the next llama_decode will use
     thread_switches: int = 0  # times the thread governor changed that count
+    interactive_token_target_ms: float | None = None  # the per-token target steps are planned for
+    latency_bounded_steps: int = 0  # steps whose batch rows the target chose
+    batch_rows_granted: int = 0  # batch rows those steps carried
 
 
 PHASES = ("schedule", "build_batch", "decode", "sample", "postprocess")

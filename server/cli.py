@@ -115,7 +115,7 @@ def add_engine_flags(group: Any) -> None:
                                help=f"{meta['help']} (default: {'on' if default else 'off'})")
             group.add_argument("--no-" + flag[2:], dest=f.name, action="store_false", help=argparse.SUPPRESS)
         else:
-            kind = {"int": int, "float": float, "int | None": int}[f.type]
+            kind = {"int": int, "float": float, "int | None": int, "float | None": float}[f.type]
             shown = "" if default is None else f" (default: {default})"
             if meta.get("zero_is_none") and default is None:
                 default = 0

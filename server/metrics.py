@@ -57,6 +57,10 @@ class ServerMetrics:
             "cobatch_queue_time_seconds", "Submission to first scheduled", ["priority"],
             buckets=_SECONDS_BUCKETS, registry=r,
         )
+        self.inter_token = Histogram(
+            "cobatch_inter_token_latency_seconds", "Between consecutive steps that gave a request tokens",
+            ["priority"], buckets=_SECONDS_BUCKETS, registry=r,
+        )
         self.generation_tokens = Histogram(
             "cobatch_request_generated_tokens", "Tokens generated per request", ["priority"],
             buckets=_TOKEN_BUCKETS, registry=r,
@@ -78,6 +82,9 @@ class ServerMetrics:
         self.queue_time.labels(priority).observe(m.queue_time_ms / 1000.0)
         if m.ttft_ms is not None:  # a request cancelled before its first token has no TTFT
             self.ttft.labels(priority).observe(m.ttft_ms / 1000.0)
+        inter_token = self.inter_token.labels(priority)
+        for interval_ms in m.inter_token_ms:
+            inter_token.observe(interval_ms / 1000.0)
 
     def observe_rejection(self, endpoint: str, status: int, reason: str) -> None:
         self.rejections.labels(endpoint, str(status), reason).inc()
@@ -164,6 +171,19 @@ def _tier_metrics(stats: EngineStats) -> Iterable:
                                       "Batch-only steps aborted for an arriving interactive request")
     interrupted.add_metric([], stats.steps_interrupted)
     yield interrupted
+    if stats.interactive_token_target_ms is not None:
+        target = GaugeMetricFamily("cobatch_interactive_token_target_seconds",
+                                   "Per-token latency target of interactive requests while batch work runs")
+        target.add_metric([], stats.interactive_token_target_ms / 1000.0)
+        yield target
+    bounded = CounterMetricFamily("cobatch_latency_bounded_steps", "Steps whose batch rows the per-token "
+                                  "target chose (interactive requests decoding beside batch work)")
+    bounded.add_metric([], stats.latency_bounded_steps)
+    yield bounded
+    granted = CounterMetricFamily("cobatch_batch_rows_granted", "Batch rows carried by latency-bounded steps "
+                                  "(divided by cobatch_latency_bounded_steps_total: rows per step)")
+    granted.add_metric([], stats.batch_rows_granted)
+    yield granted
 
 
 def _kv_block_metrics(stats: EngineStats) -> Iterable:

@@ -215,3 +215,77 @@ def test_kv_full_with_one_sequence_running_fails_it_and_frees_its_cells():
     assert result.finish_reason is FinishReason.ERROR and "KV cache" in result.error
     c.core.publish_stats()
     assert c.core.stats.kv.blocks_used == 0 and c.core.kv_cache.n_free_ids == c.core.config.sequence_ids
+
+
+def _synthetic_machine(c: Core, fixed: float, per_row: float) -> None:
+    """Teach the core's step-cost model a machine whose steps cost fixed + per_row x rows; the fake
+    backend's own steps (no time at all) are kept out of it."""
+    for rows in list(range(1, 17)) * 4:
+        c.core.step_cost.record(rows, rows, fixed + per_row * rows)
+    c.core.step_cost.record = lambda *args: None
+
+
+def test_latency_target_grants_the_batch_rows_that_fit_and_rotates_them():
+    c = Core(max_running=12, batch_min_share=0.1, interactive_token_ms=100)
+    batch = [c.add(f"b{i}", prompt(i), max_tokens=60) for i in range(8)]
+    c.core.step()
+    _synthetic_machine(c, fixed=0.005, per_row=0.010)
+    interactive = c.add("i0", prompt(9), max_tokens=12, priority="interactive")
+    c.core.step()
+    assert c.rows() == {"i0"}  # its prompt alone
+    # Planned: 80% of the 100 ms target; the interactive row and the fixed part take 15 ms, and
+    # each batch row 10 ms more, so 6 of the 8 batch rows fit.
+    served: list[set[str]] = []
+    while not interactive.handle.done():
+        c.core.step()
+        if not interactive.handle.done():
+            assert "i0" in c.rows()
+            served.append(c.rows() - {"i0"})
+    assert all(len(rows) == 6 for rows in served)
+    assert set().union(*served[:2]) == {f"b{i}" for i in range(8)}  # the least advanced go first
+    c.core.publish_stats()
+    stats = c.core.stats
+    assert stats.interactive_token_target_ms == 100
+    assert stats.latency_bounded_steps >= len(served) and stats.batch_rows_granted == 6 * stats.latency_bounded_steps
+    assert len(interactive.handle.result(0).metrics.inter_token_ms) == 11  # one interval per later token
+    c.run_to_end()
+    for i, seq in enumerate(batch):
+        assert list(seq.handle.result(0).token_ids) == expected_tokens(prompt(i), 60)
+
+
+def test_latency_target_still_lets_batch_work_progress_on_a_slow_machine():
+    c = Core(max_running=6, batch_min_share=0.25, interactive_token_ms=50)
+    [c.add(f"b{i}", prompt(i), max_tokens=60) for i in range(4)]
+    c.core.step()
+    _synthetic_machine(c, fixed=0.040, per_row=0.030)  # one interactive row alone misses the target
+    interactive = c.add("i0", prompt(9), max_tokens=20, priority="interactive")
+    c.core.step()
+    with_batch = 0
+    for _ in range(16):
+        c.core.step()
+        with_batch += bool(c.rows() - {"i0"})
+    assert not interactive.handle.done()
+    assert with_batch == 4  # one step in every 1 / batch_min_share carries a batch row
+
+
+def test_planned_share_falls_after_a_miss_and_recovers_slowly():
+    c = Core(max_running=12, batch_min_share=0.1, interactive_token_ms=100)
+    [c.add(f"b{i}", prompt(i), max_tokens=60) for i in range(8)]
+    c.core.step()
+    _synthetic_machine(c, fixed=0.005, per_row=0.010)
+    c.add("i0", prompt(9), max_tokens=40, priority="interactive")
+    c.core.step()
+    c.core.step()
+    policy = c.core.scheduler.policy
+    start = policy.planned_share
+    policy.interactive_intervals([0.150])  # a token came late: plan less
+    assert policy.planned_share < start
+    low = policy.planned_share
+    policy.interactive_intervals([0.050] * 10)
+    assert low < policy.planned_share < start
+
+
+def test_interactive_token_target_must_be_positive():
+    with pytest.raises(ValueError, match="interactive_token_ms"):
+        EngineConfig(interactive_token_ms=-5)
+    assert EngineConfig(interactive_token_ms=None).scheduling_policy().token_target_s is None

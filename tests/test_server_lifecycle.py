@@ -139,7 +139,10 @@ def test_serve_flags_select_the_engine_options(capsys):
     defaults = cli.engine_options_from(cli._parser().parse_args(["serve"]))
     assert defaults["prefix_cache"] is True and defaults["cache_max_fraction"] == 0.25
     assert defaults["flash_attn"] is True
-    assert defaults["interactive_batch_rows"] == 3 and defaults["adaptive_threads"] is True
+    assert defaults["interactive_batch_rows"] is None and defaults["adaptive_threads"] is True
+    assert defaults["interactive_token_ms"] == 150
+    assert cli.engine_options_from(cli._parser().parse_args(["serve", "--interactive-token-ms", "0"]))[
+        "interactive_token_ms"] is None
     unbounded = cli.engine_options_from(cli._parser().parse_args(
         ["serve", "--interactive-batch-rows", "0", "--no-adaptive-threads"]))
     assert unbounded["interactive_batch_rows"] is None and unbounded["adaptive_threads"] is False

@@ -1,0 +1,50 @@
+"""The step-cost model the latency target plans with: it must recover a machine's costs from the
+steps it saw, stay sensible when every step has one shape, and follow a change of speed."""
+from __future__ import annotations
+
+import pytest
+
+from engine.step_cost import StepCostModel
+
+
+def machine(fixed: float, per_token: float, per_output: float):
+    return lambda tokens, outputs: fixed + per_token * tokens + per_output * outputs
+
+
+def test_recovers_the_costs_of_varied_steps():
+    cost = machine(0.010, 0.004, 0.006)
+    model = StepCostModel()
+    assert model.estimate() is None
+    shapes = [(rows, rows) for rows in (1, 4, 8, 16, 24)] + [(rows + prompt, rows + 1) for rows in (2, 8)
+                                                            for prompt in (32, 128, 240)]
+    for _ in range(6):
+        for tokens, outputs in shapes:
+            model.record(tokens, outputs, cost(tokens, outputs))
+    fit = model.estimate()
+    assert fit.per_token_s == pytest.approx(0.004, rel=0.1)
+    assert fit.per_output_s == pytest.approx(0.006, rel=0.1)
+    assert fit.seconds(12, 12) == pytest.approx(cost(12, 12), rel=0.05)
+    assert fit.seconds(200, 3) == pytest.approx(cost(200, 3), rel=0.05)
+
+
+def test_one_shape_only_still_predicts_that_shape_and_its_neighbours():
+    cost = machine(0.020, 0.005, 0.005)
+    model = StepCostModel()
+    for _ in range(100):
+        model.record(16, 16, cost(16, 16))
+    fit = model.estimate()
+    assert fit.seconds(16, 16) == pytest.approx(cost(16, 16), rel=0.02)
+    assert min(fit) > 0  # no negative cost however degenerate the data
+    assert fit.seconds(20, 20) > fit.seconds(16, 16) > fit.seconds(8, 8)
+
+
+def test_follows_a_change_of_speed_within_a_few_dozen_steps():
+    fast, slow = machine(0.01, 0.004, 0.004), machine(0.02, 0.008, 0.008)
+    model = StepCostModel()
+    for i in range(128):
+        rows = 1 + i % 16
+        model.record(rows, rows, fast(rows, rows))
+    for i in range(40):  # a neighbour takes a core
+        rows = 1 + i % 16
+        model.record(rows, rows, slow(rows, rows))
+    assert model.estimate().seconds(8, 8) == pytest.approx(slow(8, 8), rel=0.25)
