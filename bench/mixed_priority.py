@@ -28,11 +28,14 @@ def interactive_figures(results: list) -> dict:
     ttft = [r.metrics.ttft_ms for r in results]
     e2e = [r.metrics.latency_ms for r in results]
     per_token = [(r.metrics.latency_ms - r.metrics.ttft_ms) / max(1, len(r.token_ids) - 1) for r in results]
+    intervals = [ms for r in results for ms in r.metrics.inter_token_ms]
     return {
         "n": len(results),
         **{f"ttft_p{q}": percentile(ttft, q) for q in (50, 95, 99)},
         **{f"e2e_p{q}": percentile(e2e, q) for q in (50, 95, 99)},
         "ms_per_token_p50": statistics.median(per_token),
+        # Every interval between an interactive request's tokens, not a per-request mean.
+        **{f"itl_p{q}": percentile(intervals, q) if intervals else 0.0 for q in (50, 95)},
         "ttft_steps_max": max(r.metrics.ttft_steps or 0 for r in results),
     }
 
@@ -94,8 +97,10 @@ def per_trial_lines(pairs: list[tuple[dict, dict, dict]]) -> str:
     for trial, (idle, prio, fifo) in enumerate(pairs):
         lines.append(
             f"- trial {trial}: TTFT p95 {prio['ttft_p95']:.0f} ms = {prio['ttft_p95'] / idle['ttft_p95']:.2f}x "
-            f"idle (floor {prio['ttft_p95_floor'] / idle['ttft_p95']:.2f}x); batch {prio['batch_tok_s']:.1f} vs "
-            f"FIFO {fifo['batch_tok_s']:.1f} tok/s ({change(prio, fifo, 'batch_tok_s')}); all tokens "
+            f"idle (floor {prio['ttft_p95_floor'] / idle['ttft_p95']:.2f}x); inter-token p95 {prio['itl_p95']:.0f} ms "
+            f"(FIFO {fifo['itl_p95']:.0f}); batch {prio['batch_tok_s']:.1f} vs "
+            f"FIFO {fifo['batch_tok_s']:.1f} tok/s = {prio['batch_tok_s'] / fifo['batch_tok_s']:.2f} "
+            f"({change(prio, fifo, 'batch_tok_s')}); all tokens "
             f"{change(prio, fifo, 'all_tok_s')}; gauge step {prio['gauge_step_ms']:.0f} ms after the "
             f"priority flood, {fifo['gauge_step_ms']:.0f} ms after FIFO's; CPU steal during the "
             f"flood {steal_text(prio)} (priority), {steal_text(fifo)} (FIFO)")
@@ -114,7 +119,8 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     flash_attn = args.flash_attn == "on"
     common = dict(n_threads=args.threads, max_running=args.max_running, flash_attn=flash_attn)
     engines = {
-        "priority": Engine(args.model, interrupt_window=args.interrupt_window, **common),
+        "priority": Engine(args.model, interrupt_window=args.interrupt_window,
+                           interactive_token_ms=args.interactive_token_ms or None, **common),
         "fifo": Engine(args.model, priority_scheduling=False, **common),
     }
     probe: TailProbe | None = None
@@ -153,12 +159,12 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     for mode in ("idle", "priority", "fifo"):
         m = med[mode]
         rows.append([mode, int(m["n"]), m["ttft_p50"], m["ttft_p95"], m["ttft_p99"], m["e2e_p50"], m["e2e_p95"],
-                     m["e2e_p99"], m["ms_per_token_p50"], m.get("batch_tok_s", "-"),
+                     m["e2e_p99"], m["ms_per_token_p50"], m["itl_p95"], m.get("batch_tok_s", "-"),
                      m.get("interactive_tok_s", "-"), m.get("all_tok_s", "-"),
                      m.get("suspensions", "-"), m.get("preemptions", "-"), m.get("steps_interrupted", "-")])
     table = markdown_table(
         ["engine", "interactive n", "TTFT p50 ms", "TTFT p95 ms", "TTFT p99 ms", "e2e p50 ms", "e2e p95 ms",
-         "e2e p99 ms", "ms/token p50", "batch tok/s", "interactive tok/s in flood", "all tok/s in flood",
+         "e2e p99 ms", "ms/token p50", "inter-token p95 ms", "batch tok/s", "interactive tok/s in flood", "all tok/s in flood",
          "suspensions", "preemptions", "interrupted steps"], rows)
     # Ratios within each trial, then their median: the machine's speed drifts between trials.
     pairs = list(zip(measured["idle"], measured["priority"], measured["fifo"]))
@@ -166,22 +172,31 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     fifo_ratio = statistics.median(f["ttft_p95"] / i["ttft_p95"] for i, _, f in pairs)
     floor_ratio = statistics.median(p["ttft_p95_floor"] / i["ttft_p95"] for i, p, _ in pairs)
     loss = statistics.median(1 - p["batch_tok_s"] / f["batch_tok_s"] for _, p, f in pairs)
+    batch_ratios = [p["batch_tok_s"] / f["batch_tok_s"] for _, p, f in pairs]
+    itl = [p["itl_p95"] for _, p, _ in pairs]
     all_loss = statistics.median(1 - p["all_tok_s"] / f["all_tok_s"] for _, p, f in pairs)
     headline = {"ttft_p95_vs_idle": round(ttft_ratio, 2), "batch_loss_vs_fifo": round(loss, 3),
                 "all_tokens_loss_vs_fifo": round(all_loss, 3),
-                "fifo_ttft_p95_vs_idle": round(fifo_ratio, 2), "ttft_p95_floor_vs_idle": round(floor_ratio, 2)}
+                "fifo_ttft_p95_vs_idle": round(fifo_ratio, 2), "ttft_p95_floor_vs_idle": round(floor_ratio, 2),
+                "batch_vs_fifo_per_trial": [round(r, 2) for r in batch_ratios],
+                "ttft_p95_vs_idle_per_trial": [round(p["ttft_p95"] / i["ttft_p95"], 2) for i, p, _ in pairs],
+                "inter_token_p95_ms_per_trial": [round(x) for x in itl],
+                "interactive_token_ms": args.interactive_token_ms}
     tail = med["priority"]
     summary = (
         f"{table}\n\nWorkload: {args.batch} batch x {args.batch_tokens} tokens at once; interactive "
         f"{args.interactive_tokens} tokens every {args.every} s until the batch is done; max_running "
-        f"{args.max_running}; interrupt_window {args.interrupt_window}; flash attention {args.flash_attn}; "
+        f"{args.max_running}; interrupt_window {args.interrupt_window}; interactive token target "
+        f"{args.interactive_token_ms or 'none'} ms; flash attention {args.flash_attn}; "
         f"{args.threads} threads; medians of "
         f"{args.trials} trial(s).\n\n"
         f"Ratios are taken within each trial (the machine's speed drifts between trials), then "
         f"the median over trials. Interactive TTFT p95 under the flood, priority: {ttft_ratio:.2f}x "
         f"idle (target <= 2x); "
-        f"FIFO: {headline['fifo_ttft_p95_vs_idle']:.2f}x. Batch throughput, priority vs FIFO: "
-        f"{-loss * 100:+.1f}% (target: loss <= 10%). Every token produced during the flood, "
+        f"FIFO: {headline['fifo_ttft_p95_vs_idle']:.2f}x. Interactive inter-token p95 per trial: "
+        f"{', '.join(f'{x:.0f}' for x in itl)} ms (target {args.interactive_token_ms or 'none'}). Batch tok/s "
+        f"over FIFO's per trial: {', '.join(f'{r:.2f}' for r in batch_ratios)}. Batch throughput, priority vs FIFO: "
+        f"{-loss * 100:+.1f}%. Every token produced during the flood, "
         f"batch and interactive, priority vs FIFO: {-all_loss * 100:+.1f}%. Interactive tokens produced during "
         f"the flood: priority {med['priority']['interactive_tok_s']:.1f} tok/s, FIFO "
         f"{med['fifo']['interactive_tok_s']:.1f} tok/s.\n\n"
@@ -215,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-requests", type=int, default=8)
     parser.add_argument("--interrupt-window", type=float, default=EngineConfig.interrupt_window,
                         help="the priority engine's interrupt_window (0: never interrupt a step)")
+    parser.add_argument("--interactive-token-ms", type=float, default=EngineConfig.interactive_token_ms,
+                        help="the priority engine's per-token target for interactive requests (0: none)")
     parser.add_argument("--max-running", "--max-batch", type=int, default=32)
     # On by default, as `cobatch serve` runs: the server is where the two tiers meet.
     parser.add_argument("--flash-attn", choices=["on", "off"], default="on",
