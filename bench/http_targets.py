@@ -37,6 +37,7 @@ class Sample:
     error: str = ""
     text: str = ""  # the answer, as streamed
     final: dict = field(default_factory=dict)  # the last event's payload (usage, timings, metrics)
+    gaps_s: list = field(default_factory=list)  # between consecutive events that carried text
 
 
 async def sse_events(response: httpx.Response) -> AsyncIterator[Event]:
@@ -71,6 +72,8 @@ class Target:
         start = time.perf_counter()
         ttft = None
         parts: list[str] = []
+        gaps: list[float] = []
+        last_text_at = 0.0
         try:
             async with client.stream("POST", self.url + path, json=body) as response:
                 if response.status_code != 200:
@@ -88,12 +91,16 @@ class Target:
                         return Sample(False, error=error)
                     if text:
                         parts.append(text)
+                        now = time.perf_counter()
                         if ttft is None:
-                            ttft = time.perf_counter() - start
+                            ttft = now - start
+                        else:
+                            gaps.append(now - last_text_at)
+                        last_text_at = now
                     if final_tokens is not None:
                         end = time.perf_counter()
                         return Sample(True, end - start if ttft is None else ttft, end - start, final_tokens,
-                                      text="".join(parts), final=data)
+                                      text="".join(parts), final=data, gaps_s=gaps)
         except httpx.HTTPError as exc:
             return Sample(False, error=f"{type(exc).__name__}: {exc}")
         return Sample(False, error="stream ended without a final event")

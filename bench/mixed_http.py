@@ -35,6 +35,7 @@ from bench.peer import add_peer_arguments, llama_server, peer_binary
 from bench.record import RunRecord, add_common_arguments, publish_report
 from bench.stats import percentile
 from bench.table import markdown_table
+from engine.config import EngineConfig
 from engine.model_source import resolve_model
 
 
@@ -47,7 +48,14 @@ async def idle(target: Target, n: int) -> dict[str, float]:
         samples = [await target.one(client, QUESTIONS[i % len(QUESTIONS)]) for i in range(n)]
     ok = _ok(samples)
     return {"idle_ttft_p50": percentile([s.ttft_s * 1000 for s in ok], 50),
-            "idle_e2e_p50": percentile([s.latency_s * 1000 for s in ok], 50)}
+            "idle_e2e_p50": percentile([s.latency_s * 1000 for s in ok], 50),
+            "idle_itl_p95": _gap_p95(ok)}
+
+
+def _gap_p95(samples: list[Sample]) -> float:
+    """p95 of every interval between streamed text events (about one per token), in ms."""
+    gaps = [g * 1000 for s in samples for g in s.gaps_s]
+    return percentile(gaps, 95) if gaps else float("nan")
 
 
 async def flood(batch: Target, interactive: Target, n_batch: int, every_s: float, limit_s: float) -> dict[str, Any]:
@@ -78,7 +86,7 @@ async def flood(batch: Target, interactive: Target, n_batch: int, every_s: float
     return {"batch_tok_s": sum(s.tokens for s in flood_samples) / makespan, "makespan_s": makespan,
             "collapsed": len(done) < n_batch, "batch_done": len(done), "interactive_n": len(answers),
             "ttft_p95": percentile(ttft, 95) if ttft else float("nan"),
-            "e2e_p95": percentile(e2e, 95) if e2e else float("nan")}
+            "e2e_p95": percentile(e2e, 95) if e2e else float("nan"), "itl_p95": _gap_p95(answers)}
 
 
 def _ok(samples: list[Sample]) -> list[Sample]:
@@ -174,7 +182,8 @@ def report(rows: list[dict[str, Any]], modes: list[str]) -> tuple[str, dict]:
             table.append([mode, name, med("batch_tok_s"), med("idle_ttft_p50"), med("ttft_p95"),
                           statistics.median(r["ttft_p95"] / r["idle_ttft_p50"] for r in mine),
                           med("idle_e2e_p50"), med("e2e_p95"),
-                          statistics.median(r["e2e_p95"] / r["idle_e2e_p50"] for r in mine)])
+                          statistics.median(r["e2e_p95"] / r["idle_e2e_p50"] for r in mine),
+                          med("idle_itl_p95"), med("itl_p95")])
         passed = 0
         for t, variant in ((t, v) for v in names if v.startswith("priority") for t in trials):
             prio, fifo = get[(t, mode, variant)], get[(t, mode, "fifo")]
@@ -185,7 +194,8 @@ def report(rows: list[dict[str, Any]], modes: list[str]) -> tuple[str, dict]:
                                              ("flood", share < 0.85), ("collapsed", prio["collapsed"])) if bad]
             passed += not missed and variant == "priority"
             line = (f"- {mode}, {variant}, trial {t}: TTFT p95 {ttft_x:.2f}x idle p50, end-to-end p95 {e2e_x:.2f}x, "
-                    f"flood {share:.2f}x FIFO's")
+                    f"flood {share:.2f}x FIFO's, inter-token p95 {prio['itl_p95']:.0f} ms (target "
+                    f"{EngineConfig.interactive_token_ms:.0f}; {prio['idle_itl_p95']:.0f} with nothing else running)")
             if "llama-server" in names:
                 peer = get[(t, mode, "llama-server")]
                 if peer["batch_tok_s"] > 0:
@@ -200,5 +210,6 @@ def report(rows: list[dict[str, Any]], modes: list[str]) -> tuple[str, dict]:
         f"priority): interactive TTFT p95 <= 2.5x idle TTFT p50, end-to-end p95 <= 3x idle end-to-end p50, "
         f"flood tok/s >= 0.85x FIFO's.", "",
         markdown_table(["neighbour", "server", "flood tok/s", "idle TTFT p50 ms", "TTFT p95 ms", "TTFT p95 / idle",
-                        "idle e2e p50 ms", "e2e p95 ms", "e2e p95 / idle"], table), "", *checks])
+                        "idle e2e p50 ms", "e2e p95 ms", "e2e p95 / idle", "idle inter-token p95 ms",
+                        "inter-token p95 ms"], table), "", *checks])
     return summary, headline

@@ -154,8 +154,10 @@ class EngineCore:
             if seq.first_token_at is None:
                 seq.first_token_at, seq.first_token_step = now, self.steps_run
             else:
-                interval = seq.token_delivered(now)
-                if seq.request.priority is Priority.INTERACTIVE:
+                interval, back_to_back = seq.token_delivered(now, self.steps_run)
+                # The plan answers for one step; an interval that spans a step leaving this
+                # sequence out (another's prompt alone, an aborted step) says nothing about it.
+                if back_to_back and seq.request.priority is Priority.INTERACTIVE:
                     interactive_intervals.append(interval)
             try:
                 reason = append_token(seq, token, self.model.eog_tokens, self.n_ctx)

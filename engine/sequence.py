@@ -54,6 +54,7 @@ class Sequence:
         self.admitted_at: float | None = None
         self.first_token_at: float | None = None
         self._last_token_at: float | None = None
+        self._last_token_step: int | None = None
         self.token_intervals: list[float] = []  # seconds between the steps that gave it tokens
         self.preemptions = 0  # times it gave up its KV cells (and recomputed them)
         self.suspensions = 0  # times it gave up its slot for an interactive request, keeping its KV
@@ -88,13 +89,15 @@ class Sequence:
         """How many more tokens max_tokens allows (the context may allow fewer)."""
         return self.request.max_tokens - self.n_generated
 
-    def token_delivered(self, now: float) -> float:
-        """Note a step that gave it tokens after its first; the seconds since the previous one."""
+    def token_delivered(self, now: float, step: int) -> tuple[float, bool]:
+        """Note a step that gave it tokens after its first: the seconds since the previous one, and
+        whether that was the step just before (no step in between left it out)."""
         previous = self._last_token_at if self._last_token_at is not None else self.first_token_at
+        previous_step = self._last_token_step if self._last_token_step is not None else self.first_token_step
         interval = now - previous
         self.token_intervals.append(interval)
-        self._last_token_at = now
-        return interval
+        self._last_token_at, self._last_token_step = now, step
+        return interval, step == previous_step + 1
 
     def structured_data(self) -> Any:
         if self.matcher is None or not self.matcher.is_complete:
