@@ -21,10 +21,9 @@ Once interactive sequences decode, each of their tokens waits for one whole step
 time grows about linearly with its rows. A per-token latency target (`interactive_token_s`)
 sets how long such a step may take: the step-cost model (engine/step_cost.py) says how many
 batch rows, then batch prompt tokens, fit beside the interactive rows, the least advanced batch
-rows first. The share of the target a step plans for follows the intervals interactive tokens
-really get (a whole turn of the loop, not just the decode): down after a miss, up slowly after
-hits, so that about one interval in twenty misses. `interactive_batch_rows` optionally caps the
-rows on top.
+rows first. Intervals are longer than the decode alone (the loop around it, noise), so the plan
+divides the target by the 95th percentile of interval / prediction, learned from the intervals
+interactive tokens really get. `interactive_batch_rows` optionally caps the rows on top.
 
 For a slot, a batch sequence is suspended (it keeps its KV and resumes without recomputing);
 only when KV blocks run short is one released and later recomputed. `batch_min_share` bounds
@@ -43,12 +42,14 @@ from engine.step_plan import StepPlan
 
 INTERACTIVE, BATCH = Priority.INTERACTIVE, Priority.BATCH
 
-# The planned share of the per-token target: a miss takes 6% off, a hit adds 0.25 points, which
-# balance where about one interval in twenty misses (a p95 at the target).
-_PLANNED_SHARE_START = 0.8
-_PLANNED_SHARE_MIN = 0.2
-_SHARE_DOWN = 0.06
-_SHARE_UP = 0.0025
+# How much longer than the step-cost model's prediction an interactive token's interval really
+# is (the loop around the decode, noise), tracked at its 95th percentile: an interval over the
+# estimate raises it 5%, one under lowers it by a nineteenth of that, which balance where one
+# interval in twenty is over.
+_CALIBRATION_START = 1.25
+_CALIBRATION_RANGE = (0.5, 4.0)
+_CALIBRATION_UP = 0.05
+_CALIBRATION_DOWN = _CALIBRATION_UP * 0.05 / 0.95
 
 
 class QueueView(Protocol):
@@ -151,7 +152,8 @@ class TwoTierPolicy(SchedulingPolicy):
         # a model (a policy built only to check settings) the target cannot be planned for.
         self.token_target_s = interactive_token_s if step_cost is not None else None
         self.step_cost = step_cost
-        self.planned_share = _PLANNED_SHARE_START
+        self.calibration = _CALIBRATION_START
+        self._predicted_s: float | None = None  # the last bounded step's predicted seconds
         self.bounded_steps = 0
         self.batch_rows_granted = 0
         self._last_step_bounded = False
@@ -238,7 +240,7 @@ class TwoTierPolicy(SchedulingPolicy):
         cost = self.step_cost.estimate() if self.token_target_s is not None else None
         if cost is None:
             return cap, None
-        budget = self.planned_share * self.token_target_s
+        budget = self.token_target_s / self.calibration
         tokens = sum(s.n_pending for s in interactive)
         spare = budget - cost.seconds(tokens, len(interactive))
         row_s = cost.per_token_s + cost.per_output_s
@@ -253,6 +255,9 @@ class TwoTierPolicy(SchedulingPolicy):
         return rows, prompt_tokens
 
     def step_planned(self, view: QueueView, plan: StepPlan) -> bool:
+        if self._last_step_bounded and (cost := self.step_cost.estimate()) is not None:
+            outputs = sum(1 for c in plan.chunks if c.wants_logits)
+            self._predicted_s = cost.seconds(plan.n_tokens, outputs)
         waited = self._steps_without_batch
         has_batch = any(c.seq.request.priority is BATCH for c in plan.chunks)
         self._waited_before_step = waited
@@ -273,15 +278,15 @@ class TwoTierPolicy(SchedulingPolicy):
             self._steps_without_batch = self._waited_before_step + 1
 
     def interactive_intervals(self, seconds: list[float]) -> None:
-        # Only steps the target shaped tell whether the plan was right; a miss in a step of
-        # interactive rows alone says nothing about how much batch work fits.
-        if not self._last_step_bounded or self.token_target_s is None:
+        # Only steps the target shaped tell how far the prediction was from the interval.
+        if not self._last_step_bounded or not self._predicted_s:
             return
+        low, high = _CALIBRATION_RANGE
         for interval in seconds:
-            if interval > self.token_target_s:
-                self.planned_share = max(_PLANNED_SHARE_MIN, self.planned_share * (1 - _SHARE_DOWN))
+            if interval > self._predicted_s * self.calibration:
+                self.calibration = min(high, self.calibration * (1 + _CALIBRATION_UP))
             else:
-                self.planned_share = min(1.0, self.planned_share + _SHARE_UP)
+                self.calibration = max(low, self.calibration * (1 - _CALIBRATION_DOWN))
 
     # ---- helpers ------------------------------------------------------------------------------
     def _displaceable(self, view: QueueView, seq: Sequence) -> list[Sequence]:

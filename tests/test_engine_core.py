@@ -233,8 +233,9 @@ def test_latency_target_grants_the_batch_rows_that_fit_and_rotates_them():
     interactive = c.add("i0", prompt(9), max_tokens=12, priority="interactive")
     c.core.step()
     assert c.rows() == {"i0"}  # its prompt alone
-    # Planned: 80% of the 100 ms target; the interactive row and the fixed part take 15 ms, and
-    # each batch row 10 ms more, so 6 of the 8 batch rows fit.
+    # Planned: the 100 ms target over the starting calibration 1.25 (intervals run longer than
+    # steps) is 80 ms; the interactive row and the fixed part take 15 ms, and each batch row 10 ms
+    # more, so 6 of the 8 batch rows fit.
     served: list[set[str]] = []
     while not interactive.handle.done():
         c.core.step()
@@ -268,21 +269,21 @@ def test_latency_target_still_lets_batch_work_progress_on_a_slow_machine():
     assert with_batch == 4  # one step in every 1 / batch_min_share carries a batch row
 
 
-def test_planned_share_falls_after_a_miss_and_recovers_slowly():
+def test_calibration_rises_after_a_late_token_and_falls_slowly():
     c = Core(max_running=12, batch_min_share=0.1, interactive_token_ms=100)
     [c.add(f"b{i}", prompt(i), max_tokens=60) for i in range(8)]
     c.core.step()
     _synthetic_machine(c, fixed=0.005, per_row=0.010)
     c.add("i0", prompt(9), max_tokens=40, priority="interactive")
     c.core.step()
-    c.core.step()
+    c.core.step()  # a bounded step: interactive row, fixed part and 6 batch rows, 75 ms predicted
     policy = c.core.scheduler.policy
-    start = policy.planned_share
-    policy.interactive_intervals([0.150])  # a token came late: plan less
-    assert policy.planned_share < start
-    low = policy.planned_share
+    start = policy.calibration
+    policy.interactive_intervals([0.150])  # twice the prediction: plan less
+    assert policy.calibration > start
+    high = policy.calibration
     policy.interactive_intervals([0.050] * 10)
-    assert low < policy.planned_share < start
+    assert start < policy.calibration < high
 
 
 def test_interactive_token_target_must_be_positive():
