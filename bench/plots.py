@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench.record import read_trials
 from bench.stats import percentile
 
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.run)
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
-        trials = json.loads((folder / "trials.json").read_text())
+        trials = read_trials(folder)
     except (OSError, ValueError) as exc:
         print(f"plot: {folder} is not a stored run: {exc}", file=sys.stderr)
         return 2

@@ -2,18 +2,24 @@
 
     bench/results/<UTC time>-<benchmark>/
         manifest.json   command, git commit, model file and sha256, machine, llama.cpp build
-        trials.json     every raw measurement, as the benchmark took it
+        trials.json.gz  every raw measurement, as the benchmark took it (gzip; capped, see below)
         summary.md      the Markdown table printed at the end
     bench/results/index.csv   one line per run: when, what, commit, headline figures
 
 Runs go under ./bench/results of the directory the command runs in (the repository root), or
 wherever --results-dir says; --no-save skips storing.
+
+No stored file may exceed MAX_FILE_BYTES, so that the repository stays cheap to clone: when the
+compressed trials would, the last trials are dropped until they fit, and the manifest's
+"trials_stored" says how many were kept of how many. Older runs hold a plain trials.json;
+read_trials takes either form.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import datetime
+import gzip
 import hashlib
 import json
 import os
@@ -25,6 +31,46 @@ from pathlib import Path
 from typing import Any, Callable
 
 INDEX_FIELDS = ["run", "utc", "benchmark", "commit", "model_sha256", "headline", "folder"]
+TRIALS_FILE = "trials.json.gz"
+LEGACY_TRIALS_FILE = "trials.json"
+MAX_FILE_BYTES = 1_000_000
+
+
+def read_trials(folder: str | Path) -> list[dict[str, Any]]:
+    """A stored run's trials, from trials.json.gz or (runs stored before compression) trials.json."""
+    folder = Path(folder)
+    packed = folder / TRIALS_FILE
+    if packed.exists():
+        return json.loads(gzip.decompress(packed.read_bytes()))
+    return json.loads((folder / LEGACY_TRIALS_FILE).read_text())
+
+
+def _pack(trials: list[dict[str, Any]]) -> bytes:
+    # mtime=0: the same trials give the same bytes, so a rewrite shows no spurious diff
+    return gzip.compress(json.dumps(trials, separators=(",", ":")).encode(), compresslevel=9, mtime=0)
+
+
+def write_trials(folder: str | Path, trials: list[dict[str, Any]],
+                 max_bytes: int = MAX_FILE_BYTES) -> dict[str, Any] | None:
+    """Write trials.json.gz under max_bytes; returns None when every trial fits, else a note for
+    the manifest saying how many trials were kept (the first ones) of how many."""
+    blob = _pack(trials)
+    kept = len(trials)
+    if len(blob) > max_bytes:
+        fits, too_many = 0, len(trials)   # binary search for the longest prefix that fits
+        while too_many - fits > 1:
+            middle = (fits + too_many) // 2
+            if len(_pack(trials[:middle])) <= max_bytes:
+                fits = middle
+            else:
+                too_many = middle
+        kept, blob = fits, _pack(trials[:fits])
+    (Path(folder) / TRIALS_FILE).write_bytes(blob)
+    if kept == len(trials):
+        return None
+    return {"kept": kept, "measured": len(trials),
+            "why": f"{TRIALS_FILE} is capped at {max_bytes} bytes; the trials after the first {kept} were "
+                   "dropped from the file (summary.md and the headline cover all of them)"}
 
 
 def add_record_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,8 +111,10 @@ class RunRecord:
         folder = root / run_id
         folder.mkdir(parents=True, exist_ok=False)
         manifest = self.manifest(headline)
+        capped = write_trials(folder, self.trials)
+        if capped is not None:
+            manifest["trials_stored"] = capped
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        (folder / "trials.json").write_text(json.dumps(self.trials, indent=1) + "\n")
         (folder / "summary.md").write_text(f"# {self.benchmark}\n\n`{self.command}`\n\n{summary}\n")
         index = root / "index.csv"
         new = not index.exists()
@@ -161,7 +209,7 @@ def publish_report(record: RunRecord, report: Callable[[], tuple[str, dict[str, 
     try:
         summary, headline = report()
     except Exception as exc:
-        record.save(f"The report failed ({type(exc).__name__}: {exc}); the trials are in trials.json.",
+        record.save(f"The report failed ({type(exc).__name__}: {exc}); the trials are in {TRIALS_FILE}.",
                     {"report": "failed"})
         raise
     publish(record, summary, headline)

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from bench.cli import BENCHMARKS, main
+from bench.record import read_trials
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -23,7 +24,7 @@ def test_benchmark_runs_in_quick_mode_and_stores_its_run(name, capsys, tmp_path)
     assert len(manifest["model"]["sha256"]) == 64 and manifest["machine"]["logical_cores"] >= 1
     assert len(manifest["git"]["commit"]) in (40, len("unknown"))
     assert "llama_cpp_python" in manifest["llama_cpp"]
-    trials = json.loads((folder / "trials.json").read_text())
+    trials = read_trials(folder)
     assert trials and all("at" in t for t in trials)
     assert (folder / "summary.md").read_text().count("|") > 10
     (row,) = list(csv.DictReader((tmp_path / "index.csv").open()))
@@ -47,7 +48,7 @@ def test_benchmark_options_run_in_quick_mode(name, options, capsys, tmp_path):
     assert main([name, *options, "--quick", "--results-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out.count("|") > 10
     (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    trials = json.loads((folder / "trials.json").read_text())
+    trials = read_trials(folder)
     assert trials and json.loads((folder / "manifest.json").read_text())["benchmark"] == name
     if "--http" in options:
         assert {t["server"] for t in trials} == {"priority", "priority rows=2", "fifo"}

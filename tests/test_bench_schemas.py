@@ -6,6 +6,7 @@ import time
 import pytest
 
 from bench.cli import main
+from bench.record import read_trials
 from bench.schema_coverage import _Timeout, compile_outcome, load_dataset, timed, walk_instance
 from sampling.grammar.vocab_index import index_for
 from tests.test_grammar_support import VOCAB
@@ -51,5 +52,5 @@ def test_quick_mode_compiles_validates_and_never_accepts_an_invalid_instance(tmp
     assert headline["schemas"] == 6 and headline["compiled"] >= 4
     assert headline["crashes"] == 0 and headline["invalid_docs"] == 0 and headline["docs"] >= 3
     assert headline["false_accepts"] == 0 and headline["false_rejects"] == 0
-    trials = json.loads((folder / "trials.json").read_text())
+    trials = read_trials(folder)
     assert {t["name"] for t in trials if t["cobatch"]["status"] == "compiled"} >= {"required-undeclared", "vendor-keywords"}

@@ -17,6 +17,7 @@ serve = pytest.importorskip("ray.serve")
 import httpx  # noqa: E402
 import jsonschema  # noqa: E402
 
+from bench.record import read_trials  # noqa: E402
 from bench.schemas import REVIEW_SCHEMA  # noqa: E402
 from bench.sse import sse_events  # noqa: E402
 from tests.server_fixtures import scrape, wait_until  # noqa: E402
@@ -276,7 +277,7 @@ def test_cluster_benchmark_runs_in_quick_mode_and_stores_its_run(cluster, tmp_pa
     (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["benchmark"] == "cluster" and manifest["command"].startswith("cobatch bench cluster")
-    trials = json.loads((folder / "trials.json").read_text())
+    trials = read_trials(folder)
     assert {t["routing"] for t in trials} == {"prefix", "round-robin", "power-of-two"}
     for t in trials:
         assert t["requests"] == sum(t["replica_requests"].values()) > 0
