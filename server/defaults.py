@@ -3,7 +3,7 @@
 Three entry points, three sets of defaults, on purpose: the Python `Engine` is greedy (its
 outputs reproducible by default), `/generate` samples as llama.cpp's examples do, and the
 OpenAI routes follow OpenAI's documented defaults so its clients behave as they expect.
-server/README.md ("Sampling defaults") shows `defaults_table()`; a test keeps the two equal.
+docs/http-api.md ("Sampling defaults") shows `defaults_table()`; a test keeps the two equal.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ ENTRY_POINTS: dict[str, SamplingDefaults] = {
 
 
 def defaults_table() -> str:
-    """The markdown table server/README.md shows: one row per parameter, one column per entry point."""
+    """The markdown table docs/http-api.md shows: one row per parameter, one column per entry point."""
     lines = ["| parameter | " + " | ".join(ENTRY_POINTS) + " |", "| --- |" + " --- |" * len(ENTRY_POINTS)]
     for f in fields(SamplingDefaults):
         cells = [_cell(getattr(d, f.name)) for d in ENTRY_POINTS.values()]

@@ -1,7 +1,7 @@
 """Validation of the native `POST /generate` body into a GenerationSpec.
 
 Fields (all but `prompt` optional; the sampling fields' defaults are server/defaults.py GENERATE,
-shown in server/README.md's "Sampling defaults"):
+shown in docs/http-api.md's "Sampling defaults"):
   prompt              non-empty string, or a list of them (one choice each, at most 256)
   n                   integer 1..16                    (default 1: choices per prompt; the prompt is
                                                         computed once; with a seed, choice i > 0

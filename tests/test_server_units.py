@@ -353,12 +353,12 @@ def test_generate_json_schema_alone_implies_format_json():
     assert parse_generate({"prompt": "x", "format": "raw"}, n_ctx=64)[0].request("r").format == "raw"
 
 
-def test_server_readme_shows_the_sampling_defaults_as_defined():
+def test_http_api_docs_show_the_sampling_defaults_as_defined():
     from pathlib import Path
 
     from server.defaults import defaults_table
 
-    readme = (Path(__file__).resolve().parent.parent / "server" / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "http-api.md").read_text(encoding="utf-8")
     section = readme.split("## Sampling defaults", 1)[1].split("\n## ", 1)[0]
     shown = "\n".join(line for line in section.splitlines() if line.startswith("|"))
     assert shown == defaults_table()
