@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=24, help="batch requests in the flood")
     parser.add_argument("--batch-tokens", type=int, default=256)
     parser.add_argument("--interactive-tokens", type=int, default=32)
-    # The spec says 0.5 s for a machine about 3x faster than this one (see NOTES vs README).
+    # The spec says 0.5 s for a machine about 3x faster than this one (see NOTES vs docs/benchmark-history.md).
     parser.add_argument("--every", type=float, default=1.5, help="seconds between interactive arrivals")
     parser.add_argument("--idle-requests", type=int, default=8)
     parser.add_argument("--interrupt-window", type=float, default=EngineConfig.interrupt_window,

@@ -1,6 +1,6 @@
 """llama.cpp's own tools as same-run baselines: llama-batched-bench (the decode ceiling) and
 llama-server (the peer server), found on PATH or given as a path. Neither is built by cobatch:
-build llama.cpp yourself (README, "Baselines") or skip these columns."""
+build llama.cpp yourself (docs/benchmarks.md, "Regenerating") or skip these columns."""
 from __future__ import annotations
 
 import argparse
