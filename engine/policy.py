@@ -7,7 +7,7 @@ it asks its policy every question that has more than one defensible answer. Two 
 - `TwoTierPolicy`: interactive requests first, batch work keeps a guaranteed share.
 
 Why the two-tier rules look the way they do: on a CPU, one step of a full batch of decode rows
-takes longer than a short prompt's whole prefill on an idle engine (README, "How it works"). So,
+takes longer than a short prompt's whole prefill on an idle engine (docs/scheduling.md). So,
 while an interactive request reads its prompt:
 
 - an arriving interactive request interrupts the step in flight if that is a pure decode step

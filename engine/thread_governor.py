@@ -3,7 +3,7 @@
 ggml's CPU threads meet at a barrier after every graph node (hundreds per step). When another
 runnable process shares the cores, one of them is regularly descheduled and the others wait
 for it at every barrier, so all threads run at the pace of the slowest, while fewer threads can
-keep whole cores and their speed (README, "Serving on a shared machine"). No setting is right
+keep whole cores and their speed (docs/threads.md). No setting is right
 for both cases, so the governor measures: it runs one thread count, now and then probes another
 on a single step, and switches when the probe beat what the current count costs on steps of the
 same shape. Two kinds of step are cut short (aborted and
@@ -28,7 +28,7 @@ _SWITCH_MARGIN = 1.15  # a probe must be this much cheaper than the current coun
 _STALL = 2.0  # a step this many times its shape's median counts as stalled
 _STALLS_BEFORE_PROBE = 2  # stalled steps in a row (the median has moved) before probing at once
 # A step this many times its expected cost is cut short and the others probed at once: above an
-# ordinary hiccup's cost, below what a neighbour taking a core does (README has the figures).
+# ordinary hiccup's cost, below what a neighbour taking a core does (docs/benchmark-history.md has the figures).
 _SEVERE_STALL = 4.0
 _FIRST_PROBE_S = 2.0  # seconds before the first probe, then between probes while they agree
 _MAX_PROBE_S = 30.0
