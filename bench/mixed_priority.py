@@ -87,6 +87,10 @@ def flood(engine: Engine, n_batch: int, batch_tokens: int, every_s: float, token
         "suspensions": after.suspensions - before.suspensions,
         "preemptions": after.preemptions - before.preemptions,
         "steps_interrupted": after.steps_interrupted - before.steps_interrupted,
+        "bounded_steps": after.latency_bounded_steps - before.latency_bounded_steps,
+        "batch_rows_per_bounded_step": (after.batch_rows_granted - before.batch_rows_granted)
+        / max(1, after.latency_bounded_steps - before.latency_bounded_steps),
+        "calibration_after": after.latency_calibration or 0.0,
         "decode_rows_mean": decode_steps.tokens / max(1, decode_steps.steps),
         "cpu_steal": -1.0 if stolen is None else stolen,  # -1: not measurable here
     }
@@ -147,8 +151,11 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
                     figures["split_cost"] = tail.split_cost
                 record.trial(trial=trial, mode=mode, **figures)
                 measured[mode].append(figures)
-                print(f"trial {trial} {mode}: interactive TTFT p95 {figures['ttft_p95']:.0f} ms, "
-                      f"batch {figures['batch_tok_s']:.1f} tok/s", file=sys.stderr)
+                print(f"trial {trial} {mode}: interactive TTFT p95 {figures['ttft_p95']:.0f} ms, inter-token p95 "
+                      f"{figures['itl_p95']:.0f} ms, batch {figures['batch_tok_s']:.1f} tok/s, "
+                      f"{figures['bounded_steps']} bounded steps with {figures['batch_rows_per_bounded_step']:.1f} "
+                      f"batch rows each, calibration {figures['calibration_after']:.2f}, decode rows "
+                      f"{figures['decode_rows_mean']:.1f}", file=sys.stderr)
     finally:
         if probe is not None:
             probe.close()

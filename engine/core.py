@@ -58,6 +58,7 @@ class EngineCore:
             max_cached_blocks=int(cfg.cache_max_fraction * (self.n_ctx // cfg.block_size)),
         )
         self.step_cost = StepCostModel()
+        self.runner_threads = cfg.n_threads  # the thread count of the step being run
         self.scheduler = Scheduler(self.kv_cache, cfg.max_running, cfg.step_token_budget,
                                    cfg.scheduling_policy(self.step_cost))
         self.sampler = BatchSampler(model.n_vocab)
@@ -88,13 +89,15 @@ class EngineCore:
         """One engine step; False when there was nothing to decode."""
         clock = time.perf_counter
         t0 = clock()
+        self.step_cost.expect_threads(self.threads.current)
         plan = self.scheduler.schedule()
         t1 = clock()
         if not plan.chunks:
             return False
         rows = self.runner.build_batch(plan)
         kind = "decode" if all(c.seq.is_decoding for c in plan.chunks) else "mixed"
-        self.runner.set_threads(self.threads.choose(plan.n_tokens, len(rows)))
+        self.runner_threads = self.threads.choose(plan.n_tokens, len(rows))
+        self.runner.set_threads(self.runner_threads)
         self.publish_stats()  # readers see this step's admissions while it decodes
         t2 = clock()
         outcome = self._decode(plan.interruptible)
@@ -112,7 +115,7 @@ class EngineCore:
         t5 = clock()
         produced = len(rows) + self.tokens_forced - forced_before
         self.profiles[kind].record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, produced)
-        self.step_cost.record(plan.n_tokens, len(rows), t5 - t0)
+        self.step_cost.record(plan.n_tokens, len(rows), t5 - t0, self.runner_threads)
         return True
 
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
@@ -250,4 +253,5 @@ class EngineCore:
             interactive_token_target_ms=self.config.interactive_token_ms if self.config.priority_scheduling else None,
             latency_bounded_steps=scheduler.policy.bounded_steps,
             batch_rows_granted=scheduler.policy.batch_rows_granted,
+            latency_calibration=scheduler.policy.calibration,
         )

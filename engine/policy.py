@@ -87,6 +87,7 @@ class SchedulingPolicy:
 
     bounded_steps = 0  # steps laid out under a latency target
     batch_rows_granted = 0  # batch rows those steps carried
+    calibration: float | None = None  # how much longer intervals run than predicted steps (p95)
 
     def next_candidate(self, view: QueueView, blocked: set[Priority]) -> Sequence | None:
         """The waiting sequence to try next; `blocked` holds the tiers whose head could not start."""

@@ -36,6 +36,7 @@ class EngineStats:
     interactive_token_target_ms: float | None = None  # the per-token target steps are planned for
     latency_bounded_steps: int = 0  # steps whose batch rows the target chose
     batch_rows_granted: int = 0  # batch rows those steps carried
+    latency_calibration: float | None = None  # the plan's interval / predicted step seconds (p95)
 
 
 PHASES = ("schedule", "build_batch", "decode", "sample", "postprocess")

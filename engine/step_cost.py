@@ -2,8 +2,11 @@
 
 A step's seconds are modelled as fixed + per token fed + per output row (an output row also
 pays the projection over the whole vocabulary and its sampling). The three coefficients are
-fitted by recency-weighted least squares over the last steps, so the model follows the
-machine's speed, the thread governor's choice and a busy neighbour within a few steps.
+fitted by recency-weighted least squares over the last steps run with the thread count asked
+about, so the model follows the machine's speed and a busy neighbour within a few steps, and
+the thread governor's probes at another count (which can be many times slower beside a
+neighbour) do not distort it. One reweighting pass discounts steps far off the first fit (a
+hiccup, a page fault) instead of letting one of them shift every prediction.
 
 When the recent steps all have one shape (say, every step decodes 16 rows), the data cannot
 tell the fixed cost from the per-row one; a gentle pull toward a prior *shape* (fixed cost
@@ -21,6 +24,7 @@ _WINDOW = 128  # steps remembered
 _DECAY = 0.97  # weight of a step one step older
 _PRIOR_SHAPE = np.array([1.0, 0.5, 0.5])  # fixed, per token, per output row (relative)
 _PRIOR_PULL = 0.05  # ridge strength, relative to the data's own curvature
+_MIN_STEPS = 8  # steps at one thread count before they are fitted alone
 
 
 class StepCost(NamedTuple):
@@ -36,26 +40,34 @@ class StepCostModel:
     """Fed by the engine core after every completed step; read by the scheduling policy."""
 
     def __init__(self) -> None:
-        self._steps: collections.deque[tuple[int, int, float]] = collections.deque(maxlen=_WINDOW)
-        self._fit: StepCost | None = None
+        self._steps: collections.deque[tuple[int, int, float, int]] = collections.deque(maxlen=_WINDOW)
+        self._fits: dict[int | None, StepCost] = {}
+        self._expected_threads: int | None = None
 
-    def record(self, tokens: int, outputs: int, seconds: float) -> None:
-        self._steps.append((tokens, outputs, seconds))
-        self._fit = None  # refitted lazily: only steps that need a prediction pay for it
+    def record(self, tokens: int, outputs: int, seconds: float, threads: int = 0) -> None:
+        self._steps.append((tokens, outputs, seconds, threads))
+        self._fits.clear()  # refitted lazily: only steps that need a prediction pay for it
 
     @property
     def n_steps(self) -> int:
         return len(self._steps)
 
-    def estimate(self) -> StepCost | None:
-        """The current fit, or None before any step has been seen."""
-        if self._fit is None and self._steps:
-            self._fit = _fit(self._steps)
-        return self._fit
+    def expect_threads(self, threads: int) -> None:
+        """The thread count the coming steps will normally run with (the thread governor's)."""
+        self._expected_threads = threads
+
+    def estimate(self, threads: int | None = None) -> StepCost | None:
+        """The fit for steps run with `threads` (default: the expected count; all steps while
+        fewer than a few ran with it), or None before any step has been seen."""
+        threads = self._expected_threads if threads is None else threads
+        if threads not in self._fits and self._steps:
+            same = [s for s in self._steps if s[3] == threads] if threads is not None else []
+            self._fits[threads] = _fit(same if len(same) >= _MIN_STEPS else list(self._steps))
+        return self._fits.get(threads)
 
 
-def _fit(steps: collections.deque[tuple[int, int, float]]) -> StepCost:
-    data = np.array(steps, dtype=np.float64)
+def _fit(steps: list[tuple[int, int, float, int]]) -> StepCost:
+    data = np.array([s[:3] for s in steps], dtype=np.float64)
     x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])
     y = data[:, 2]
     w = _DECAY ** np.arange(len(data) - 1, -1, -1, dtype=np.float64)
@@ -63,6 +75,14 @@ def _fit(steps: collections.deque[tuple[int, int, float]]) -> StepCost:
     shape_pred = x @ _PRIOR_SHAPE
     scale = float(np.sum(w * y * shape_pred) / max(np.sum(w * shape_pred ** 2), 1e-12))
     prior = scale * _PRIOR_SHAPE
+    xtw = x.T * w
+    gram = xtw @ x
+    pull = _PRIOR_PULL * np.maximum(np.diag(gram), 1e-12)
+    theta = np.linalg.solve(gram + np.diag(pull), xtw @ y + pull * prior)
+    # Steps far off the fit (beyond 4 median absolute residuals) count for little in a refit.
+    residual = np.abs(y - x @ theta)
+    spread = max(float(np.median(residual)), 1e-6)
+    w = w * np.where(residual > 4 * spread, 0.05, 1.0)
     xtw = x.T * w
     gram = xtw @ x
     pull = _PRIOR_PULL * np.maximum(np.diag(gram), 1e-12)

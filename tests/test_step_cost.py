@@ -48,3 +48,19 @@ def test_follows_a_change_of_speed_within_a_few_dozen_steps():
         rows = 1 + i % 16
         model.record(rows, rows, slow(rows, rows))
     assert model.estimate().seconds(8, 8) == pytest.approx(slow(8, 8), rel=0.25)
+
+
+def test_steps_at_another_thread_count_and_hiccups_do_not_distort_the_fit():
+    cost = machine(0.010, 0.004, 0.004)
+    model = StepCostModel()
+    for i in range(120):
+        rows = 1 + i % 16
+        if i % 10 == 0:
+            model.record(rows, rows, 10 * cost(rows, rows), threads=2)  # the governor's probe, beside a neighbour
+        elif i % 17 == 0:
+            model.record(rows, rows, cost(rows, rows) + 0.5, threads=1)  # a hiccup
+        else:
+            model.record(rows, rows, cost(rows, rows), threads=1)
+    model.expect_threads(1)
+    assert model.estimate().seconds(8, 8) == pytest.approx(cost(8, 8), rel=0.1)
+    assert model.estimate(threads=2).seconds(8, 8) == pytest.approx(10 * cost(8, 8), rel=0.1)

@@ -28,7 +28,7 @@ class ReplicaSnapshot:
 
 
 # Fields that describe a configuration rather than an amount: equal on every replica, not summed.
-_SAME_ON_EVERY_REPLICA = {"block_size", "interactive_token_target_ms"}
+_SAME_ON_EVERY_REPLICA = {"block_size", "interactive_token_target_ms", "latency_calibration"}
 
 
 def sum_stats(items: Sequence[Any]) -> Any:
