@@ -15,7 +15,8 @@ while an interactive request reads its prompt:
   abort wastes more batch work than it saves: llama.cpp checks for an abort only between graph
   nodes, and the last node, the output projection over the 262,144-token vocabulary, cannot be
   aborted (bench/abort_floor.py);
-- the next step carries the interactive prompts alone, so the prefill runs as on an idle engine.
+- the next step carries interactive work alone (the prompts, and the rows of interactive
+  sequences already decoding), so the prefill runs almost as on an idle engine.
 
 Once interactive sequences decode, each of their tokens waits for one whole step, and a step's
 time grows about linearly with its rows. A per-token latency target (`interactive_token_s`)
@@ -210,8 +211,10 @@ class TwoTierPolicy(SchedulingPolicy):
         # Stable sort: admission order within a tier.
         order = sorted(view.running, key=lambda s: 0 if s.request.priority is INTERACTIVE else 1)
         if self._interactive_prefilling(view) and self._batch_may_wait(self._steps_without_batch):
-            # The prompts alone: a short step, as on an idle engine.
-            order = [s for s in order if s.request.priority is INTERACTIVE and not s.is_decoding]
+            # Interactive work alone: a short step, as on an idle engine. Interactive sequences
+            # already decoding keep their rows (a few rows cost the prompt little), or each arrival
+            # would cost every one of them a token's interval.
+            order = [s for s in order if s.request.priority is INTERACTIVE]
         wants = any(s.request.priority is BATCH and not s.is_decoding for s in order)
         layout = StepLayout(order, self.batch_tokens if wants else 0)
         self._last_step_bounded = False
@@ -268,8 +271,10 @@ class TwoTierPolicy(SchedulingPolicy):
         # faster than a step from aborting every step), and only for an arrival that would be
         # admitted right away. The running set cannot change until the step ends, so this
         # answer holds for the whole step.
+        # A step the latency target laid out is short already, and aborting it would cost the
+        # interactive rows in it a token's interval.
         return (
-            self.interrupt_steps and not self._interactive_prefilling(view)
+            self.interrupt_steps and not self._interactive_prefilling(view) and not self._last_step_bounded
             and all(c.seq.is_decoding for c in plan.chunks) and self._batch_may_wait(waited)
             and self._interactive_slot_free(view)
         )

@@ -290,3 +290,15 @@ def test_interactive_token_target_must_be_positive():
     with pytest.raises(ValueError, match="interactive_token_ms"):
         EngineConfig(interactive_token_ms=-5)
     assert EngineConfig(interactive_token_ms=None).scheduling_policy().token_target_s is None
+
+
+def test_an_interactive_prompt_step_keeps_the_rows_of_interactive_sequences_decoding():
+    c = Core(max_running=8, batch_min_share=0.1)
+    [c.add(f"b{i}", prompt(i), max_tokens=40) for i in range(4)]
+    c.core.step()
+    c.add("i0", prompt(8), max_tokens=20, priority="interactive")
+    c.core.step()
+    c.core.step()
+    c.add("i1", prompt(9), max_tokens=20, priority="interactive")
+    c.core.step()
+    assert c.rows() == {"i0", "i1"}  # i1's prompt, and i0's next token: no batch rows
