@@ -1,11 +1,14 @@
 """llama-cpp-python's high-level `Llama` class: what its users run today, one request at a time.
 
-Used only as the sequential baseline of bench/sequential.py; the engine never touches it.
+Used only as the sequential baseline of bench/sequential.py and as the reference the prompt-logprob
+tests compare with; the engine never touches it.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from unittest import mock
+
+import numpy as np
 
 import llama_cpp
 import llama_cpp.llama_cpp as llama_c_api
@@ -31,6 +34,29 @@ class SequentialLlama:
             prompt, max_tokens=max_tokens, logit_bias={t: -1e4 for t in banned_tokens} or None, **sampling
         )
         return int(out["usage"]["completion_tokens"])
+
+    def close(self) -> None:
+        self._llama.close()
+
+
+class ReferenceScorer:
+    """`Llama(logits_all=True)`: every prompt row's logits from llama-cpp-python's own path, one
+    prompt at a time in a fresh cache. The tests check the engine's prompt logprobs against it."""
+
+    def __init__(self, model_path: str | Path, n_ctx: int = 1024, n_threads: int = 2,
+                 flash_attn: bool = False) -> None:
+        # scores holds n_ctx rows of the whole vocabulary: keep n_ctx no larger than the prompts need.
+        with mock.patch.object(llama_c_api, "llama_model_default_params", model_params):
+            self._llama = llama_cpp.Llama(
+                model_path=str(model_path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                logits_all=True, flash_attn=flash_attn, verbose=False,
+            )
+
+    def prompt_logits(self, tokens: list[int]) -> np.ndarray:
+        """One row of logits per prompt token (row i predicts token i + 1), float32, a copy."""
+        self._llama.reset()
+        self._llama.eval(tokens)
+        return np.array(self._llama.scores[: len(tokens)], dtype=np.float32)
 
     def close(self) -> None:
         self._llama.close()

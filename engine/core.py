@@ -13,6 +13,7 @@ from engine.config import EngineConfig
 from engine.jump_forward import JumpForward
 from engine.kv_cache import KvCache
 from engine.outputs import SampledRows, append_token, flush_text, sample_rows
+from engine.prompt_scores import finished_scoring
 from engine.request import FinishReason, Priority
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -107,6 +108,9 @@ class EngineCore:
             return True
         for chunk in plan.chunks:
             self.kv_cache.computed(chunk.seq, chunk.length)
+        self.runner.record_prompt_scores()
+        for seq in finished_scoring(plan.chunks):  # max_tokens 0: scored, nothing to generate
+            self.finish(seq, FinishReason.LENGTH)
         sampled = sample_rows(self.sampler, self.runner.output_logits(), rows, self.n_ctx) if rows else None
         t4 = clock()
         forced_before = self.tokens_forced

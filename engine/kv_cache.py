@@ -86,7 +86,8 @@ class KvCache:
         n_tokens = len(seq.tokens)
         if n_tokens > self.ledger.n_blocks * self.block_size:
             return False
-        match = self.ledger.lookup(seq.tokens) if self.prefix_cache else None
+        reuse = self.prefix_cache and not seq.scores_prompt  # a scored prompt's rows must all be computed
+        match = self.ledger.lookup(seq.tokens) if reuse else None
         if not self.ledger.can_allocate(n_tokens, match):
             return False
         seq_id = self._free_ids.pop()
@@ -98,7 +99,7 @@ class KvCache:
         seq.n_computed = match.n_tokens if match is not None else 0
         self._shared[seq_id] = seq.n_computed
         self._shared_blocks[seq_id] = match.blocks if match is not None else ()
-        if self.prefix_cache:
+        if reuse:
             seq.n_computed += self._borrow(seq)
         self._owners[seq_id] = seq
         if seq.cached_tokens is None:

@@ -46,6 +46,10 @@ class Request:
     # OpenAI's strict mode) allows no members beyond the named ones; True follows JSON Schema.
     open_objects: bool = False
     logprobs: int = 0  # with n > 0, each generated token's logprob and the n most likely
+    # Not None: score the prompt too, each token's logprob given those before it and this many
+    # most likely alternatives (evaluation). The prompt is then computed in full, never taken from
+    # the prefix cache, and max_tokens may be 0 (score only, generate nothing).
+    prompt_logprobs: int | None = None
     # Seconds from submission after which the request finishes with TIMEOUT, whatever its
     # state (waiting, prefilling, decoding, preempted), keeping what it has generated.
     timeout: float | None = None
@@ -64,8 +68,16 @@ class Request:
             object.__setattr__(self, "prompt", ids)
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
             raise InvalidParameterError(f"max_tokens must be an integer, got {self.max_tokens!r}", field="max_tokens")
-        if self.max_tokens < 1:
-            raise InvalidParameterError(f"max_tokens must be >= 1, got {self.max_tokens}", field="max_tokens")
+        if self.prompt_logprobs is not None and (
+                isinstance(self.prompt_logprobs, bool) or not isinstance(self.prompt_logprobs, int)
+                or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            raise InvalidParameterError(f"prompt_logprobs must be null or an integer from 0 to {MAX_LOGPROBS}, "
+                                        f"got {self.prompt_logprobs!r}", field="prompt_logprobs")
+        least = 0 if self.prompt_logprobs is not None else 1  # 0 tokens only makes sense when scoring
+        if self.max_tokens < least:
+            raise InvalidParameterError(f"max_tokens must be >= {least}, got {self.max_tokens}"
+                                        + ("" if least == 0 else " (0 only with prompt_logprobs)"),
+                                        field="max_tokens")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if any(not isinstance(s, str) or not s for s in stop):
             raise InvalidParameterError("stop must be a list of non-empty strings", field="stop")
@@ -137,3 +149,6 @@ class GenerationResult:
     error: str | None = None
     structured_data: Any = None  # the parsed JSON document, for format "json"
     logprobs: tuple[Any, ...] | None = None  # TokenLogprob per generated token, when asked
+    # With prompt_logprobs: the prompt's token ids, and a TokenLogprob for each (None for the first).
+    prompt_token_ids: tuple[int, ...] | None = None
+    prompt_logprobs: tuple[Any, ...] | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from bindings import TokenBatch, Context, ContextSettings, DecodeInterrupter, DecodeOutcome, Model
+from engine import prompt_scores
 from engine.config import EngineConfig
 from engine.step_plan import StepPlan
 from engine.sequence import Sequence
@@ -33,6 +34,7 @@ class ModelRunner:
         )
         self.batch = TokenBatch(config.step_token_budget)
         self._n_outputs = 0
+        self._layout: prompt_scores.OutputLayout | None = None
         self._threads = config.n_threads
 
     @property
@@ -58,13 +60,14 @@ class ModelRunner:
             batch.n_seq_id[:n] = 1
             batch.logits[:n] = [c.wants_logits for c in single]
             batch.n_tokens = n
+        placed = [(c, i) for i, c in enumerate(single)]
         for c in plan.chunks:
             if c.length > 1:
                 tokens = np.asarray(c.seq.tokens[c.start : c.start + c.length], dtype=np.int32)
-                batch.add_run(tokens, c.start, c.seq.seq_id, c.wants_logits)
+                placed.append((c, batch.add_run(tokens, c.start, c.seq.seq_id, c.wants_logits) - c.length + 1))
+        self._layout = prompt_scores.lay_out(batch.logits, batch.n_tokens, placed)
         self._n_outputs = batch.n_outputs
-        ordered = single + [c for c in plan.chunks if c.length > 1]
-        return [c.seq for c in ordered if c.wants_logits]
+        return [c.seq for c, _ in placed if c.wants_logits]
 
     def set_threads(self, n_threads: int) -> None:
         if n_threads != self._threads:
@@ -75,7 +78,14 @@ class ModelRunner:
         return self.context.decode(self.batch)
 
     def output_logits(self) -> np.ndarray:
-        return self.context.logits(self._n_outputs)
+        """The sampling rows' logits, in the order build_batch returned their sequences."""
+        block = self.context.logits(self._n_outputs)
+        return block if self._layout is None else block[self._layout.sampling]
+
+    def record_prompt_scores(self) -> None:
+        """Score the prompt rows of the step just decoded (requests with prompt_logprobs)."""
+        if self._layout is not None:
+            prompt_scores.record(self.context.logits(self._n_outputs), self._layout)
 
     def close(self) -> None:
         self.context.close()

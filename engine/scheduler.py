@@ -199,7 +199,7 @@ class Scheduler:
         """A running sequence is computing prompt blocks that `seq` starts with and the cache
         lacks: `seq` waits the few steps until they are published rather than compute them too.
         A leader that is cancelled or preempted leaves `running`, and with it the wait."""
-        if not self.kv.prefix_cache or seq.state is SequenceState.SUSPENDED:
+        if not self.kv.prefix_cache or seq.state is SequenceState.SUSPENDED or seq.scores_prompt:
             return False
         bs = self.kv.block_size
         usable = (len(seq.tokens) - 1) // bs  # a lookup never covers the last token

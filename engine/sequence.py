@@ -65,6 +65,13 @@ class Sequence:
         self.first_token_step: int | None = None
         self.cached_tokens: int | None = None  # prompt tokens served from the prefix cache
         self.logprobs: list[Any] | None = [] if request.logprobs else None
+        # Position i holds token i's TokenLogprob once the row before it is computed (engine/prompt_scores.py).
+        self.prompt_scores: list[Any] | None = None if request.prompt_logprobs is None else [None] * self.n_prompt
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Every prompt row must be computed here, with its logits: none may come from the cache."""
+        return self.prompt_scores is not None
 
     @property
     def request_id(self) -> str:
@@ -135,4 +142,6 @@ class Sequence:
             error=error,
             structured_data=self.structured_data(),
             logprobs=None if self.logprobs is None else tuple(self.logprobs),
+            prompt_token_ids=None if self.prompt_scores is None else tuple(self.tokens[: self.n_prompt]),
+            prompt_logprobs=None if self.prompt_scores is None else tuple(self.prompt_scores),
         )

@@ -14,7 +14,8 @@ class Chunk:
 
     @property
     def wants_logits(self) -> bool:
-        return self.start + self.length == len(self.seq.tokens)
+        """Its last row samples the next token (a scoring-only request, max_tokens 0, never samples)."""
+        return self.start + self.length == len(self.seq.tokens) and self.seq.request.max_tokens > 0
 
 
 @dataclass

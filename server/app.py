@@ -81,6 +81,7 @@ def create_app(
         Route("/generate", _api(generate_routes.generate, ctx, "generate"), methods=["POST"]),
         Route("/tokenize", _api(tokenize_routes.tokenize, ctx, "tokenize"), methods=["POST"]),
         Route("/detokenize", _api(tokenize_routes.detokenize, ctx, "detokenize"), methods=["POST"]),
+        Route("/tokenizer_info", _api(tokenize_routes.tokenizer_info, ctx, "tokenize"), methods=["GET"]),
         Route("/v1/models", _api(openai_routes.list_models, ctx, "models"), methods=["GET"]),
         Route("/v1/models/{model:path}", _api(openai_routes.get_model, ctx, "models"), methods=["GET"]),
         Route("/v1/completions", _api(openai_routes.completions, ctx, "completions"), methods=["POST"]),

@@ -13,8 +13,12 @@ class ServedModel(Protocol):
     description: str
     chat_template: str | None
     token_bytes: tuple[bytes, ...]
+    bos_token: int
+    eos_token: int
 
     def tokenize(self, text: str, *, add_bos: bool = True, parse_special: bool = False) -> list[int]: ...
+
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes: ...
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
 

@@ -41,11 +41,7 @@ def completion_logprobs(result: GenerationResult, token_bytes: Sequence[bytes], 
         text = token_text(token_bytes, entry.token)
         tokens.append(text)
         token_logprobs.append(entry.logprob)
-        top: dict[str, float] = {}
-        for token, logprob in entry.top[:n]:
-            top.setdefault(token_text(token_bytes, token), logprob)
-        top.setdefault(text, entry.logprob)
-        top_logprobs.append(top)
+        top_logprobs.append(_top_dict(token_bytes, entry, n, text))
         text_offset.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
@@ -78,3 +74,42 @@ def generate_logprobs(result: GenerationResult, token_bytes: Sequence[bytes], n:
         item["top"] = [one(t, lp) for t, lp in entry.top[:n]]
         out.append(item)
     return out
+
+
+def echo_text(prompt: str | Sequence[int], token_bytes: Sequence[bytes]) -> str:
+    """The prompt as echo returns it: the text as sent, or token ids decoded."""
+    if isinstance(prompt, str):
+        return prompt
+    return b"".join(token_bytes[t] for t in prompt).decode("utf-8", "replace")
+
+
+def echoed_completion_logprobs(result: GenerationResult, token_bytes: Sequence[bytes], n: int,
+                               prompt_text: str) -> dict[str, Any]:
+    """The legacy format over the prompt then the completion (echo with logprobs, as vLLM and
+    OpenAI's legacy API give it): the first prompt token's logprob and top_logprobs are null, and
+    the completion's text offsets count from the end of the echoed prompt."""
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    text_offset: list[int] = []
+    offset = 0
+    for token, entry in zip(result.prompt_token_ids or (), result.prompt_logprobs or ()):
+        text = token_text(token_bytes, token)
+        tokens.append(text)
+        token_logprobs.append(None if entry is None else entry.logprob)
+        top_logprobs.append(None if entry is None else _top_dict(token_bytes, entry, n, text))
+        text_offset.append(offset)
+        offset += len(text)
+    generated = completion_logprobs(result, token_bytes, n)
+    return {"tokens": tokens + generated["tokens"],
+            "token_logprobs": token_logprobs + generated["token_logprobs"],
+            "top_logprobs": top_logprobs + generated["top_logprobs"],
+            "text_offset": text_offset + [len(prompt_text) + o for o in generated["text_offset"]]}
+
+
+def _top_dict(token_bytes: Sequence[bytes], entry: Any, n: int, text: str) -> dict[str, float]:
+    top: dict[str, float] = {}
+    for token, logprob in entry.top[:n]:
+        top.setdefault(token_text(token_bytes, token), logprob)
+    top.setdefault(text, entry.logprob)
+    return top

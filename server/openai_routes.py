@@ -111,7 +111,7 @@ class _Shape:
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": result.text}
             else:
-                choice["text"] = result.text
+                choice["text"] = self.echoed(i) + result.text
             if len(results) > 1:
                 choice["metrics"] = metrics_payload(result)
             choices.append(choice)
@@ -124,8 +124,18 @@ class _Shape:
     def _logprobs(self, i: int, result: GenerationResult) -> dict[str, Any] | None:
         if i >= len(self.specs) or not self.specs[i].want_logprobs:
             return None
-        build = logprobs.chat_logprobs if self.chat else logprobs.completion_logprobs
-        return build(result, self.token_bytes, self.specs[i].logprobs)
+        if self.chat:
+            return logprobs.chat_logprobs(result, self.token_bytes, self.specs[i].logprobs)
+        if self.specs[i].echo:
+            return logprobs.echoed_completion_logprobs(result, self.token_bytes, self.specs[i].logprobs,
+                                                       self.echoed(i))
+        return logprobs.completion_logprobs(result, self.token_bytes, self.specs[i].logprobs)
+
+    def echoed(self, i: int) -> str:
+        """Choice i's prompt text when it asked for echo, else ""."""
+        if self.chat or i >= len(self.specs) or not self.specs[i].echo:
+            return ""
+        return logprobs.echo_text(self.specs[i].prompt, self.token_bytes)
 
     def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False,
               index: int = 0) -> dict[str, Any]:
@@ -173,6 +183,9 @@ async def _chunks(handles: list[RequestHandle], shape: _Shape, include_usage: bo
     if shape.chat:  # OpenAI opens a chat stream with the role and empty content
         for i in range(len(handles)):
             yield encode_event(shape.chunk("", first=True, index=i))
+    for i in range(len(handles)):  # echo: each choice's prompt comes first
+        if shape.echoed(i):
+            yield encode_event(shape.chunk(shape.echoed(i), index=i))
     results: list[GenerationResult | None] = [None] * len(handles)
     async for i, item in merged_deltas(handles):
         if isinstance(item, str):

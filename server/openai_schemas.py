@@ -12,7 +12,12 @@ benchmarks). Defaults (OpenAI's where it has one): server/defaults.py COMPLETION
 each prompt (limits: server/schemas.py MAX_N, MAX_PROMPTS): each choice has its index, and all
 are admitted or refused together. With a seed, choice i > 0 samples with a seed derived from
 (seed, i). Parts of the API this engine cannot do are refused with 501 and say so: best_of > 1,
-echo, suffix, tools. Logprobs with streaming are refused with 400.
+suffix, tools. Logprobs with streaming are refused with 400.
+
+Completions take `echo` (the prompt in front of the text; with `logprobs`, the prompt's tokens
+are scored too, the first one null, as OpenAI's legacy API and vLLM give them), and
+`max_tokens` 0 with echo scores the prompt without generating (what lm-evaluation-harness sends
+for log-likelihoods). Chat refuses `echo` (400).
 """
 from __future__ import annotations
 
@@ -59,7 +64,11 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
     fields = FieldReader(body)
     model = fields.string("model", non_empty=True)
     prompts = _completion_prompts(fields.raw("prompt", None))
-    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=COMPLETIONS)
+    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=COMPLETIONS, least_max_tokens=0)
+    echo = fields.boolean("echo", False, nullable=True)
+    if sampling["max_tokens"] == 0 and not echo:
+        raise BadRequest("'max_tokens' 0 generates nothing: it only scores the prompt, with \"echo\": true",
+                         param="max_tokens")
     stream, include_usage = _stream_fields(fields)
     _refuse_unsupported(fields)
     n = read_n(fields, sampling["max_tokens"], n_ctx)
@@ -67,7 +76,6 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
         raise BadRequest(f"{len(prompts)} prompts x n={n} is more than {MAX_PROMPTS} choices", param="n",
                          code="too_many_prompts")
     _refuse_unless(fields, "suffix", (None, ""), "'suffix' (insertion) is not supported by this engine")
-    _refuse_unless(fields, "echo", (None, False), "'echo' is not supported by this engine")
     _refuse_unless(fields, "best_of", (None, 1), "'best_of' other than 1 is not supported by this engine")
     if body.get("logprobs") is False:  # some clients send false for "none"
         fields.raw("logprobs")
@@ -77,7 +85,8 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
                        structured_output=None, logprobs_param="logprobs")
     specs = [choice for prompt in prompts
              for choice in choice_specs(GenerationSpec(prompt=prompt, stream=stream, logprobs=logprobs or 0,
-                                                       want_logprobs=logprobs is not None, **sampling), n)]
+                                                       want_logprobs=logprobs is not None, echo=echo,
+                                                       **sampling), n)]
     return CompletionRequest(model, specs, include_usage, n)
 
 
@@ -92,6 +101,9 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int) -> ChatRequest:
         body_max = newer if newer is not None else older
     else:
         body_max = None
+    if fields.present("echo"):  # OpenAI's chat API has no echo; say so rather than "unknown field"
+        raise BadRequest("'echo' is a /v1/completions field; chat completions do not echo the prompt",
+                         param="echo")
     sampling = read_sampling(fields, n_ctx=n_ctx, defaults=CHAT)
     if body_max is not None:
         sampling["max_tokens"] = body_max

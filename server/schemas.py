@@ -61,10 +61,13 @@ from server.validation import FieldReader
 PRIORITIES = ("interactive", "batch")
 
 
-def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: SamplingDefaults) -> dict[str, Any]:
-    """The sampling and length fields every generation API shares, `defaults` for those left out."""
+def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: SamplingDefaults,
+                  least_max_tokens: int = 1) -> dict[str, Any]:
+    """The sampling and length fields every generation API shares, `defaults` for those left out
+    (max_tokens 0 only where the caller checks what it means: scoring a prompt with echo)."""
     return {
-        "max_tokens": fields.integer("max_tokens", defaults.max_tokens, minimum=1, maximum=n_ctx, nullable=True),
+        "max_tokens": fields.integer("max_tokens", defaults.max_tokens, minimum=least_max_tokens, maximum=n_ctx,
+                                     nullable=True),
         "temperature": fields.number(
             "temperature", defaults.temperature, minimum=0.0, maximum=MAX_TEMPERATURE, nullable=True
         ),

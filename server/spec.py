@@ -43,7 +43,16 @@ class GenerationSpec:
     logprobs: int = 0  # top alternatives per token the engine records; 0: no logprobs at all
     want_logprobs: bool = False  # per-token logprobs are wanted (even with 0 alternatives)
     structured: StructuredOutput | None = None
+    echo: bool = False  # completions: the prompt in front of the text (and its logprobs, when asked)
     extra_stops: tuple[str, ...] = field(default=())  # added by the chat fallback format
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """Alternatives per prompt token the engine scores, None for no scoring: echo with
+        logprobs asks for it, and so does max_tokens 0 (the engine's scoring-only request)."""
+        if self.echo and (self.want_logprobs or self.max_tokens == 0):
+            return self.logprobs
+        return None
 
     def request(self, request_id: str) -> Request:
         """The engine's Request for this spec. Raises InvalidParameterError where the engine's
@@ -65,6 +74,7 @@ class GenerationSpec:
             open_objects=self.open_objects,
             # The engine records logprobs only when asked for at least one alternative.
             logprobs=max(1, self.logprobs) if self.want_logprobs else 0,
+            prompt_logprobs=self.prompt_logprobs,
             timeout=self.timeout,
             request_id=request_id,
         )

@@ -6,7 +6,12 @@
                  {"messages": [...]} instead of content: the chat as /v1/chat/completions renders
                  it, whose count is that route's prompt_tokens
                  Both also answer "count" and "max_model_len" (vLLM's names).
-    /detokenize  {"tokens": [ids]} -> {"content": str}
+                 vLLM's spelling is taken too: {"prompt": str, "add_special_tokens": true}, where
+                 special tokens written in the text (<eos>) are read as such, as its tokenizers do.
+    /detokenize  {"tokens": [ids]} -> {"content": str, "prompt": str} (llama-server's and vLLM's key)
+    GET /tokenizer_info  vLLM's: {"eos_token", "bos_token", "pad_token", "chat_template",
+                 "model_max_length"}. lm-evaluation-harness reads it with /tokenize and
+                 /detokenize to use this server's tokenizer (its "remote" tokenizer backend).
 """
 from __future__ import annotations
 
@@ -32,6 +37,13 @@ async def tokenize(request: Request, ctx: ServerContext) -> Response:
     messages = fields.raw("messages", None)
     add_special = fields.boolean("add_special", False)
     with_pieces = fields.boolean("with_pieces", False)
+    parse_special = add_special
+    if fields.present("prompt") or fields.present("add_special_tokens"):  # vLLM's spelling
+        if content is not None:
+            raise BadRequest("send 'content' (llama-server's name) or 'prompt' (vLLM's), not both", param="prompt")
+        content = fields.raw("prompt", None)
+        add_special = fields.boolean("add_special_tokens", True, nullable=True)
+        parse_special = True
     fields.finish()
     if (content is None) == (messages is None):
         raise BadRequest("send either 'content' (text) or 'messages' (a chat)", param="content")
@@ -42,7 +54,7 @@ async def tokenize(request: Request, ctx: ServerContext) -> Response:
     else:
         if not isinstance(content, str):
             raise BadRequest("'content' must be a string", param="content")
-        ids = await run_in_threadpool(engine.model.tokenize, content, add_bos=add_special, parse_special=add_special)
+        ids = await run_in_threadpool(engine.model.tokenize, content, add_bos=add_special, parse_special=parse_special)
     tokens: list[Any] = list(ids)
     if with_pieces:
         tokens = [{"id": t, "piece": _piece(engine.model.token_bytes[t])} for t in ids]
@@ -70,4 +82,16 @@ async def detokenize(request: Request, ctx: ServerContext) -> Response:
     if bad is not None:
         raise BadRequest(f"token id {bad} is outside the vocabulary (size {len(vocab)})", param="tokens")
     text = b"".join(vocab[t] for t in tokens).decode("utf-8", errors="replace")
-    return JSONResponse({"content": text})
+    return JSONResponse({"content": text, "prompt": text})
+
+
+async def tokenizer_info(request: Request, ctx: ServerContext) -> Response:
+    engine = ctx.require_engine()
+    model = engine.model
+
+    def text(token: int) -> str | None:
+        return None if token < 0 else model.token_to_piece(token, special=True).decode("utf-8", "replace")
+
+    return JSONResponse({"eos_token": text(model.eos_token), "bos_token": text(model.bos_token), "pad_token": None,
+                         "chat_template": model.chat_template, "model_max_length": engine.n_ctx,
+                         "tokenizer_class": "llama.cpp"})

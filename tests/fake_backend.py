@@ -173,6 +173,9 @@ class FakeRunner:
             logits[i, 2 + sum(seq.tokens) % 60] = 30.0
         return logits
 
+    def record_prompt_scores(self) -> None:
+        pass  # fake logits carry no meaning to score
+
     def close(self) -> None:
         pass
 

@@ -43,9 +43,10 @@ GENERATE = {
 COMPLETIONS = {
     "model": ([MODEL], ["", 5, "other"]),
     "prompt": (["Hello", ["Hello"], [1, 2, 3], ["a", "b"], [[1, 2]]], ["", [], [[]], ["a", ""], 5]),
-    "max_tokens": ([1, 2], [0, -1, 10**9]),
+    # 0 is valid with echo only (scoring): tests/test_prompt_logprobs_server.py refuses it without
+    "max_tokens": ([1, 2], [-1, 10**9]),
     "temperature": ([0, 1], [2.5]), "top_p": ([1, 0.3], [0]),
-    "n": ([1, 2], [0, 17]), "best_of": ([1], [2]), "echo": ([False], [True]), "suffix": ([None, ""], ["x"]),
+    "n": ([1, 2], [0, 17]), "best_of": ([1], [2]), "echo": ([False, True], ["yes"]), "suffix": ([None, ""], ["x"]),
     "stream": ([True, False], ["y"]), "stream_options": ([{"include_usage": True}], [{"include_usage": "y"}, []]),
     "stop": (["\n", ["a"]], [[1]]), "seed": ([1], [-5]), "user": (["u"], [5]),
     "logprobs": ([0, 5], [21]), "logit_bias": ([{"1": 2}], [{"a": 1}]), "priority": (["interactive"], ["x"]),

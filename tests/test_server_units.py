@@ -69,7 +69,7 @@ def test_completion_prompt_forms_and_unsupported_options():
         with pytest.raises(BadRequest):
             prompts(bad)
     assert parse_completion({"model": "m", "prompt": "hi"}, n_ctx=64).specs[0].max_tokens == 16
-    for extra in ({"echo": True}, {"best_of": 3}, {"suffix": "x"}):
+    for extra in ({"best_of": 3}, {"suffix": "x"}):
         with pytest.raises(NotImplementedFeature):
             parse_completion({"model": "m", "prompt": "hi", **extra}, n_ctx=64)
     with pytest.raises(BadRequest, match="stream_options"):
