@@ -14,7 +14,7 @@ def test_tokenize_and_detokenize_round_trip(http, live):
     assert plain["count"] == len(plain["tokens"]) and plain["max_model_len"] == live.engine.n_ctx
     special = http.post("/tokenize", json={"content": text, "add_special": True}).json()["tokens"]
     assert special[0] == 2 and special[1:] == plain["tokens"]  # BOS first
-    assert http.post("/detokenize", json={"tokens": plain["tokens"]}).json() == {"content": text}
+    assert http.post("/detokenize", json={"tokens": plain["tokens"]}).json() == {"content": text, "prompt": text}
     pieces = http.post("/tokenize", json={"content": text, "with_pieces": True}).json()["tokens"]
     assert [p["id"] for p in pieces] == plain["tokens"]
     raw = b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"]) for p in pieces)
