@@ -31,8 +31,10 @@ setup(
     extras_require={
         # matplotlib: the quick-mode test also draws each plottable run, so plotting cannot rot.
         # ray: CI runs the cluster tests too (they skip where Ray is missing).
+        # lm-eval[api]: the evaluation harness users run against the server, end to end (its api
+        # extra is the HTTP client only, no torch); no hand-written stand-in proves it works.
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "openai>=1.30", "matplotlib>=3.8",
-                 "ray[serve]==2.60.0"],
+                 "ray[serve]==2.60.0", "lm-eval[api]==0.4.13"],
         # `cobatch serve --replicas N` and `cobatch bench cluster`: engines on Ray Serve (server/cluster/).
         "ray": ["ray[serve]==2.60.0"],
         # llguidance: the structured-output benchmark's reference mask computation.
