@@ -10,6 +10,7 @@ BENCHMARKS = {
     "cluster": "bench.cluster",  # needs the ray extra
     "decode-step": "bench.decode_step",
     "http-load": "bench.http_load",
+    "invariance": "bench.invariance",
     "jobs": "bench.jobs",
     "memory": "bench.memory",
     "mixed-priority": "bench.mixed_priority",  # with --http: bench.mixed_http

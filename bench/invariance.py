@@ -1,0 +1,159 @@
+"""Batch invariance: does a request's output depend on who else is running? Greedy texts and
+prompt logprobs, alone against together, flash attention off and on, in one run.
+
+For each flash-attention setting, an engine with the prefix cache off (so a lone request's KV
+cells start at cell 0) runs:
+
+  greedy alone      each of --requests prompts by itself, temperature 0, --tokens tokens (ignore_eos)
+  greedy together   all of them submitted at once, then again in reverse order: texts identical to
+                    the lone ones, out of --requests
+  scores alone      each prompt's prompt logprobs by itself (max_tokens 0)
+  scores together   all at once: the largest absolute difference from the lone scores
+  offset            each prompt scored alone again, but after a finished filler prompt (about 600
+                    tokens) left its cells in the prefix cache (a second engine, cache on): the
+                    prompt's cells start further in and the attended range is wider; largest
+                    difference from the lone scores at cell 0
+  chunking          each prompt scored alone with a step budget of 5 tokens, so its prompt is
+                    prefilled 5 rows per step instead of in one piece: largest difference
+  rows per step     one longer prompt scored alone, prefilled B rows per step for several B,
+                    against the same prompt in one piece
+
+The last two take the neighbours away and change one thing each (where the cells are, how many
+rows a step holds), to show which of them moves a row's result.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from bench.prompts import benchmark_prompts
+from bench.record import RunRecord, add_common_arguments, publish_report
+from bench.table import markdown_table
+from engine import Engine, Request
+
+# Long enough that the cells a prompt is given start past the first 256, the granularity of the
+# attended cell range.
+FILLER = "Notes from the harbour office, kept for the night shift. " * 50
+CHUNK_ROWS = 5  # a prompt prefilled this many rows per step
+
+
+def greedy(engine: Engine, prompts: list[str], tokens: int, together: bool) -> list[str]:
+    requests = [Request(prompt=p, max_tokens=tokens, ignore_eos=True) for p in prompts]
+    if together:
+        return [h.result().text for h in engine.submit_many(requests)]
+    return [engine.submit(r).result().text for r in requests]
+
+
+def scores(engine: Engine, prompts: list[str], together: bool, before: str | None = None) -> list[np.ndarray]:
+    requests = [Request(prompt=p, max_tokens=0, prompt_logprobs=0) for p in prompts]
+    if together:
+        results = [h.result() for h in engine.submit_many(requests)]
+    else:
+        results = []
+        for r in requests:
+            if before is not None:  # leaves its blocks in the prefix cache: r's cells start after them
+                engine.submit(Request(prompt=before, max_tokens=1)).result()
+            results.append(engine.submit(r).result())
+    return [np.array([e.logprob for e in r.prompt_logprobs[1:]]) for r in results]
+
+
+SWEEP_PROMPT = ("Write a short paragraph about the history of the printing press and how it changed Europe in "
+                "the fifteenth century, with dates and names:") * 2
+SWEEP_ROWS = (1, 4, 5, 8, 32, 48, 64)
+
+
+def rows_sweep(settings: dict[str, Any], model: str | None, quick: bool) -> dict[int, float]:
+    """Largest difference of SWEEP_PROMPT's scores prefilled B rows per step from one piece."""
+    def scored(rows: int) -> np.ndarray:
+        with Engine(model, **{**settings, "max_running": 1}, step_token_budget=rows, prefix_cache=False) as engine:
+            return scores(engine, [SWEEP_PROMPT], together=False)[0]
+
+    whole = scored(256)
+    return {rows: float(np.abs(scored(rows) - whole).max()) for rows in (SWEEP_ROWS[:3] if quick else SWEEP_ROWS)}
+
+
+def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+
+
+def measure(flash: bool, prompts: list[str], tokens: int, threads: int, model: str | None,
+            quick: bool = False) -> dict[str, Any]:
+    settings = dict(n_ctx=4096, max_running=max(16, len(prompts)), n_threads=threads, flash_attn=flash,
+                    adaptive_threads=False)
+    start = time.perf_counter()
+    with Engine(model, step_token_budget=256, prefix_cache=False, **settings) as engine:
+        alone = greedy(engine, prompts, tokens, together=False)
+        together = greedy(engine, prompts, tokens, together=True)
+        reverse = greedy(engine, prompts[::-1], tokens, together=True)[::-1]
+        lone_scores = scores(engine, prompts, together=False)
+        joint_scores = scores(engine, prompts, together=True)
+    with Engine(model, step_token_budget=256, prefix_cache=True, **settings) as engine:
+        offset_scores = scores(engine, prompts, together=False, before=FILLER)
+    chunked = {**settings, "max_running": CHUNK_ROWS}
+    with Engine(model, step_token_budget=CHUNK_ROWS, prefix_cache=False, **chunked) as engine:
+        chunked_scores = scores(engine, prompts, together=False)
+    return {
+        "flash_attn": flash,
+        "requests": len(prompts),
+        "greedy_same_together": sum(a == b for a, b in zip(alone, together)),
+        "greedy_same_reversed": sum(a == b for a, b in zip(alone, reverse)),
+        "greedy_first_differing": next((i for i, (a, b) in enumerate(zip(alone, together)) if a != b), None),
+        "scores_together_max_diff": max_diff(lone_scores, joint_scores),
+        "scores_offset_max_diff": max_diff(lone_scores, offset_scores),
+        "scores_chunked_max_diff": max_diff(lone_scores, chunked_scores),
+        "prompt_tokens": [len(s) + 1 for s in lone_scores],
+        "rows_per_step_max_diff": rows_sweep(settings, model, quick),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def report(rows: list[dict[str, Any]], tokens: int) -> tuple[str, dict[str, Any]]:
+    table = markdown_table(
+        ["flash attention", "greedy texts identical together", "... in reverse order",
+         "prompt logprobs together: max abs diff", "alone, cells further in", f"alone, {CHUNK_ROWS}-row chunks"],
+        [["on" if r["flash_attn"] else "off", f"{r['greedy_same_together']}/{r['requests']}",
+          f"{r['greedy_same_reversed']}/{r['requests']}", f"{r['scores_together_max_diff']:.3g}",
+          f"{r['scores_offset_max_diff']:.3g}", f"{r['scores_chunked_max_diff']:.3g}"] for r in rows])
+    summary = (f"{rows[0]['requests']} prompts, greedy, {tokens} tokens each; prompt logprobs of the same prompts "
+               f"({min(rows[0]['prompt_tokens'])}-{max(rows[0]['prompt_tokens'])} tokens). Differences are "
+               f"against each prompt run alone on an idle engine with its cells from 0.\n\n{table}")
+    sweep_rows = list(rows[0]["rows_per_step_max_diff"])
+    sweep = markdown_table(["flash attention", *[f"{b} rows" for b in sweep_rows]],
+                           [["on" if r["flash_attn"] else "off",
+                             *[f"{r['rows_per_step_max_diff'][b]:.3g}" for b in sweep_rows]] for r in rows])
+    summary += ("\n\nOne prompt alone, prefilled B rows per step: largest difference of its prompt logprobs "
+                f"from the same prompt prefilled in one piece.\n\n{sweep}")
+    headline = {}
+    for r in rows:
+        fa = "fa_on" if r["flash_attn"] else "fa_off"
+        headline[f"greedy_same_{fa}"] = f"{r['greedy_same_together']}/{r['requests']}"
+        headline[f"scores_diff_{fa}"] = r["scores_together_max_diff"]
+    return summary, headline
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cobatch bench invariance", description=__doc__)
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=64)
+    add_common_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.tokens = 4, 8
+    record = RunRecord("invariance", args, args.model, argv)
+    prompts = benchmark_prompts(args.requests)
+    rows = []
+    for flash in (False, True):
+        row = measure(flash, prompts, args.tokens, args.threads, args.model, args.quick)
+        record.trial(**row)
+        rows.append(row)
+        print(f"flash attention {'on' if flash else 'off'}: {row}", file=sys.stderr)
+    publish_report(record, lambda: report(rows, args.tokens))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
