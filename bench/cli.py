@@ -6,6 +6,7 @@ import importlib
 import sys
 
 BENCHMARKS = {
+    "bulk": "bench.bulk",
     "chat": "bench.chat",
     "cluster": "bench.cluster",  # needs the ray extra
     "decode-step": "bench.decode_step",
