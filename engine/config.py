@@ -49,9 +49,9 @@ class EngineConfig:
     cache_max_fraction: float = setting(
         0.25, "share of KV cells idle cached prefixes may hold; with flash attention off every decode step "
               "attends over held cells, so a smaller share trades prefix hits for speed")
-    # With llama.cpp's CPU flash attention a row's result depends on how many KV cells the whole
-    # unified cache holds, so a greedy text could change with its neighbours; the Python default
-    # is off for that reason. The server turns it on, as llama-server does: the kernel skips the
+    # Neither setting makes a request's output independent of who else is running: a row's logits
+    # change with how many rows its step holds (measured in docs/evaluation.md, bench/invariance.py).
+    # The server turns it on, as llama-server does: the kernel skips the
     # cells a row's mask hides, so other requests' cells cost a step almost nothing.
     flash_attn: bool = setting(False, "llama.cpp's flash attention", flag="--flash-attn", on_off=True,
                                serve_default=True)
