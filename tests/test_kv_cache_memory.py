@@ -27,6 +27,7 @@ class Seq:
     cached_tokens: int | None = None
     fed: list[int] = field(default_factory=list)
     n_prompt: int = 0
+    scores_prompt: bool = False  # a scored prompt takes nothing from the cache (test_prompt_logprobs.py)
 
     def __post_init__(self) -> None:
         self.n_prompt = len(self.tokens)  # computing past it publishes the prompt's blocks
