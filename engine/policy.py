@@ -271,10 +271,10 @@ class TwoTierPolicy(SchedulingPolicy):
         # faster than a step from aborting every step), and only for an arrival that would be
         # admitted right away. The running set cannot change until the step ends, so this
         # answer holds for the whole step.
-        # A step the latency target laid out is short already, and aborting it would cost the
-        # interactive rows in it a token's interval.
+        # A step under the latency target may be aborted too: its interactive rows then get their
+        # tokens in the arrival's prompt step, which carries them.
         return (
-            self.interrupt_steps and not self._interactive_prefilling(view) and not self._last_step_bounded
+            self.interrupt_steps and not self._interactive_prefilling(view)
             and all(c.seq.is_decoding for c in plan.chunks) and self._batch_may_wait(waited)
             and self._interactive_slot_free(view)
         )
