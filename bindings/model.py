@@ -31,7 +31,7 @@ class Model:
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(handle)
         self.bos_token: int = llama_cpp.llama_vocab_bos(self._vocab)
-        self.eos_token: int = llama_cpp.llama_vocab_eos(self._vocab)
+        self.eos_token: int = llama_cpp.llama_vocab_eos(self._vocab)  # chat templates name it
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         is_eog, is_control = llama_cpp.llama_vocab_is_eog, llama_cpp.llama_vocab_is_control
         self.eog_tokens: frozenset[int] = frozenset(

@@ -14,6 +14,7 @@ from engine.request import Request
 from engine.sequence import Sequence
 from sampling.errors import InvalidParameterError, PromptTooLongError
 from sampling.grammar import SchemaError, compile_grammar
+from sampling.grammar.trigger import TriggeredMatcher
 from sampling.params import SamplingParams
 from sampling.vocabulary import TokenVocabulary
 
@@ -70,6 +71,8 @@ class Intake:
             matcher = compile_grammar(schema, self.vocabulary, open_objects=request.open_objects).matcher()
         except SchemaError as exc:
             raise InvalidParameterError(f"json_schema: {exc}", field="json_schema") from exc
+        if request.json_or_text:  # free text is always possible, so no budget is too small
+            return TriggeredMatcher(matcher)
         needed = matcher.min_tokens_to_complete()
         if request.max_tokens < needed:
             raise InvalidParameterError(

@@ -69,6 +69,8 @@ def append_token(seq: Sequence, token: int, eog_tokens: frozenset[int], n_ctx: i
     seq.tokens.append(token)
     if seq.matcher is not None:
         seq.matcher.advance(token)
+        if getattr(seq.matcher, "released", False):  # the output turned out to be free text
+            seq.matcher = None
     if token in eog_tokens and (seq.matcher is not None or not seq.request.ignore_eos):
         return FinishReason.STOP
     seq.handle.publish_delta(seq.stop_filter.feed(seq.detokenizer.push(token)))

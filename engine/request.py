@@ -45,6 +45,9 @@ class Request:
     # What an absent `additionalProperties` means in json_schema: False (the default, as in
     # OpenAI's strict mode) allows no members beyond the named ones; True follows JSON Schema.
     open_objects: bool = False
+    # With format "json": the output may instead be free text that does not begin like the
+    # document; the first token decides (sampling/grammar/trigger.py). Tool calling's "auto".
+    json_or_text: bool = False
     logprobs: int = 0  # with n > 0, each generated token's logprob and the n most likely
     # Not None: score the prompt too, each token's logprob given those before it and this many
     # most likely alternatives (evaluation). The prompt is then computed in full, never taken from
@@ -97,6 +100,11 @@ class Request:
                                         field="open_objects")
         if self.open_objects and self.json_schema is None:
             raise InvalidParameterError("open_objects applies to a json_schema; none was given", field="open_objects")
+        if not isinstance(self.json_or_text, bool):
+            raise InvalidParameterError(f"json_or_text must be true or false, got {self.json_or_text!r}",
+                                        field="json_or_text")
+        if self.json_or_text and self.format != "json":
+            raise InvalidParameterError("json_or_text applies to JSON output; none was asked for", field="json_or_text")
         if self.format == "json" and stop:
             raise InvalidParameterError("stop strings cannot be combined with JSON output: they would cut it", field="stop")
         if self.timeout is not None:

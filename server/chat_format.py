@@ -13,64 +13,29 @@ Three styles, chosen once per model:
   types "<start_of_turn>" gets those characters, not a forged turn.
 * "transcript": anything else: "role: content" lines ending with "assistant:", and "\\nuser:"
   added as a stop string so the model does not write the user's next turn.
+
+With tools, or with earlier tool calls and results in the messages, the messages are first
+rewritten into plain turns (server/tool_prompt.py: the tools and an instruction in the system
+turn, calls echoed as the grammar writes them, results as turns of their own), unless the GGUF
+template handles tools itself: then it is rendered with Jinja as Hugging Face does
+(server/jinja_chat.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
-from server.errors import BadRequest
-from server.validation import FieldReader
+from server.chat_messages import ROLES, ChatMessage, ToolCallRecord, parse_messages  # noqa: F401 (re-exported)
+from server.jinja_chat import JinjaChat
+from server.tool_prompt import plain_turns
+from server.tools import ToolSet
 
-ROLES = ("system", "developer", "user", "assistant")
+
 GEMMA_START, GEMMA_END = "<start_of_turn>", "<end_of_turn>"
-
-
-@dataclass(frozen=True)
-class ChatMessage:
-    role: str
-    content: str
 
 
 class Tokenizer(Protocol):
     def tokenize(self, text: str, *, add_bos: bool = True, parse_special: bool = False) -> list[int]: ...
-
-
-def parse_messages(value: Any) -> list[ChatMessage]:
-    if not isinstance(value, list) or not value:
-        raise BadRequest("'messages' must be a non-empty list of messages", param="messages")
-    messages = []
-    for i, item in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(item, dict):
-            raise BadRequest(f"'{where}' must be an object with 'role' and 'content'", param="messages")
-        fields = FieldReader(item, where=f"{where}.")
-        role = fields.string("role", choices=ROLES)
-        content = _content_text(fields.raw("content", None), where)
-        fields.string("name", None, nullable=True)  # accepted for compatibility; no model uses it
-        fields.finish()
-        messages.append(ChatMessage(role, content))
-    if not any(m.role == "user" for m in messages):
-        raise BadRequest("'messages' must contain at least one user message", param="messages")
-    return messages
-
-
-def _content_text(content: Any, where: str) -> str:
-    """OpenAI allows a string or a list of parts; only text parts mean anything to this model."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise BadRequest(
-                    f"'{where}.content[{j}]' must be {{\"type\": \"text\", \"text\": ...}}: "
-                    "this model reads text only",
-                    param="messages",
-                )
-            texts.append(part["text"])
-        return "".join(texts)
-    raise BadRequest(f"'{where}.content' must be a string or a list of text parts", param="messages")
 
 
 @dataclass(frozen=True)
@@ -87,7 +52,9 @@ class ChatFormatter:
         style: str,
         tokenizer: Tokenizer,
         apply_template: Callable[[list[dict[str, str]]], str] | None = None,
+        jinja: JinjaChat | None = None,
     ) -> None:
+        """`jinja`: the model's template, when it handles tools (server/jinja_chat.py)."""
         if style not in ("template", "gemma", "transcript"):
             raise ValueError(f"unknown chat style {style!r}")
         if style == "template" and apply_template is None:
@@ -95,8 +62,13 @@ class ChatFormatter:
         self.style = style
         self._tokenizer = tokenizer
         self._apply_template = apply_template
+        self.jinja = jinja
 
-    def render(self, messages: list[ChatMessage]) -> RenderedChat:
+    def render(self, messages: list[ChatMessage], tools: ToolSet | None = None) -> RenderedChat:
+        if self.jinja is not None and (tools is not None or any(m.role == "tool" or m.tool_calls for m in messages)):
+            text = self.jinja.render(messages, tools)
+            return RenderedChat(self._tokenizer.tokenize(text, add_bos=False, parse_special=True))
+        messages = plain_turns(messages, tools)
         if self.style == "template":
             assert self._apply_template is not None
             text = self._apply_template([{"role": m.role, "content": m.content} for m in messages])

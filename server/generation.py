@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import uuid
 from typing import Any, Awaitable, Callable
 
@@ -138,6 +139,8 @@ def refusal_error(exc: RequestError, spec: GenerationSpec) -> APIError:
     if isinstance(exc, PromptTooLongError):
         return BadRequest(str(exc), param="prompt", code="context_length_exceeded")
     if isinstance(exc, InvalidParameterError):
+        if spec.calls_tools:
+            return tools_refusal(exc, spec)
         return BadRequest(str(exc), param=_param_of(exc, spec))
     if isinstance(exc, QueueFullError):
         return TooManyRequests(f"the request queue is full ({exc}); retry later", code="queue_full",
@@ -152,6 +155,26 @@ def _param_of(exc: InvalidParameterError, spec: GenerationSpec) -> str | None:
     if exc.field == "json_schema" and spec.structured is not None and spec.structured.source == "response_format":
         return "response_format"  # the OpenAI routes' name for the schema
     return exc.field
+
+
+def tools_refusal(exc: InvalidParameterError, spec: GenerationSpec) -> APIError:
+    """The engine's refusal of a calls grammar, in the request's own terms."""
+    assert spec.tools is not None
+    if exc.field == "max_tokens":
+        needed = re.search(r"needs (\d+) tokens", str(exc))
+        return BadRequest(f"max_tokens={spec.max_tokens} is below the shortest possible tool call here, which needs "
+                          f"{needed.group(1) if needed else 'more'} tokens", param="max_tokens")
+    if exc.field == "json_schema":
+        message = str(exc).removeprefix("json_schema: ")
+        for pointer in re.findall(r"/[^\s:,]*", message):
+            found = spec.tools.parameters_param(pointer)
+            if found is not None:  # a keyword inside one function's parameters
+                param, rest = found
+                message = message.replace(pointer, rest)
+                return BadRequest(f"'{param}' cannot be compiled into a grammar: {message} (a JSON pointer "
+                                  "within the parameters)", param=param)
+        return BadRequest(f"'tools' cannot be compiled into a grammar: {message}", param="tools")
+    return BadRequest(str(exc), param=exc.field)
 
 
 async def _result_of(handle: RequestHandle) -> GenerationResult:

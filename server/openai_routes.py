@@ -4,7 +4,9 @@ Response and stream chunk shapes follow OpenAI's API so the official clients wor
 Streams end with `data: [DONE]`; with stream_options.include_usage a last chunk carries usage
 and no choices. A request that ends in an error mid-stream gets a `data: {"error": ...}`
 chunk, which the OpenAI clients raise as an APIError. Finish reasons: "stop", or "length" for
-both max_tokens and a full context. Responses also carry a non-standard `metrics` object.
+both max_tokens and a full context, or "tool_calls" when (and only when) the message carries
+complete calls, each valid against its function's parameters (server/tool_reader.py reads them,
+streamed or not, so streamed argument fragments join into exactly the non-streamed text). Responses also carry a non-standard `metrics` object.
 Logprobs (when asked for, never with streaming) follow OpenAI's legacy completions format and
 its chat format; see server/logprobs.py.
 """
@@ -25,6 +27,7 @@ from server.openai_schemas import parse_chat, parse_completion
 from server.replies import merged_deltas, reply
 from server.spec import GenerationSpec
 from server.sse import encode_event
+from server.tool_reader import Arguments, CallStart, Text, ToolOutputReader
 from server.validation import read_json_object
 
 COMPLETIONS, CHAT = "completions", "chat_completions"
@@ -69,7 +72,8 @@ async def chat_completions(request: Request, ctx: ServerContext) -> Response:
     chat = ctx.state.chat
     assert chat is not None
     # Rendering tokenizes, so it runs inside submit's worker thread.
-    submitted = await ctx.service.submit(lambda: parsed.with_prompt(chat.render(parsed.messages)), CHAT, "chat")
+    submitted = await ctx.service.submit(lambda: parsed.with_prompt(chat.render(parsed.messages, parsed.tools)),
+                                         CHAT, "chat")
     handles, specs = [h for h, _ in submitted], [s for _, s in submitted]
     shape = _Shape(kind="chat.completion", request_id=f"chatcmpl-{handles[0].request_id}", model=model_id,
                    specs=specs, token_bytes=engine.model.token_bytes, n=parsed.n)
@@ -98,6 +102,9 @@ class _Shape:
         self.request_id = request_id
         self.model = model
         self.created = int(time.time())
+        # Chat whose output may call functions: one reader per choice.
+        self.readers = [ToolOutputReader(spec.tools, "auto" if spec.may_answer_in_text else "calls")
+                        for spec in self.specs if spec.calls_tools and spec.tools is not None]
 
     def _envelope(self, obj: str, choices: list[dict]) -> dict[str, Any]:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model,
@@ -108,7 +115,10 @@ class _Shape:
         for i, result in enumerate(results):
             choice: dict[str, Any] = {"index": i, "finish_reason": openai_finish_reason(result),
                                       "logprobs": self._logprobs(i, result)}
-            if self.chat:
+            if self.readers:
+                self.readers[i].feed(result.text)
+                choice["message"], choice["finish_reason"] = self.tool_message(i, result)
+            elif self.chat:
                 choice["message"] = {"role": "assistant", "content": result.text}
             else:
                 choice["text"] = self.echoed(i) + result.text
@@ -120,6 +130,28 @@ class _Shape:
         if len(results) == 1:
             payload["metrics"] = metrics_payload(results[0])
         return payload
+
+    def tool_message(self, i: int, result: GenerationResult) -> tuple[dict[str, Any], str]:
+        """The message and finish reason of a choice read by readers[i] (fed all its text)."""
+        reader = self.readers[i]
+        calls = reader.finish(stopped=result.finish_reason is FinishReason.STOP)
+        if calls is None:  # text, or (never in practice: the grammar closes in time) a call cut short
+            content = None if reader.is_calls else reader.content()
+            return {"role": "assistant", "content": content}, openai_finish_reason(result)
+        tool_calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                      for c in calls]
+        return {"role": "assistant", "content": None, "tool_calls": tool_calls}, "tool_calls"
+
+    def tool_chunk(self, i: int, event: Text | CallStart | Arguments) -> dict[str, Any]:
+        if isinstance(event, Text):
+            return self.chunk(event.text, index=i)
+        if isinstance(event, CallStart):
+            call = {"index": event.index, "id": event.id, "type": "function",
+                    "function": {"name": event.name, "arguments": ""}}
+        else:
+            call = {"index": event.index, "function": {"arguments": event.fragment}}
+        choice = {"index": i, "finish_reason": None, "logprobs": None, "delta": {"tool_calls": [call]}}
+        return self._envelope("chat.completion.chunk", [choice])
 
     def _logprobs(self, i: int, result: GenerationResult) -> dict[str, Any] | None:
         if i >= len(self.specs) or not self.specs[i].want_logprobs:
@@ -160,11 +192,14 @@ def openai_finish_reason(result: GenerationResult) -> str:
     return "length" if result.finish_reason in (FinishReason.LENGTH, FinishReason.CONTEXT_LENGTH) else "stop"
 
 
-def usage(results: list[GenerationResult], n: int = 1) -> dict[str, int]:
-    """Each prompt counted once, however many choices (n) were drawn from it."""
+def usage(results: list[GenerationResult], n: int = 1) -> dict[str, Any]:
+    """Each prompt counted once, however many choices (n) were drawn from it; cached_tokens: of
+    those prompt tokens, the ones the prefix cache served."""
     prompt = sum(r.metrics.prompt_tokens for r in results[::n])
+    cached = sum(r.metrics.cached_tokens for r in results[::n])
     completion = sum(r.metrics.tokens_generated for r in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 async def _respond(
@@ -189,7 +224,11 @@ async def _chunks(handles: list[RequestHandle], shape: _Shape, include_usage: bo
     results: list[GenerationResult | None] = [None] * len(handles)
     async for i, item in merged_deltas(handles):
         if isinstance(item, str):
-            yield encode_event(shape.chunk(item, index=i))
+            if shape.readers:
+                for event in shape.readers[i].feed(item):
+                    yield encode_event(shape.tool_chunk(i, event))
+            else:
+                yield encode_event(shape.chunk(item, index=i))
             continue
         results[i] = item
         error = error_for_result(item)
@@ -197,7 +236,8 @@ async def _chunks(handles: list[RequestHandle], shape: _Shape, include_usage: bo
             yield encode_event(error.body())
             yield encode_event("[DONE]")
             return
-        yield encode_event(shape.chunk(None if shape.chat else "", openai_finish_reason(item), index=i))
+        reason = shape.tool_message(i, item)[1] if shape.readers else openai_finish_reason(item)
+        yield encode_event(shape.chunk(None if shape.chat else "", reason, index=i))
     if include_usage:
         yield encode_event(shape.usage_chunk([r for r in results if r is not None]))
     yield encode_event("[DONE]")

@@ -4,7 +4,8 @@ Accepted as OpenAI documents them: model, prompt | messages, max_tokens (chat al
 max_completion_tokens), temperature, top_p, n, stream, stream_options.include_usage, stop, seed,
 user, presence_penalty, frequency_penalty, logit_bias, logprobs (completions: an integer 0..20;
 chat: true/false with top_logprobs 0..20), and for chat response_format (json_object,
-json_schema: constrained by the engine's grammar). Extensions: top_k, min_p, repetition_penalty,
+json_schema: constrained by the engine's grammar), tools, tool_choice and parallel_tool_calls
+(server/tools.py). Extensions: top_k, min_p, repetition_penalty,
 priority ("interactive" | "batch") and ignore_eos (generate past end-of-generation tokens:
 benchmarks). Defaults (OpenAI's where it has one): server/defaults.py COMPLETIONS and CHAT.
 
@@ -12,7 +13,7 @@ benchmarks). Defaults (OpenAI's where it has one): server/defaults.py COMPLETION
 each prompt (limits: server/schemas.py MAX_N, MAX_PROMPTS): each choice has its index, and all
 are admitted or refused together. With a seed, choice i > 0 samples with a seed derived from
 (seed, i). Parts of the API this engine cannot do are refused with 501 and say so: best_of > 1,
-suffix, tools. Logprobs with streaming are refused with 400.
+suffix, the legacy functions / function_call. Logprobs with streaming are refused with 400.
 
 Completions take `echo` (the prompt in front of the text; with `logprobs`, the prompt's tokens
 are scored too, the first one null, as OpenAI's legacy API and vLLM give them), and
@@ -29,6 +30,8 @@ from server import structured
 from server.chat_format import ChatMessage, RenderedChat, parse_messages
 from server.defaults import CHAT, COMPLETIONS
 from server.errors import BadRequest, NotImplementedFeature
+from server.structured import StructuredOutput
+from server.tools import ToolSet, parse_tools
 from server.schemas import MAX_PROMPTS, check_combinations, choice_specs, read_n, read_sampling
 from server.spec import GenerationSpec
 from server.validation import FieldReader
@@ -51,6 +54,7 @@ class ChatRequest:
     spec: GenerationSpec  # its prompt is filled in by with_prompt() once the chat is rendered
     include_usage: bool
     n: int = 1  # choices
+    tools: ToolSet | None = None
 
     def with_prompt(self, rendered: RenderedChat) -> list[GenerationSpec]:
         """The choices' specs, the rendered chat as their prompt."""
@@ -115,17 +119,36 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int) -> ChatRequest:
     top_logprobs = fields.integer("top_logprobs", None, minimum=0, maximum=MAX_LOGPROBS, nullable=True)
     if top_logprobs is not None and not logprobs:
         raise BadRequest("'top_logprobs' needs \"logprobs\": true", param="top_logprobs")
-    for name in ("tools", "functions"):
-        _refuse_unless(fields, name, (None, []), f"'{name}' (tool calling) is not supported by this engine")
-    for name in ("tool_choice", "function_call"):
-        _refuse_unless(fields, name, (None, "none", "auto"), f"'{name}' (tool calling) is not supported by this engine")
-    fields.boolean("parallel_tool_calls", None, nullable=True)
+    _refuse_unless(fields, "functions", (None, []), "'functions' (the legacy form of tools) is not supported; "
+                   "send 'tools'")
+    _refuse_unless(fields, "function_call", (None, "none", "auto"), "'function_call' (the legacy form of "
+                   "tool_choice) is not supported; send 'tool_choice'")
+    tools = parse_tools(fields.raw("tools", None), fields.raw("tool_choice", None),
+                        fields.raw("parallel_tool_calls", None))
     fields.finish()
-    check_combinations(sampling, stream=stream, wants_logprobs=logprobs, structured_output=response_format,
+    structured_output = response_format
+    if tools is not None and tools.callable:
+        _check_beside_calls(sampling, response_format)
+        structured_output = StructuredOutput(tools.calls_schema(), source="tools")
+    check_combinations(sampling, stream=stream, wants_logprobs=logprobs, structured_output=structured_output,
                        logprobs_param="logprobs")
-    spec = GenerationSpec(prompt=(), stream=stream, structured=response_format, logprobs=top_logprobs or 0,
-                          want_logprobs=logprobs, **sampling)
-    return ChatRequest(model, messages, spec, include_usage, n)
+    spec = GenerationSpec(prompt=(), stream=stream, structured=structured_output, logprobs=top_logprobs or 0,
+                          want_logprobs=logprobs, tools=tools, **sampling)
+    return ChatRequest(model, messages, spec, include_usage, n, tools)
+
+
+def _check_beside_calls(sampling: dict[str, Any], response_format: StructuredOutput | None) -> None:
+    """What cannot be honoured together with functions the output may call."""
+    if response_format is not None:
+        raise BadRequest("'response_format' cannot be combined with callable tools: an answer that calls a "
+                         "function is a calls document, not that format (send \"tool_choice\": \"none\", or "
+                         "declare the format as a tool)", param="response_format")
+    if sampling["stop"]:
+        raise BadRequest("'stop' cannot be combined with callable tools: a stop string could cut a call short",
+                         param="stop")
+    if sampling["open_objects"]:
+        raise BadRequest("'open_objects' cannot be combined with callable tools: calls are written in the "
+                         "declared member order", param="open_objects")
 
 
 def _completion_prompts(value: Any) -> list[str | list[int]]:

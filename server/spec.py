@@ -6,6 +6,7 @@ from typing import Sequence
 
 from engine import Request, SamplingParams
 from server.structured import StructuredOutput
+from server.tools import ToolSet
 
 # Limits the HTTP layer adds to the engine's own (engine.request, sampling.params).
 MAX_STOP_STRINGS = 16
@@ -45,6 +46,16 @@ class GenerationSpec:
     structured: StructuredOutput | None = None
     echo: bool = False  # completions: the prompt in front of the text (and its logprobs, when asked)
     extra_stops: tuple[str, ...] = field(default=())  # added by the chat fallback format
+    tools: ToolSet | None = None  # chat with tools: structured then holds the calls schema (if callable)
+
+    @property
+    def calls_tools(self) -> bool:
+        """Functions may be called: the output is read as calls (or, with "auto", text)."""
+        return self.tools is not None and bool(self.tools.callable)
+
+    @property
+    def may_answer_in_text(self) -> bool:
+        return self.calls_tools and self.tools is not None and self.tools.choice == "auto"
 
     @property
     def prompt_logprobs(self) -> int | None:
@@ -72,6 +83,7 @@ class GenerationSpec:
             format="raw" if self.structured is None else "json",
             json_schema=None if self.structured is None else self.structured.schema,
             open_objects=self.open_objects,
+            json_or_text=self.may_answer_in_text,
             # The engine records logprobs only when asked for at least one alternative.
             logprobs=max(1, self.logprobs) if self.want_logprobs else 0,
             prompt_logprobs=self.prompt_logprobs,

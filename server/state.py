@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 
 from engine import RequestHandle
 from server.chat_format import ChatFormatter, detect_style
+from server.jinja_chat import jinja_for
 from server.engine_protocol import ServedEngine
 from server.errors import ServiceUnavailable
 
@@ -88,7 +89,8 @@ class ServingState:
             engine = self._loader()
             model = engine.model
             style = detect_style(model.description, model.chat_template, model)
-            chat = ChatFormatter(style, model, model.apply_chat_template if style == "template" else None)
+            chat = ChatFormatter(style, model, model.apply_chat_template if style == "template" else None,
+                                 jinja_for(model))
             info = ModelInfo(
                 model_id=self._model_id_override or Path(str(model.path)).stem,
                 description=model.description,

@@ -94,11 +94,13 @@ def test_n_choices_get_derived_seeds_and_must_fit_the_cache():
         assert code is None or info.value.code == code
 
 
-def test_chat_max_completion_tokens_wins_and_tools_are_refused():
+def test_chat_max_completion_tokens_wins_and_legacy_functions_are_refused():
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert parse_chat({**body, "max_completion_tokens": 9, "max_tokens": 3}, n_ctx=64).spec.max_tokens == 9
     assert parse_chat(body, n_ctx=1024).spec.max_tokens == 512
     with pytest.raises(NotImplementedFeature):
+        parse_chat({**body, "functions": [{"name": "f"}]}, n_ctx=64)
+    with pytest.raises(BadRequest, match="tools\\[0\\]"):  # tools are accepted, this one is malformed
         parse_chat({**body, "tools": [{"type": "function"}]}, n_ctx=64)
 
 

@@ -1,0 +1,194 @@
+"""Reading a tool-calling answer as it is generated: text, or calls in the grammar's format.
+
+One reader per choice, fed the text deltas as they come; it yields OpenAI's pieces: a call's
+start (index, id, name) once its name is complete, then fragments of its arguments, verbatim.
+The streamed response sends those pieces; the non-streamed one joins them, so both carry
+exactly the same arguments text. `finish()` checks the whole document (parse, names,
+arguments against each function's parameters) before anything is called a tool call.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+
+import jsonschema
+
+from server.errors import InternalError
+from server.tools import CALLS_KEY, OPENING, ToolSet
+
+
+@dataclass
+class Call:
+    index: int
+    id: str
+    name: str
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
+class Text:
+    text: str
+
+
+@dataclass(frozen=True)
+class CallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Arguments:
+    index: int
+    fragment: str
+
+
+Event = Text | CallStart | Arguments
+
+_CALL_HEAD = '{"name":'
+_ARGS_HEAD = ',"arguments":'
+
+
+@dataclass
+class ToolOutputReader:
+    """mode: "text" (no call possible), "calls" (the output is a calls document) or "auto"
+    (the first character decides: `{` opens calls, anything else is text)."""
+
+    tools: ToolSet
+    mode: str
+    calls: list[Call] = field(default_factory=list)
+    _text: list[str] = field(default_factory=list)
+    _buffer: str = ""  # calls mode: text received and not yet consumed
+    _state: str = "opening"
+    _depth: int = 0
+    _in_string: bool = False
+    _escaped: bool = False
+    _seen: str = ""  # everything received, for finish()
+
+    @property
+    def is_calls(self) -> bool:
+        return self.mode == "calls"
+
+    def feed(self, delta: str) -> list[Event]:
+        if not delta:
+            return []
+        self._seen += delta
+        if self.mode == "auto":
+            self.mode = "calls" if delta[0] == "{" else "text"
+        if self.mode == "text":
+            self._text.append(delta)
+            return [Text(delta)]
+        self._buffer += delta
+        return self._consume()
+
+    def _consume(self) -> list[Event]:
+        events: list[Event] = []
+        while self._buffer:
+            state, buf = self._state, self._buffer
+            if state in ("opening", "call", "args_key"):
+                literal = {"opening": OPENING, "call": _CALL_HEAD, "args_key": _ARGS_HEAD}[state]
+                if len(buf) < len(literal):
+                    self._expect(literal.startswith(buf), literal)
+                    return events
+                self._expect(buf.startswith(literal), literal)
+                self._buffer = buf[len(literal):]
+                self._state = {"opening": "call", "call": "name", "args_key": "args"}[state]
+            elif state == "name":
+                end = _string_end(buf)
+                if end is None:
+                    return events
+                call = Call(len(self.calls), f"call_{uuid.uuid4().hex[:24]}", json.loads(buf[:end]))
+                self.calls.append(call)
+                events.append(CallStart(call.index, call.id, call.name))
+                self._buffer, self._state = buf[end:], "args_key"
+            elif state == "args":
+                end = self._scan_value(buf)
+                piece = buf if end is None else buf[:end]
+                if piece:
+                    self.calls[-1].arguments += piece
+                    events.append(Arguments(self.calls[-1].index, piece))
+                if end is None:
+                    self._buffer = ""
+                    return events
+                self._buffer, self._state = buf[end:], "call_end"
+            elif state == "call_end":
+                self._expect(buf[0] == "}", "}")
+                self._buffer, self._state = buf[1:], "between"
+            elif state == "between":
+                self._expect(buf[0] in ",]", ", or ]")
+                self._buffer, self._state = buf[1:], ("call" if buf[0] == "," else "closing")
+            elif state == "closing":
+                self._expect(buf[0] == "}", "}")
+                self._buffer, self._state = buf[1:], "done"
+            else:
+                self._expect(False, "the end of the document")
+        return events
+
+    def _scan_value(self, buf: str) -> int | None:
+        """Where the arguments value ends in buf (None: not yet); tracks nesting across feeds."""
+        for i, ch in enumerate(buf):
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif ch == "\\":
+                    self._escaped = True
+                elif ch == '"':
+                    self._in_string = False
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    return i + 1
+        return None
+
+    def _expect(self, ok: bool, what: str) -> None:
+        if not ok:  # the grammar writes only this format: anything else is an engine bug
+            raise InternalError(f"tool call output is not in the calls format (expected {what!r}): "
+                                f"{self._seen[-200:]!r}")
+
+    def content(self) -> str:
+        return "".join(self._text)
+
+    def finish(self, stopped: bool) -> list[Call] | None:
+        """The complete, valid calls (None: this answer makes no call). `stopped`: the output
+        ended by itself (not max_tokens, context, cancellation); only then can calls be whole."""
+        if self.mode != "calls" or not stopped:
+            return None
+        if self._state != "done" or self._buffer:
+            raise InternalError(f"the calls document ended early: {self._seen[-200:]!r}")
+        document = json.loads(self._seen)
+        if [c["name"] for c in document[CALLS_KEY]] != [c.name for c in self.calls]:
+            raise InternalError("the calls reader and the JSON parser disagree")
+        for call, parsed in zip(self.calls, document[CALLS_KEY]):
+            function = self.tools.function(call.name)
+            if function is None or function not in self.tools.callable:
+                raise InternalError(f"the output called {call.name!r}, which may not be called here")
+            if json.loads(call.arguments) != parsed["arguments"]:
+                raise InternalError("the calls reader and the JSON parser disagree on arguments")
+            validator = jsonschema.validators.validator_for(function.parameters)(
+                function.parameters, format_checker=jsonschema.FormatChecker())
+            error = jsonschema.exceptions.best_match(validator.iter_errors(parsed["arguments"]))
+            if error is not None:
+                raise InternalError(f"the arguments of {call.name!r} are not valid against its parameters: "
+                                    f"{error.message}")
+        if not self.calls:
+            raise InternalError("a calls document without calls")
+        return self.calls
+
+
+def _string_end(buf: str) -> int | None:
+    """The index just past the JSON string that buf starts with (None: not closed yet)."""
+    escaped = False
+    for i in range(1, len(buf)):
+        ch = buf[i]
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            return i + 1
+    return None
