@@ -196,7 +196,9 @@ def usage(results: list[GenerationResult], n: int = 1) -> dict[str, Any]:
     """Each prompt counted once, however many choices (n) were drawn from it; cached_tokens: of
     those prompt tokens, the ones the prefix cache served."""
     prompt = sum(r.metrics.prompt_tokens for r in results[::n])
-    cached = sum(r.metrics.cached_tokens for r in results[::n])
+    # Forced tokens a grammar appends before the first step can be served from the cache too;
+    # only the prompt's count here.
+    cached = sum(min(r.metrics.cached_tokens, r.metrics.prompt_tokens) for r in results[::n])
     completion = sum(r.metrics.tokens_generated for r in results)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}

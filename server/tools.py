@@ -111,7 +111,7 @@ def relocate_refs(schema: Any, base: str) -> Any:
         for key, value in schema.items():
             if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
                 schema[key] = base + value[1:]
-            elif key not in _DATA_KEYWORDS and key != "$ref":
+            elif key not in _DATA_KEYWORDS:  # a dict under "$ref" is a property named "$ref"
                 relocate_refs(value, base)
     elif isinstance(schema, list):
         for item in schema:
