@@ -27,14 +27,19 @@ setup(
         # Starlette's multipart parser for /v1/files uploads (streams parts to disk); a correct
         # multipart parser is not worth writing by hand.
         "python-multipart>=0.0.9",
+        # GGUF chat templates that handle tools are Jinja, rendered as Hugging Face does; its sandbox
+        # is what makes running a template from a model file safe, not something to rewrite.
+        "jinja2>=3.1",
     ],
     extras_require={
         # matplotlib: the quick-mode test also draws each plottable run, so plotting cannot rot.
         # ray: CI runs the cluster tests too (they skip where Ray is missing).
         # lm-eval[api]: the evaluation harness users run against the server, end to end (its api
         # extra is the HTTP client only, no torch); no hand-written stand-in proves it works.
+        # pydantic-ai: an agent framework whose tools and tool outputs must work against cobatch
+        # (2.68 tested, with openai 3.57).
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "openai>=1.30", "matplotlib>=3.8",
-                 "ray[serve]==2.60.0", "lm-eval[api]==0.4.13"],
+                 "ray[serve]==2.60.0", "lm-eval[api]==0.4.13", "pydantic-ai-slim[openai]>=2.60,<3"],
         # `cobatch serve --replicas N` and `cobatch bench cluster`: engines on Ray Serve (server/cluster/).
         "ray": ["ray[serve]==2.60.0"],
         # llguidance: the structured-output benchmark's reference mask computation.
