@@ -21,6 +21,7 @@ BENCHMARKS = {
     "sequential": "bench.sequential",
     "shared-cpu": "bench.shared_cpu",
     "structured": "bench.structured",
+    "tools": "bench.tools",
 }
 
 
