@@ -15,8 +15,9 @@ vocabulary index is built before and reported apart) and reuse (the grammar cach
 
 Speed: for the first sets, a tool-call turn (required) and a JSON-schema turn of the same
 length, one after the other, in turn order alternating: the same messages and tools, the second
-with tool_choice "none" and response_format json_schema set to the very calls schema, same
-seed, so both generate the same tokens. tok/s is the server's own per-request figure (generated
+with tool_choice "none" and response_format json_schema set to the very calls schema, greedy,
+so both generate the same tokens (unless a near tie in the logits goes the other way between
+two computations of the same prompt: the table counts the pairs of equal length). tok/s is the server's own per-request figure (generated
 tokens over time from admission), and the ratio is taken per pair, then its median.
 """
 from __future__ import annotations
@@ -153,7 +154,7 @@ def speed_pairs(url: str, model: str, sets: list[dict[str, Any]], pairs: int, ma
     with httpx.Client(base_url=url, timeout=600) as client:
         for i, s in enumerate(sets[:pairs]):
             base = {"model": model, "messages": [{"role": "user", "content": s["prompt"]}], "tools": s["tools"],
-                    "max_tokens": max_tokens, "temperature": 0.8, "seed": 100 + i}
+                    "max_tokens": max_tokens, "temperature": 0.0, "seed": 100 + i}
             schema = parse_tools(s["tools"], "required", None).calls_schema()
             turns = {"tool": {**base, "tool_choice": "required"},
                      "json": {**base, "tool_choice": "none",
@@ -217,9 +218,10 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
         [["first use", len(first), percentile(first, 50), percentile(first, 95), max(first)],
          ["reuse (grammar cache)", len(reuse), percentile(reuse, 50), percentile(reuse, 95), max(reuse)]])
     speed_table = markdown_table(
-        ["turns", "pairs", "same length", "tool turn tok/s (median)", "JSON-schema turn tok/s (median)",
+        ["turns", "pairs", "same length", "tokens per turn (median)", "tool turn tok/s (median)", "JSON-schema turn tok/s (median)",
          "ratio tool / JSON (median of pairs)"],
         [["tool call vs json_schema", len(speeds), same_length,
+          statistics.median(p["tool_tokens"] for p in speeds) if speeds else "-",
           statistics.median(p["tool_tok_s"] for p in speeds) if speeds else "-",
           statistics.median(p["json_tok_s"] for p in speeds) if speeds else "-",
           statistics.median(ratios) if ratios else "-"]])
@@ -247,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
-    parser.add_argument("--speed-pairs", type=int, default=10, help="tool / JSON-schema turn pairs")
+    parser.add_argument("--speed-pairs", type=int, default=20, help="tool / JSON-schema turn pairs")
     parser.add_argument("--peer-bin", default=None, help="llama-server binary or folder, started with --jinja")
     parser.add_argument("--peer-url", default=None, help="a llama-server already running (with --jinja)")
     parser.add_argument("--no-peer", action="store_true", help="do not start a llama-server even if on PATH")
