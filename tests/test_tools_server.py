@@ -152,6 +152,19 @@ def test_streamed_calls_reassemble_into_the_non_streamed_answer(http, choice):
         assert len(whole["message"]["tool_calls"]) == 1
 
 
+def test_auto_begins_a_call_only_when_the_budget_can_finish_it(http):
+    refused = post(http, tools=TOOLS, tool_choice="required", max_tokens=1).json()["error"]
+    needed = int(refused["message"].split("needs ")[1].split()[0])
+    pushed = {"tools": TOOLS, "logit_bias": _brace_bias(http), "temperature": 1.0}
+    for seed in range(2):  # exactly enough: the pushed model opens a call, and the call is finished
+        choice = post(http, **pushed, seed=seed, max_tokens=needed).json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        check_calls(choice["message"], TOOLS)
+        # one token short: no call may begin, so the answer is text, even pushed towards `{`
+        choice = post(http, **pushed, seed=seed, max_tokens=needed - 1).json()["choices"][0]
+        assert "tool_calls" not in choice["message"] and not choice["message"]["content"].startswith("{")
+
+
 def test_n_choices_each_hold_the_guarantee(http):
     response = post(http, tools=TOOLS, tool_choice="required", n=3, temperature=1.0, seed=5).json()
     assert [c["index"] for c in response["choices"]] == [0, 1, 2]
