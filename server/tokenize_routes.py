@@ -3,8 +3,9 @@
     /tokenize    {"content": str, "add_special": false, "with_pieces": false}
                  -> {"tokens": [ids]}, or with pieces {"tokens": [{"id", "piece"}]} (a piece that
                  is not whole UTF-8 is a list of byte values, as llama-server gives it)
-                 {"messages": [...]} instead of content: the chat as /v1/chat/completions renders
-                 it, whose count is that route's prompt_tokens
+                 {"messages": [...], "tools"?: [...]} instead of content: the chat as
+                 /v1/chat/completions renders it (with those tools), whose count is that route's
+                 prompt_tokens
                  Both also answer "count" and "max_model_len" (vLLM's names).
                  vLLM's spelling is taken too: {"prompt": str, "add_special_tokens": true}, where
                  special tokens written in the text (<eos>) are read as such, as its tokenizers do.
@@ -24,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from server.chat_format import parse_messages
 from server.context import ServerContext
 from server.errors import BadRequest
+from server.tools import parse_tools
 from server.validation import FieldReader, read_json_object
 
 MAX_TOKENS_PER_CALL = 1_000_000  # bounds one /detokenize call's work
@@ -35,6 +37,7 @@ async def tokenize(request: Request, ctx: ServerContext) -> Response:
     fields = FieldReader(body)
     content = fields.raw("content", None)
     messages = fields.raw("messages", None)
+    tools = parse_tools(fields.raw("tools", None), None, None)  # they are part of the rendered prompt
     add_special = fields.boolean("add_special", False)
     with_pieces = fields.boolean("with_pieces", False)
     parse_special = add_special
@@ -47,10 +50,12 @@ async def tokenize(request: Request, ctx: ServerContext) -> Response:
     fields.finish()
     if (content is None) == (messages is None):
         raise BadRequest("send either 'content' (text) or 'messages' (a chat)", param="content")
+    if tools is not None and messages is None:
+        raise BadRequest("'tools' go with 'messages'", param="tools")
     if messages is not None:
         chat, parsed = ctx.state.chat, parse_messages(messages)
         assert chat is not None
-        ids = (await run_in_threadpool(chat.render, parsed)).token_ids
+        ids = (await run_in_threadpool(chat.render, parsed, tools)).token_ids
     else:
         if not isinstance(content, str):
             raise BadRequest("'content' must be a string", param="content")

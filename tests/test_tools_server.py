@@ -122,6 +122,9 @@ def test_two_turn_round_trip_with_a_tool_message_hits_the_prefix_cache(client):
                       {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sky": "clear", "args": arguments})}]
     second = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=20,
                                             temperature=0)
+    counted = httpx.post(f"{client.base_url}".removesuffix("/v1/") + "/tokenize",
+                         json={"messages": messages, "tools": TOOLS}).json()["count"]
+    assert counted == second.usage.prompt_tokens  # /tokenize renders tools and calls the same way
     assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
     assert second.usage.prompt_tokens > first.usage.prompt_tokens
     # Turn 2 begins with turn 1's prompt, rendered identically, then the call echoed as the grammar
