@@ -6,7 +6,8 @@ and no choices. A request that ends in an error mid-stream gets a `data: {"error
 chunk, which the OpenAI clients raise as an APIError. Finish reasons: "stop", or "length" for
 both max_tokens and a full context, or "tool_calls" when (and only when) the message carries
 complete calls, each valid against its function's parameters (server/tool_reader.py reads them,
-streamed or not, so streamed argument fragments join into exactly the non-streamed text). Responses also carry a non-standard `metrics` object.
+streamed or not, so streamed argument fragments join into exactly the non-streamed text).
+Responses also carry a non-standard `metrics` object.
 Logprobs (when asked for, never with streaming) follow OpenAI's legacy completions format and
 its chat format; see server/logprobs.py.
 """
