@@ -6,7 +6,7 @@ scrape time. Nothing is estimated.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -106,48 +106,30 @@ class _EngineCollector(Collector):
         return []  # values depend on whether the engine has loaded; describe nothing up front
 
     def collect(self) -> Iterable:
-        rss = GaugeMetricFamily("cobatch_process_resident_memory_bytes", "Resident set size of this process")
-        rss.add_metric([], process_rss_bytes())
-        yield rss
+        yield _single(GaugeMetricFamily, "cobatch_process_resident_memory_bytes", "Resident set size of this process",
+                      process_rss_bytes())
         stats = self._engine_stats()
         if stats is None:
             return
-        running = GaugeMetricFamily("cobatch_running_sequences", "Sequences in the running batch")
-        running.add_metric([], stats.running)
-        yield running
+        yield _single(GaugeMetricFamily, "cobatch_running_sequences", "Sequences in the running batch", stats.running)
         waiting = GaugeMetricFamily("cobatch_waiting_requests", "Requests queued, by priority", labels=["priority"])
         for priority, n in sorted(stats.waiting.items()):
             waiting.add_metric([priority], n)
         yield waiting
-        used = GaugeMetricFamily("cobatch_kv_cells_used", "Distinct KV cells holding live requests' tokens "
-                                 "(a shared prefix counts once)")
-        used.add_metric([], stats.kv_cells_used)
-        yield used
-        total = GaugeMetricFamily("cobatch_kv_cells_total", "KV cache cells in the context")
-        total.add_metric([], stats.kv_cells_total)
-        yield total
-        usage = GaugeMetricFamily("cobatch_kv_usage_ratio", "Fraction of KV cells in use")
-        usage.add_metric([], stats.kv_cells_used / stats.kv_cells_total if stats.kv_cells_total else 0.0)
-        yield usage
-        preemptions = CounterMetricFamily("cobatch_preemptions", "Sequences that gave up their KV cells "
-                                          "(to free blocks) and recompute them later")
-        preemptions.add_metric([], stats.preemptions)
-        yield preemptions
-        suspensions = CounterMetricFamily("cobatch_suspensions", "Batch sequences suspended to give an "
-                                          "interactive request a slot; they keep their KV and resume without recompute")
-        suspensions.add_metric([], stats.suspensions)
-        yield suspensions
-        steps = CounterMetricFamily("cobatch_engine_steps", "Engine decode steps run")
-        steps.add_metric([], stats.steps)
-        yield steps
-        threads = GaugeMetricFamily("cobatch_decode_threads", "CPU threads the next decode step uses "
-                                    "(the thread governor lowers it while other processes load the cores)")
-        threads.add_metric([], stats.decode_threads)
-        yield threads
-        switches = CounterMetricFamily("cobatch_decode_thread_switches", "Times the thread governor changed "
-                                       "the decode thread count")
-        switches.add_metric([], stats.thread_switches)
-        yield switches
+        yield _single(GaugeMetricFamily, "cobatch_kv_cells_used", "Distinct KV cells holding live requests' tokens "
+                      "(a shared prefix counts once)", stats.kv_cells_used)
+        yield _single(GaugeMetricFamily, "cobatch_kv_cells_total", "KV cache cells in the context", stats.kv_cells_total)
+        yield _single(GaugeMetricFamily, "cobatch_kv_usage_ratio", "Fraction of KV cells in use",
+                      stats.kv_cells_used / stats.kv_cells_total if stats.kv_cells_total else 0.0)
+        yield _single(CounterMetricFamily, "cobatch_preemptions", "Sequences that gave up their KV cells "
+                      "(to free blocks) and recompute them later", stats.preemptions)
+        yield _single(CounterMetricFamily, "cobatch_suspensions", "Batch sequences suspended to give an "
+                      "interactive request a slot; they keep their KV and resume without recompute", stats.suspensions)
+        yield _single(CounterMetricFamily, "cobatch_engine_steps", "Engine decode steps run", stats.steps)
+        yield _single(GaugeMetricFamily, "cobatch_decode_threads", "CPU threads the next decode step uses "
+                      "(the thread governor lowers it while other processes load the cores)", stats.decode_threads)
+        yield _single(CounterMetricFamily, "cobatch_decode_thread_switches", "Times the thread governor changed "
+                      "the decode thread count", stats.thread_switches)
         yield from _tier_metrics(stats)
         yield from _kv_block_metrics(stats)
 
@@ -167,34 +149,31 @@ def _tier_metrics(stats: EngineStats) -> Iterable:
         suspended.add_metric([name], tier.suspensions)
         admitted.add_metric([name], tier.admitted)
     yield from (running, preempted, suspended, admitted)
-    interrupted = CounterMetricFamily("cobatch_engine_steps_interrupted",
-                                      "Batch-only steps aborted for an arriving interactive request")
-    interrupted.add_metric([], stats.steps_interrupted)
-    yield interrupted
+    yield _single(CounterMetricFamily, "cobatch_engine_steps_interrupted",
+                  "Batch-only steps aborted for an arriving interactive request", stats.steps_interrupted)
     if stats.interactive_token_target_ms is not None:
-        target = GaugeMetricFamily("cobatch_interactive_token_target_seconds",
-                                   "Per-token latency target of interactive requests while batch work runs")
-        target.add_metric([], stats.interactive_token_target_ms / 1000.0)
-        yield target
-    bounded = CounterMetricFamily("cobatch_latency_bounded_steps", "Steps whose batch rows the per-token "
-                                  "target chose (interactive requests decoding beside batch work)")
-    bounded.add_metric([], stats.latency_bounded_steps)
-    yield bounded
-    granted = CounterMetricFamily("cobatch_batch_rows_granted", "Batch rows carried by latency-bounded steps "
-                                  "(divided by cobatch_latency_bounded_steps_total: rows per step)")
-    granted.add_metric([], stats.batch_rows_granted)
-    yield granted
+        yield _single(GaugeMetricFamily, "cobatch_interactive_token_target_seconds",
+                      "Per-token latency target of interactive requests while batch work runs",
+                      stats.interactive_token_target_ms / 1000.0)
+    yield _single(CounterMetricFamily, "cobatch_latency_bounded_steps", "Steps whose batch rows the per-token "
+                  "target chose (interactive requests decoding beside batch work)", stats.latency_bounded_steps)
+    yield _single(CounterMetricFamily, "cobatch_batch_rows_granted", "Batch rows carried by latency-bounded steps "
+                  "(divided by cobatch_latency_bounded_steps_total: rows per step)", stats.batch_rows_granted)
+
+
+def _single(kind: type, name: str, help_text: str, value: float) -> Any:
+    """A metric family of one unlabelled value."""
+    family = kind(name, help_text)
+    family.add_metric([], value)
+    return family
 
 
 def _kv_block_metrics(stats: EngineStats) -> Iterable:
     """The KV block ledger and prefix cache."""
-    family = CounterMetricFamily("cobatch_tokens_prefilled", "Prompt tokens computed (not served from cache)")
-    family.add_metric([], stats.tokens_prefilled)
-    yield family
-    forced = CounterMetricFamily("cobatch_tokens_forced", "Output tokens appended unsampled by jump-forward "
-                                 "(the JSON grammar allowed one continuation); counted in generated tokens too")
-    forced.add_metric([], stats.tokens_forced)
-    yield forced
+    yield _single(CounterMetricFamily, "cobatch_tokens_prefilled", "Prompt tokens computed (not served from cache)",
+                  stats.tokens_prefilled)
+    yield _single(CounterMetricFamily, "cobatch_tokens_forced", "Output tokens appended unsampled by jump-forward "
+                  "(the JSON grammar allowed one continuation); counted in generated tokens too", stats.tokens_forced)
     kv = stats.kv
     blocks = GaugeMetricFamily("cobatch_kv_blocks", "KV cache blocks by state", labels=["state"])
     for state in ("used", "cached", "free"):
@@ -206,6 +185,4 @@ def _kv_block_metrics(stats: EngineStats) -> Iterable:
         ("cobatch_prefix_cache_hit_tokens", "prefix_hit_tokens", "Prompt tokens served from the prefix cache"),
         ("cobatch_prefix_cache_evictions", "evictions", "Cached blocks evicted to make room"),
     ):
-        family = CounterMetricFamily(name, help_text)
-        family.add_metric([], getattr(kv, attr))
-        yield family
+        yield _single(CounterMetricFamily, name, help_text, getattr(kv, attr))

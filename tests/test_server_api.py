@@ -130,6 +130,11 @@ def test_metrics_move_when_requests_run(http):
     assert delta("cobatch_request_latency_seconds_sum", priority="interactive") == pytest.approx(
         body["metrics"]["latency_ms"] / 1000, rel=1e-6)
     assert delta("cobatch_queue_time_seconds_count", priority="interactive") == 1
+    # One interval between each token-giving step and the one before (no forced tokens here).
+    assert delta("cobatch_inter_token_latency_seconds_count", priority="interactive") == (
+        body["metrics"]["tokens_generated"] - 1)
+    assert metric(after, "cobatch_interactive_token_target_seconds") == pytest.approx(0.15)
+    assert delta("cobatch_latency_bounded_steps_total") == 0  # nothing ran beside it
     assert delta("cobatch_engine_steps_total") >= body["metrics"]["tokens_generated"]
     assert metric(after, "cobatch_kv_cells_total") >= 4096
     assert metric(after, "cobatch_decode_threads") >= 1
