@@ -178,7 +178,7 @@ def report(rows: list[dict[str, Any]], modes: list[str]) -> tuple[str, dict]:
     for mode in modes:
         for name in names:
             mine = [get[(t, mode, name)] for t in trials]
-            med = lambda k: statistics.median(r[k] for r in mine)  # noqa: E731
+            med = lambda k: statistics.median(r.get(k, float("nan")) for r in mine)  # noqa: E731
             table.append([mode, name, med("batch_tok_s"), med("idle_ttft_p50"), med("ttft_p95"),
                           statistics.median(r["ttft_p95"] / r["idle_ttft_p50"] for r in mine),
                           med("idle_e2e_p50"), med("e2e_p95"),
@@ -194,8 +194,9 @@ def report(rows: list[dict[str, Any]], modes: list[str]) -> tuple[str, dict]:
                                              ("flood", share < 0.85), ("collapsed", prio["collapsed"])) if bad]
             passed += not missed and variant == "priority"
             line = (f"- {mode}, {variant}, trial {t}: TTFT p95 {ttft_x:.2f}x idle p50, end-to-end p95 {e2e_x:.2f}x, "
-                    f"flood {share:.2f}x FIFO's, inter-token p95 {prio['itl_p95']:.0f} ms (target "
-                    f"{EngineConfig.interactive_token_ms:.0f}; {prio['idle_itl_p95']:.0f} with nothing else running)")
+                    f"flood {share:.2f}x FIFO's, inter-token p95 {prio.get('itl_p95', float('nan')):.0f} ms (target "
+                    f"{EngineConfig.interactive_token_ms:.0f}; {prio.get('idle_itl_p95', float('nan')):.0f} with "
+                    f"nothing else running)")
             if "llama-server" in names:
                 peer = get[(t, mode, "llama-server")]
                 if peer["batch_tok_s"] > 0:

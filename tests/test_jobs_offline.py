@@ -39,6 +39,9 @@ def _batch(input_path: Path, output: Path) -> subprocess.Popen:
          "--max-batch", "4", "--step-token-budget", "64"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # A runner that started the tests in the background hands its children SIGINT ignored,
+        # and the interrupt this test sends would then do nothing.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 

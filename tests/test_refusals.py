@@ -39,7 +39,7 @@ def test_parameter_errors_stay_value_errors():
     assert isinstance(info.value, InvalidParameterError) and info.value.field == "top_p"
 
 
-_SPEC = parse_generate({"prompt": "x"}, n_ctx=64)
+_SPEC = parse_generate({"prompt": "x"}, n_ctx=64)[0]
 
 
 @pytest.mark.parametrize("name", sorted(REFUSALS))
