@@ -97,7 +97,7 @@ class EngineCore:
             return False
         rows = self.runner.build_batch(plan)
         kind = "decode" if all(c.seq.is_decoding for c in plan.chunks) else "mixed"
-        self.runner_threads = self.threads.choose(plan.n_tokens, len(rows))
+        self.runner_threads = self.threads.choose(plan.n_tokens, self.runner.n_outputs)
         self.runner.set_threads(self.runner_threads)
         self.publish_stats()  # readers see this step's admissions while it decodes
         t2 = clock()
@@ -119,7 +119,7 @@ class EngineCore:
         t5 = clock()
         produced = len(rows) + self.tokens_forced - forced_before
         self.profiles[kind].record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, produced)
-        self.step_cost.record(plan.n_tokens, len(rows), t5 - t0, self.runner_threads)
+        self.step_cost.record(plan.n_tokens, self.runner.n_outputs, t5 - t0, self.runner_threads)
         return True
 
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:

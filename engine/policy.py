@@ -39,7 +39,7 @@ from typing import Protocol
 from engine.request import Priority
 from engine.sequence import Sequence
 from engine.step_cost import StepCostModel
-from engine.step_plan import StepPlan
+from engine.step_plan import Chunk, StepPlan
 
 INTERACTIVE, BATCH = Priority.INTERACTIVE, Priority.BATCH
 
@@ -249,19 +249,22 @@ class TwoTierPolicy(SchedulingPolicy):
         spare = budget - cost.seconds(tokens, len(interactive))
         row_s = cost.per_token_s + cost.per_output_s
         rows = max(0, int(spare // row_s)) if spare > 0 else 0
-        if rows == 0 and not self._batch_may_wait(self._steps_without_batch):
-            rows = 1  # batch work's floor: progress in 1 of every 1/batch_min_share steps
         if cap is not None:
             rows = min(rows, cap)
         n_decoding = sum(1 for s in order if s.request.priority is BATCH and s.is_decoding)
         left = spare - min(rows, n_decoding) * row_s
         prompt_tokens = max(0, int(left // cost.per_token_s)) if left > 0 else 0
+        # A scored prompt's tokens are output rows too.
+        if any(s.request.priority is BATCH and s.scores_prompt and not s.is_decoding for s in order):
+            prompt_tokens = max(0, int(left // row_s)) if left > 0 else 0
+        if not self._batch_may_wait(self._steps_without_batch):
+            # Batch work's floor: progress in 1 of every 1/batch_min_share steps, decoding or prefilling.
+            rows, prompt_tokens = max(rows, 1), max(prompt_tokens, self.batch_tokens)
         return rows, prompt_tokens
 
     def step_planned(self, view: QueueView, plan: StepPlan) -> bool:
         if self._last_step_bounded and (cost := self.step_cost.estimate()) is not None:
-            outputs = sum(1 for c in plan.chunks if c.wants_logits)
-            self._predicted_s = cost.seconds(plan.n_tokens, outputs)
+            self._predicted_s = cost.seconds(plan.n_tokens, sum(_outputs(c) for c in plan.chunks))
         waited = self._steps_without_batch
         has_batch = any(c.seq.request.priority is BATCH for c in plan.chunks)
         self._waited_before_step = waited
@@ -312,6 +315,13 @@ class TwoTierPolicy(SchedulingPolicy):
         already gone `waited` >= 1 / batch_min_share - 1 steps in a row without progress."""
         bound = self.max_batchless_steps
         return bound is None or waited < bound
+
+
+def _outputs(chunk: Chunk) -> int:
+    """Rows of a chunk that produce logits: every prompt row of a scored prompt."""
+    if chunk.seq.scores_prompt and not chunk.seq.is_decoding:
+        return chunk.length
+    return int(chunk.wants_logits)
 
 
 def _batch_running(view: QueueView) -> bool:

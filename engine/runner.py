@@ -69,6 +69,11 @@ class ModelRunner:
         self._n_outputs = batch.n_outputs
         return [c.seq for c, _ in placed if c.wants_logits]
 
+    @property
+    def n_outputs(self) -> int:
+        """Rows of the built batch that produce logits: sampling rows and scored prompt rows."""
+        return self._n_outputs
+
     def set_threads(self, n_threads: int) -> None:
         if n_threads != self._threads:
             self.context.set_threads(n_threads)

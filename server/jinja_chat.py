@@ -11,6 +11,7 @@ which is what tool-aware templates expect), `tools` (OpenAI's `{"type": "functio
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +22,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from server.chat_messages import ChatMessage
 from server.errors import BadRequest
 from server.tools import ToolSet
+
+_log = logging.getLogger(__name__)
 
 
 def handles_tools(template: str) -> bool:
@@ -41,8 +44,12 @@ def jinja_for(model: Any) -> "JinjaChat | None":
     template = getattr(model, "chat_template", None)
     if not template or not handles_tools(template):
         return None
-    return JinjaChat(template, _token_text(model, getattr(model, "bos_token", None)),
-                     _token_text(model, getattr(model, "eos_token", None)))
+    try:
+        return JinjaChat(template, _token_text(model, getattr(model, "bos_token", None)),
+                         _token_text(model, getattr(model, "eos_token", None)))
+    except TemplateError as exc:  # e.g. a tag only Hugging Face's own environment defines
+        _log.warning("the model's chat template does not compile (%s); tools use the generic prompt", exc)
+        return None
 
 
 def _token_text(model: Any, token: int | None) -> str:
@@ -70,7 +77,8 @@ class JinjaChat:
                     {"type": "function", "function": f.declaration()} for f in tools.functions],
                 add_generation_prompt=add_generation_prompt, bos_token=self.bos_token, eos_token=self.eos_token,
             )
-        except TemplateError as exc:  # raise_exception() or a template that cannot take these messages
+        # raise_exception(), or template code that cannot take these messages (its own errors too)
+        except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, AttributeError) as exc:
             raise BadRequest(f"the model's chat template refused these messages: {exc}", param="messages") from None
 
 

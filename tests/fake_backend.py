@@ -146,6 +146,7 @@ class FakeRunner:
     def build_batch(self, plan) -> list:
         self._chunks = [c for c in plan.chunks if c.length == 1] + [c for c in plan.chunks if c.length > 1]
         self.current = [Row(c.seq.request_id, c.start, c.length) for c in self._chunks]
+        self.n_outputs = sum(1 for c in self._chunks if c.wants_logits)
         return [c.seq for c in self._chunks if c.wants_logits]
 
     def set_threads(self, n_threads: int) -> None:

@@ -302,3 +302,14 @@ def test_an_interactive_prompt_step_keeps_the_rows_of_interactive_sequences_deco
     c.add("i1", prompt(9), max_tokens=20, priority="interactive")
     c.core.step()
     assert c.rows() == {"i0", "i1"}  # i1's prompt, and i0's next token: no batch rows
+
+
+def test_latency_target_floor_also_feeds_batch_prompts():
+    c = Core(max_running=6, batch_min_share=0.25, interactive_token_ms=50)
+    c.add("i0", prompt(9), max_tokens=40, priority="interactive")
+    c.core.step()
+    _synthetic_machine(c, fixed=0.040, per_row=0.030)  # one interactive row alone misses the target
+    batch = c.add("b0", prompt(0, n=200), max_tokens=4)
+    for _ in range(16):
+        c.core.step()
+    assert 0 < batch.n_computed < 200  # its prompt moves, a share at a time, while the chat goes on

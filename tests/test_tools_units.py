@@ -253,3 +253,25 @@ def test_triggered_grammar_text_or_a_complete_document():
     for t in _tokens(b"}}]}"):
         call.advance(t)
     assert call.is_complete and call.is_finished
+    # A token with no text decides nothing (the reader of the text could not see it): a call may follow.
+    silent = TriggeredMatcher(grammar.matcher())
+    textless = next(t for t, b in enumerate(VOCAB.token_bytes) if not b and t != EOG)
+    silent.advance(textless)
+    assert not silent.released and silent.is_allowed(brace, 100)
+
+
+def test_a_template_that_does_not_compile_falls_back_to_the_generic_prompt():
+    from types import SimpleNamespace
+
+    from server.jinja_chat import jinja_for
+
+    broken = SimpleNamespace(chat_template="{% generation %}{{ tools }}{% endgeneration %}", bos_token=None,
+                             eos_token=None)
+    assert jinja_for(broken) is None  # the server still loads; tools use the generic prompt
+
+
+def test_template_code_errors_over_the_messages_are_a_400():
+    with pytest.raises(BadRequest, match="refused these messages"):
+        JinjaChat("{{ messages[0].content + 1 }}{{ tools }}").render([ChatMessage("user", "x")], None)
+    with pytest.raises(BadRequest, match="refused these messages"):
+        JinjaChat("{{ (messages | length) / 0 }}{{ tools }}").render([ChatMessage("user", "x")], None)

@@ -35,6 +35,9 @@ class TriggeredMatcher:
         key = ("opens_document", self._opening)
         opens = idx.derived(key, lambda: np.isin(first, np.fromiter(self._opening, dtype=np.int16)))
         self._opens = opens  # bool per token: committing it starts the document
+        # A token with no text (a control token) decides nothing: the reader of the output sees
+        # only text, and must see the same decision as the grammar.
+        self._textless = idx.derived("textless", lambda: first < 0)
         self._needed = inner.min_tokens_to_complete()
         self.mode = "undecided"  # then "document" or "text"
 
@@ -97,7 +100,7 @@ class TriggeredMatcher:
             if 0 <= token < self._opens.size and self._opens[token]:
                 self._inner.advance(token)  # raises if the grammar does not allow it
                 self.mode = "document"
-            else:
+            elif not (0 <= token < self._textless.size and self._textless[token]):
                 self.mode = "text"
             return
         if self.mode == "document":
