@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import jsonschema
 
-from bench.peer import llama_server, peer_binary
+from bench.peer import add_peer_arguments, llama_server, peer_binary
 from bench.record import RunRecord, add_common_arguments, publish
 from bench.stats import percentile
 from bench.table import markdown_table
@@ -250,9 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     parser.add_argument("--speed-pairs", type=int, default=20, help="tool / JSON-schema turn pairs")
-    parser.add_argument("--peer-bin", default=None, help="llama-server binary or folder, started with --jinja")
+    add_peer_arguments(parser)  # the peer is started with --jinja
     parser.add_argument("--peer-url", default=None, help="a llama-server already running (with --jinja)")
-    parser.add_argument("--no-peer", action="store_true", help="do not start a llama-server even if on PATH")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     if args.quick:

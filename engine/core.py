@@ -59,7 +59,6 @@ class EngineCore:
             max_cached_blocks=int(cfg.cache_max_fraction * (self.n_ctx // cfg.block_size)),
         )
         self.step_cost = StepCostModel()
-        self.runner_threads = cfg.n_threads  # the thread count of the step being run
         self.scheduler = Scheduler(self.kv_cache, cfg.max_running, cfg.step_token_budget,
                                    cfg.scheduling_policy(self.step_cost))
         self.sampler = BatchSampler(model.n_vocab)
@@ -97,8 +96,8 @@ class EngineCore:
             return False
         rows = self.runner.build_batch(plan)
         kind = "decode" if all(c.seq.is_decoding for c in plan.chunks) else "mixed"
-        self.runner_threads = self.threads.choose(plan.n_tokens, self.runner.n_outputs)
-        self.runner.set_threads(self.runner_threads)
+        threads = self.threads.choose(plan.n_tokens, self.runner.n_outputs)
+        self.runner.set_threads(threads)
         self.publish_stats()  # readers see this step's admissions while it decodes
         t2 = clock()
         outcome = self._decode(plan.interruptible)
@@ -119,7 +118,7 @@ class EngineCore:
         t5 = clock()
         produced = len(rows) + self.tokens_forced - forced_before
         self.profiles[kind].record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, produced)
-        self.step_cost.record(plan.n_tokens, self.runner.n_outputs, t5 - t0, self.runner_threads)
+        self.step_cost.record(plan.n_tokens, self.runner.n_outputs, t5 - t0, threads)
         return True
 
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
@@ -158,14 +157,11 @@ class EngineCore:
             if i in sampled.dead_ends:
                 self.finish(seq, FinishReason.ERROR, error=sampled.dead_ends[i])
                 continue
-            if seq.first_token_at is None:
-                seq.first_token_at, seq.first_token_step = now, self.steps_run
-            else:
-                interval, back_to_back = seq.token_delivered(now, self.steps_run)
-                # The plan answers for one step; an interval that spans a step leaving this
-                # sequence out (another's prompt alone, an aborted step) says nothing about it.
-                if back_to_back and seq.request.priority is Priority.INTERACTIVE:
-                    interactive_intervals.append(interval)
+            interval = seq.token_delivered(now, self.steps_run)
+            # The plan answers for one step; an interval that spans a step leaving this sequence
+            # out (another's prompt alone, an aborted step) says nothing about it.
+            if interval is not None and interval.back_to_back and seq.request.priority is Priority.INTERACTIVE:
+                interactive_intervals.append(interval.seconds)
             try:
                 reason = append_token(seq, token, self.model.eog_tokens, self.n_ctx)
                 if reason is None:
@@ -254,7 +250,8 @@ class EngineCore:
             tiers=tiers,
             decode_threads=self.threads.current,
             thread_switches=self.threads.switches,
-            interactive_token_target_ms=self.config.interactive_token_ms if self.config.priority_scheduling else None,
+            interactive_token_target_ms=None if scheduler.policy.token_target_s is None
+            else scheduler.policy.token_target_s * 1000.0,
             latency_bounded_steps=scheduler.policy.bounded_steps,
             batch_rows_granted=scheduler.policy.batch_rows_granted,
             latency_calibration=scheduler.policy.calibration,

@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from engine.prompt_scores import scored_positions
 from engine.request import Priority
 from engine.sequence import Sequence
 from engine.step_cost import StepCostModel
@@ -89,6 +90,7 @@ class SchedulingPolicy:
     bounded_steps = 0  # steps laid out under a latency target
     batch_rows_granted = 0  # batch rows those steps carried
     calibration: float | None = None  # how much longer intervals run than predicted steps (p95)
+    token_target_s: float | None = None  # the per-token target steps are planned for
 
     def next_candidate(self, view: QueueView, blocked: set[Priority]) -> Sequence | None:
         """The waiting sequence to try next; `blocked` holds the tiers whose head could not start."""
@@ -253,10 +255,10 @@ class TwoTierPolicy(SchedulingPolicy):
             rows = min(rows, cap)
         n_decoding = sum(1 for s in order if s.request.priority is BATCH and s.is_decoding)
         left = spare - min(rows, n_decoding) * row_s
-        prompt_tokens = max(0, int(left // cost.per_token_s)) if left > 0 else 0
         # A scored prompt's tokens are output rows too.
-        if any(s.request.priority is BATCH and s.scores_prompt and not s.is_decoding for s in order):
-            prompt_tokens = max(0, int(left // row_s)) if left > 0 else 0
+        scoring = any(s.request.priority is BATCH and s.scores_prompt and not s.is_decoding for s in order)
+        prompt_token_s = row_s if scoring else cost.per_token_s
+        prompt_tokens = max(0, int(left // prompt_token_s)) if left > 0 else 0
         if not self._batch_may_wait(self._steps_without_batch):
             # Batch work's floor: progress in 1 of every 1/batch_min_share steps, decoding or prefilling.
             rows, prompt_tokens = max(rows, 1), max(prompt_tokens, self.batch_tokens)
@@ -318,10 +320,8 @@ class TwoTierPolicy(SchedulingPolicy):
 
 
 def _outputs(chunk: Chunk) -> int:
-    """Rows of a chunk that produce logits: every prompt row of a scored prompt."""
-    if chunk.seq.scores_prompt and not chunk.seq.is_decoding:
-        return chunk.length
-    return int(chunk.wants_logits)
+    """Rows of a chunk that produce logits: its sampling row, and the rows of a scored prompt."""
+    return len(scored_positions(chunk)) + int(chunk.wants_logits)
 
 
 def _batch_running(view: QueueView) -> bool:

@@ -4,13 +4,18 @@ from __future__ import annotations
 import enum
 import json
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from engine.handle import RequestHandle
 from engine.request import FinishReason, GenerationResult, Request, RequestMetrics
 from engine.text import IncrementalDetokenizer, StopStringFilter
+
+
+class TokenInterval(NamedTuple):
+    seconds: float
+    back_to_back: bool  # the previous token came from the step just before: none left it out
 
 
 class SequenceState(enum.Enum):
@@ -53,8 +58,7 @@ class Sequence:
         self.submitted_at = time.perf_counter()
         self.admitted_at: float | None = None
         self.first_token_at: float | None = None
-        self._last_token_at: float | None = None
-        self._last_token_step: int | None = None
+        self._last_token: tuple[float, int] | None = None  # (when, engine step)
         self.token_intervals: list[float] = []  # seconds between the steps that gave it tokens
         self.preemptions = 0  # times it gave up its KV cells (and recomputed them)
         self.suspensions = 0  # times it gave up its slot for an interactive request, keeping its KV
@@ -96,15 +100,16 @@ class Sequence:
         """How many more tokens max_tokens allows (the context may allow fewer)."""
         return self.request.max_tokens - self.n_generated
 
-    def token_delivered(self, now: float, step: int) -> tuple[float, bool]:
-        """Note a step that gave it tokens after its first: the seconds since the previous one, and
-        whether that was the step just before (no step in between left it out)."""
-        previous = self._last_token_at if self._last_token_at is not None else self.first_token_at
-        previous_step = self._last_token_step if self._last_token_step is not None else self.first_token_step
-        interval = now - previous
-        self.token_intervals.append(interval)
-        self._last_token_at, self._last_token_step = now, step
-        return interval, step == previous_step + 1
+    def token_delivered(self, now: float, step: int) -> TokenInterval | None:
+        """Note an engine step that gave it tokens: None for its first (that wait is its TTFT), else
+        the interval since the previous such step."""
+        previous, self._last_token = self._last_token, (now, step)
+        if previous is None:
+            self.first_token_at, self.first_token_step = now, step
+            return None
+        seconds = now - previous[0]
+        self.token_intervals.append(seconds)
+        return TokenInterval(seconds, back_to_back=step == previous[1] + 1)
 
     def structured_data(self) -> Any:
         if self.matcher is None or not self.matcher.is_complete:
