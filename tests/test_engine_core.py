@@ -142,6 +142,17 @@ def test_interrupt_window_aborts_only_early_in_an_interruptible_step():
     assert not interrupter.interrupted  # reset for the next step
 
 
+def _batch_rows_beside(c: Core, interactive) -> list[set[str]]:
+    """Step until the interactive sequence finishes; the batch rows of each step it decoded in."""
+    served = []
+    while not interactive.handle.done():
+        c.core.step()
+        if not interactive.handle.done():
+            assert interactive.request_id in c.rows()
+            served.append(c.rows() - {interactive.request_id})
+    return served
+
+
 def test_while_interactive_sequences_decode_batch_rows_are_capped_and_rotate():
     c = Core(max_running=9, interactive_batch_rows=2, batch_min_share=0.1)
     batch = [c.add(f"b{i}", prompt(i), max_tokens=40) for i in range(8)]
@@ -150,13 +161,8 @@ def test_while_interactive_sequences_decode_batch_rows_are_capped_and_rotate():
     interactive = c.add("i0", prompt(9), max_tokens=12, priority="interactive")
     c.core.step()
     assert c.rows() == {"i0"}  # its prompt alone
-    served: list[set[str]] = []
-    while not interactive.handle.done():
-        c.core.step()
-        rows = c.rows()
-        if not interactive.handle.done():
-            assert "i0" in rows and len(rows - {"i0"}) <= 2
-        served.append(rows - {"i0"})
+    served = _batch_rows_beside(c, interactive)
+    assert all(len(rows) <= 2 for rows in served)
     assert set().union(*served[:4]) == {f"b{i}" for i in range(8)}  # every batch sequence moved
     c.run_to_end()
     assert list(interactive.handle.result(0).token_ids) == expected_tokens(prompt(9), 12)
@@ -236,12 +242,7 @@ def test_latency_target_grants_the_batch_rows_that_fit_and_rotates_them():
     # Planned: the 100 ms target over the starting calibration 1.25 (intervals run longer than
     # steps) is 80 ms; the interactive row and the fixed part take 15 ms, and each batch row 10 ms
     # more, so 6 of the 8 batch rows fit.
-    served: list[set[str]] = []
-    while not interactive.handle.done():
-        c.core.step()
-        if not interactive.handle.done():
-            assert "i0" in c.rows()
-            served.append(c.rows() - {"i0"})
+    served = _batch_rows_beside(c, interactive)
     assert all(len(rows) == 6 for rows in served)
     assert set().union(*served[:2]) == {f"b{i}" for i in range(8)}  # the least advanced go first
     c.core.publish_stats()
