@@ -13,6 +13,7 @@ BENCHMARKS = {
     "http-load": "bench.http_load",
     "invariance": "bench.invariance",
     "jobs": "bench.jobs",
+    "long-prompt": "bench.long_prompt",
     "memory": "bench.memory",
     "mixed-priority": "bench.mixed_priority",  # with --http: bench.mixed_http
     "plot": "bench.plots",

@@ -61,8 +61,8 @@ class EngineConfig:
     # Aborting later wastes more batch work than it saves: the step's last part, the output
     # projection, cannot be aborted by llama.cpp, so a late abort only discards a finished step.
     interrupt_window: float = setting(
-        0.5, "an interactive arrival aborts a pure decode step that has run less than this fraction of a "
-             "typical one (0: never)")
+        0.5, "an interactive arrival aborts a step of batch work (decode rows or prompt chunks) that has run "
+             "less than this fraction of a typical one of its kind (0: never)")
     # An interactive token waits for one step, whose time grows with its rows: the target says how
     # long that may be, and batch work gets whatever rows and prompt tokens fit in it.
     interactive_token_ms: float | None = setting(

@@ -26,13 +26,13 @@ from sampling.sampler import BatchSampler
 class DecodeWatch(Protocol):
     """Told when each llama_decode starts and ends (the loop's interrupt window)."""
 
-    def begin(self, interruptible: bool) -> None: ...
+    def begin(self, interruptible: bool, kind: str) -> None: ...
 
     def end(self, completed: bool) -> None: ...
 
 
 class _Unwatched:
-    def begin(self, interruptible: bool) -> None:
+    def begin(self, interruptible: bool, kind: str) -> None:
         pass
 
     def end(self, completed: bool) -> None:
@@ -100,13 +100,12 @@ class EngineCore:
         self.runner.set_threads(threads)
         self.publish_stats()  # readers see this step's admissions while it decodes
         t2 = clock()
-        outcome = self._decode(plan.interruptible)
+        outcome = self._decode(plan.interruptible, kind)
         t3 = clock()
         if outcome is not DecodeOutcome.OK:
             self._recover(outcome)
             return True
-        for chunk in plan.chunks:
-            self.kv_cache.computed(chunk.seq, chunk.length)
+        self.scheduler.step_done(plan)
         self.runner.record_prompt_scores()
         for seq in finished_scoring(plan.chunks):  # max_tokens 0: scored, nothing to generate
             self.finish(seq, FinishReason.LENGTH)
@@ -138,8 +137,8 @@ class EngineCore:
         self.stats = self._snapshot()
 
     # ---- the step's parts -------------------------------------------------------------------
-    def _decode(self, interruptible: bool) -> DecodeOutcome:
-        self._watch.begin(interruptible)
+    def _decode(self, interruptible: bool, kind: str) -> DecodeOutcome:
+        self._watch.begin(interruptible, kind)
         self.threads.begin()
         outcome = DecodeOutcome.ABORTED
         try:

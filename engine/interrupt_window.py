@@ -2,7 +2,8 @@
 
 Aborting costs the batch rows the part of the step already computed, so it is worth it only
 early in a step, and only in steps the policy marked interruptible (engine/policy.py says
-which). "Early" is a fraction of a typical interruptible step, a moving average of their times.
+which). "Early" is a fraction of a typical interruptible step of the same kind (pure decode, or
+carrying prompt chunks: the second kind runs several times longer), a moving average of their times.
 """
 from __future__ import annotations
 
@@ -29,12 +30,14 @@ class InterruptWindow:
         self._open = False  # the step in flight may still be aborted
         self._interruptible = False  # the step in flight was planned interruptible
         self._started = 0.0
-        self.typical_step: float | None = None  # seconds, moving average of interruptible steps
+        self._kind = "decode"
+        self.typical_steps: dict[str, float] = {}  # seconds by step kind, moving average of interruptible steps
 
-    def begin(self, interruptible: bool) -> None:
+    def begin(self, interruptible: bool, kind: str = "decode") -> None:
         with self._lock:
             self._interrupter.reset()
             self._open = self._interruptible = interruptible
+            self._kind = kind
             self._started = self._clock()
 
     def end(self, completed: bool) -> None:
@@ -43,13 +46,13 @@ class InterruptWindow:
             self._interrupter.reset()
             if self._interruptible and completed:
                 took = self._clock() - self._started
-                typical = self.typical_step
-                self.typical_step = took if typical is None else 0.8 * typical + 0.2 * took
+                typical = self.typical_steps.get(self._kind)
+                self.typical_steps[self._kind] = took if typical is None else 0.8 * typical + 0.2 * took
 
     def arrival(self) -> bool:
         """An interactive request was queued; True if the step in flight was told to abort."""
         with self._lock:
-            typical = self.typical_step
+            typical = self.typical_steps.get(self._kind)
             young = typical is None or self._clock() - self._started <= self._fraction * typical
             if self._open and young:
                 self._interrupter.interrupt()

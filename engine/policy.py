@@ -10,11 +10,12 @@ Why the two-tier rules look the way they do: on a CPU, one step of a full batch 
 takes longer than a short prompt's whole prefill on an idle engine (docs/scheduling.md). So,
 while an interactive request reads its prompt:
 
-- an arriving interactive request interrupts the step in flight if that is a pure decode step
-  and has run less than `interrupt_window` (default half) of a typical one. Later in a step an
-  abort wastes more batch work than it saves: llama.cpp checks for an abort only between graph
-  nodes, and the last node, the output projection over the 262,144-token vocabulary, cannot be
-  aborted (bench/abort_floor.py);
+- an arriving interactive request interrupts the step in flight if that carries no
+  interactive prompt (batch decode rows or prompt chunks, interactive rows) and has run less than `interrupt_window` (default half)
+  of a typical step of its kind. Later in a step an abort wastes more batch work than it
+  saves: llama.cpp checks for an abort only between graph nodes, and the last node of a decode
+  step, the output projection over the 262,144-token vocabulary, cannot be aborted
+  (bench/abort_floor.py);
 - the next step carries interactive work alone (the prompts, and the rows of interactive
   sequences already decoding), so the prefill runs almost as on an idle engine.
 
@@ -271,17 +272,17 @@ class TwoTierPolicy(SchedulingPolicy):
         has_batch = any(c.seq.request.priority is BATCH for c in plan.chunks)
         self._waited_before_step = waited
         self._steps_without_batch = 0 if has_batch or not _batch_running(view) else waited + 1
-        # Only cheap steps may be interrupted: pure decode steps (redoing one costs a fraction of
-        # a step), never while batch work has already waited its bound (that keeps arrivals
-        # faster than a step from aborting every step), and only for an arrival that would be
-        # admitted right away. The running set cannot change until the step ends, so this
-        # answer holds for the whole step.
-        # A step under the latency target may be aborted too: its interactive rows then get their
-        # tokens in the arrival's prompt step, which carries them.
+        # Steps of batch work, decode rows or prompt chunks, may be interrupted (early in them,
+        # the window decides, so redoing one costs at most part of a step; a long prompt's chunk
+        # would otherwise hold a chat for a whole step), never one carrying an interactive prompt,
+        # never while batch work has already waited its bound (that keeps arrivals faster than a
+        # step from aborting every step), and only for an arrival that would be admitted right
+        # away. The running set cannot change until the step ends, so this answer holds for the
+        # whole step. A step under the latency target may be aborted too: its interactive rows
+        # then get their tokens in the arrival's prompt step, which carries them.
         return (
             self.interrupt_steps and not self._interactive_prefilling(view)
-            and all(c.seq.is_decoding for c in plan.chunks) and self._batch_may_wait(waited)
-            and self._interactive_slot_free(view)
+            and self._batch_may_wait(waited) and self._interactive_slot_free(view)
         )
 
     def step_aborted(self, view: QueueView) -> None:

@@ -84,6 +84,12 @@ class Scheduler:
         plan.interruptible = self.policy.step_planned(self, plan)
         return plan
 
+    def step_done(self, plan: StepPlan) -> None:
+        """The step's tokens are in the KV cache (an aborted step's are not: llama.cpp rolled it back)."""
+        for chunk in plan.chunks:
+            self.kv.computed(chunk.seq, chunk.length)
+        self.tokens_prefilled += plan.prompt_tokens
+
     def step_aborted(self) -> None:
         self.policy.step_aborted(self)
 
@@ -239,7 +245,7 @@ class Scheduler:
             plan.chunks.append(Chunk(seq, seq.n_computed, n))
             spare -= n - 1
             budget -= n
-            self.tokens_prefilled += max(0, seq.n_prompt - seq.n_computed)  # the prompt's last token
+            plan.prompt_tokens += max(0, seq.n_prompt - seq.n_computed)  # the prompt's last token
         for seq in layout.order:
             if not seq.is_decoding and budget > 0:
                 n = min(seq.n_pending, layout.prefill_room(seq, budget))
@@ -247,6 +253,6 @@ class Scheduler:
                     continue
                 plan.chunks.append(Chunk(seq, seq.n_computed, n))
                 layout.took(seq, n)
-                self.tokens_prefilled += n
+                plan.prompt_tokens += n
                 budget -= n
         return plan

@@ -22,6 +22,7 @@ class Chunk:
 class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
     interruptible: bool = False  # an arriving interactive request may abort this step
+    prompt_tokens: int = 0  # prompt (and recomputed) tokens among its chunks
 
     @property
     def n_tokens(self) -> int:

@@ -125,11 +125,11 @@ def test_interrupt_window_aborts_only_early_in_an_interruptible_step():
     window.begin(interruptible=False)
     assert not window.arrival() and not interrupter.interrupted  # not a step it may abort
     window.end(completed=True)
-    assert window.typical_step is None  # only interruptible steps train the estimate
+    assert window.typical_steps == {}  # only interruptible steps train the estimate
     window.begin(interruptible=True)
     now[0] = 0.2
     window.end(completed=True)
-    assert window.typical_step == pytest.approx(0.2)
+    assert window.typical_steps == {"decode": pytest.approx(0.2)}
     window.begin(interruptible=True)
     now[0] += 0.15  # past half of a typical step: finishing it is cheaper
     assert not window.arrival()
@@ -140,6 +140,22 @@ def test_interrupt_window_aborts_only_early_in_an_interruptible_step():
     assert not window.arrival()  # once per step
     window.end(completed=False)
     assert not interrupter.interrupted  # reset for the next step
+
+
+def test_interrupt_window_judges_a_step_against_typical_steps_of_its_kind():
+    interrupter, now = FakeInterrupter(), [0.0]
+    window = InterruptWindow(interrupter, fraction=0.5, clock=lambda: now[0])
+    for kind, seconds in (("decode", 0.1), ("mixed", 0.6)):
+        window.begin(interruptible=True, kind=kind)
+        now[0] += seconds
+        window.end(completed=True)
+    window.begin(interruptible=True, kind="mixed")
+    now[0] += 0.2  # past half of a decode step, early in a prompt chunk's
+    assert window.arrival() and interrupter.interrupted
+    window.end(completed=False)
+    window.begin(interruptible=True, kind="decode")
+    now[0] += 0.2
+    assert not window.arrival()
 
 
 def _batch_rows_beside(c: Core, interactive) -> list[set[str]]:

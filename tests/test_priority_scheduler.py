@@ -147,7 +147,7 @@ def test_an_arriving_interactive_request_interrupts_a_batch_only_step(stepped):
 def test_a_step_past_its_interrupt_window_runs_to_the_end(stepped):
     engine, runner, gate = stepped
     fill_with_batch(engine, gate, n=2)  # decode steps of "0 s" so far: the estimate is 0
-    engine.interrupt_window.typical_step = 0.2  # as if decode steps took 200 ms
+    engine.interrupt_window.typical_steps["decode"] = 0.2  # as if decode steps took 200 ms
     gate.step()  # this step starts at t = 0
     runner.now[0] = 0.15  # 150 ms in: past half of a typical step
     handle = engine.submit(prompt(9), max_tokens=3, priority="interactive", **GREEDY)
@@ -165,15 +165,24 @@ def test_steps_carrying_interactive_prefill_are_not_interrupted(stepped):
     assert engine.stats().steps_interrupted == 1  # only the first, batch-only step
 
 
-def test_steps_carrying_prompt_chunks_are_not_interrupted(stepped):
+def test_an_arrival_interrupts_a_batch_prompt_chunk_and_the_prompt_is_read_once(stepped):
+    """A long batch prompt's chunk would hold a chat for a whole step: it is given up too, redone
+    after the chat's prompt, and counted as prefilled once."""
     engine, runner, gate = stepped
-    for i in range(2):
-        engine.submit(prompt(i, n=200), max_tokens=5, request_id=f"b{i}", **GREEDY)
+    batch = [engine.submit(prompt(i, n=200), max_tokens=5, request_id=f"b{i}", **GREEDY) for i in range(2)]
     gate.step()
-    assert any(r.length > 1 for r in runner.current)  # a prefill step is in flight
+    in_flight = runner.current
+    assert any(r.length > 1 for r in in_flight)  # a prefill step is in flight
     handle = engine.submit(prompt(9), max_tokens=3, priority="interactive", **GREEDY)
     gate.step()
-    assert runner.aborted == [] and ids_in(runner.current) == {handle.request_id}
+    assert runner.aborted == [in_flight] and ids_in(runner.current) == {handle.request_id}
+    gate.release()
+    assert handle.result(10).metrics.ttft_steps == 1
+    for i, h in enumerate(batch):
+        assert list(h.result(10).token_ids) == expected_tokens(prompt(i, n=200), 5)
+    prompts = sum(len(prompt(i, n=200)) for i in range(2)) + len(prompt(9))
+    assert engine.stats().tokens_prefilled == prompts  # the aborted chunk is not counted twice
+    assert_clean(engine, runner)
 
 
 def test_interruptions_never_cost_batch_more_than_its_bound():
