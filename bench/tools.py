@@ -181,7 +181,7 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     seeds = list(range(args.seeds))
     requests = requests_for(sets, seeds, args.max_tokens, args.temperature)
     compiles = compile_times(sets, model_path)
-    with SpawnedServer(args.model, args.threads, args.concurrency, 4096) as server:
+    with SpawnedServer(args.model, args.threads, args.concurrency, args.n_ctx) as server:
         model_id = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
         started = time.perf_counter()
         ours = send_all(server.url, model_id, requests, args.concurrency)
@@ -200,7 +200,8 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
             theirs = send_all(args.peer_url, model_id, requests, args.concurrency)
             peer_note = f"peer: llama-server at {args.peer_url}"
         else:
-            with llama_server(binary, model_path, args.threads, args.concurrency, 4096, extra_args=["--jinja"]) as url:
+            with llama_server(binary, model_path, args.threads, args.concurrency, args.n_ctx,
+                              extra_args=["--jinja"]) as url:
                 theirs = send_all(url, model_id, requests, args.concurrency)
             peer_note = f"peer: {binary} --jinja, started for this run"
         for o in theirs:
@@ -249,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    parser.add_argument("--n-ctx", type=int, default=8192, help="KV cells of each server (shared by its requests)")
     parser.add_argument("--speed-pairs", type=int, default=20, help="tool / JSON-schema turn pairs")
     add_peer_arguments(parser)  # the peer is started with --jinja
     parser.add_argument("--peer-url", default=None, help="a llama-server already running (with --jinja)")
