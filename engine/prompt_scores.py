@@ -19,6 +19,9 @@ from engine.sequence import Sequence
 from engine.step_plan import Chunk
 
 _ROWS_AT_ONCE = 16  # float64 copies of this many vocabulary-wide rows at a time
+# llama.cpp keeps its output buffer as large as the most output rows a step ever had, a
+# vocabulary-wide row (1 MB here) each: a whole 256-token scored chunk would keep 268 MB.
+MAX_SCORED_ROWS_PER_STEP = 64
 
 
 def scored_positions(chunk: Chunk) -> range:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from engine.kv_cache import KvCache
 from engine.policy import FifoPolicy, SchedulingPolicy
+from engine.prompt_scores import MAX_SCORED_ROWS_PER_STEP
 from engine.request import Priority
 from engine.sequence import Sequence, SequenceState
 from engine.step_plan import Chunk, StepPlan
@@ -249,6 +250,8 @@ class Scheduler:
         for seq in layout.order:
             if not seq.is_decoding and budget > 0:
                 n = min(seq.n_pending, layout.prefill_room(seq, budget))
+                if seq.scores_prompt:
+                    n = min(n, MAX_SCORED_ROWS_PER_STEP)
                 if n <= 0:
                     continue
                 plan.chunks.append(Chunk(seq, seq.n_computed, n))

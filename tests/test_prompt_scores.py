@@ -62,3 +62,20 @@ def test_scoring_only_requests_finish_once_the_prompt_is_computed():
     only.n_computed = generating.n_computed = 3
     assert finished_scoring([Chunk(only, 0, 3), Chunk(generating, 0, 3)]) == [only]
     assert not Chunk(only, 0, 3).wants_logits and Chunk(generating, 0, 3).wants_logits
+
+
+def test_a_scored_prompt_is_read_in_chunks_of_bounded_output_rows():
+    from engine.prompt_scores import MAX_SCORED_ROWS_PER_STEP
+    from tests.fake_backend import fake_engine
+
+    engine, runner = fake_engine(step_token_budget=256, n_ctx=2048)
+    try:
+        scored = [3 + i % 50 for i in range(300)]
+        engine.submit(scored, max_tokens=1, prompt_logprobs=0, request_id="scored").result(10)
+        engine.submit([3 + i % 40 for i in range(300)], max_tokens=1, request_id="plain").result(10)
+    finally:
+        engine.close()
+    lengths = {rid: [r.length for step in runner.decoded for r in step if r.request_id == rid]
+               for rid in ("scored", "plain")}
+    assert sum(lengths["scored"]) == 300 and max(lengths["scored"]) == MAX_SCORED_ROWS_PER_STEP
+    assert max(lengths["plain"]) == 256  # only scored prompts pay for the bound
