@@ -78,7 +78,7 @@ class Intake:
             raise InvalidParameterError(
                 f"max_tokens={request.max_tokens} is too small for this schema: its shortest "
                 f"document needs {needed} tokens",
-                field="max_tokens",
+                field="max_tokens", needed_tokens=needed,
             )
         return matcher
 

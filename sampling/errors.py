@@ -17,12 +17,13 @@ class InvalidParameterError(RequestError, ValueError):
     `field` names it (None when no single field is at fault). Also a ValueError, as callers
     validating arguments expect."""
 
-    def __init__(self, message: str, field: str | None = None) -> None:
+    def __init__(self, message: str, field: str | None = None, needed_tokens: int | None = None) -> None:
         super().__init__(message)
         self.field = field
+        self.needed_tokens = needed_tokens  # max_tokens too small: the fewest that would do
 
-    def __reduce__(self) -> tuple:  # keep `field` across pickling (Ray, multiprocessing)
-        return (type(self), (str(self), self.field))
+    def __reduce__(self) -> tuple:  # keep the fields across pickling (Ray, multiprocessing)
+        return (type(self), (str(self), self.field, self.needed_tokens))
 
 
 class PromptTooLongError(RequestError, ValueError):

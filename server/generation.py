@@ -161,9 +161,9 @@ def tools_refusal(exc: InvalidParameterError, spec: GenerationSpec) -> APIError:
     """The engine's refusal of a calls grammar, in the request's own terms."""
     assert spec.tools is not None
     if exc.field == "max_tokens":
-        needed = re.search(r"needs (\d+) tokens", str(exc))
+        needed = "more" if exc.needed_tokens is None else exc.needed_tokens
         return BadRequest(f"max_tokens={spec.max_tokens} is below the shortest possible tool call here, which needs "
-                          f"{needed.group(1) if needed else 'more'} tokens", param="max_tokens")
+                          f"{needed} tokens", param="max_tokens")
     if exc.field == "json_schema":
         message = str(exc).removeprefix("json_schema: ")
         for pointer in re.findall(r"/[^\s:,]*", message):

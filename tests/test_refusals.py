@@ -63,3 +63,12 @@ def test_an_unlisted_refusal_is_a_bug_not_a_silent_500():
 
     with pytest.raises(TypeError, match="Unlisted"):
         refusal_error(Unlisted("x"), _SPEC)
+
+
+def test_a_too_small_budget_says_how_many_tokens_would_do_even_after_pickling():
+    import pickle
+
+    from engine import InvalidParameterError
+
+    exc = pickle.loads(pickle.dumps(InvalidParameterError("too small", field="max_tokens", needed_tokens=7)))
+    assert (exc.field, exc.needed_tokens, str(exc)) == ("max_tokens", 7, "too small")
