@@ -60,11 +60,9 @@ class Server:
         self.name, self.url = name, url
         self.model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
 
-    def complete(self, tokens: list[int], priority: str | None = None) -> float:
-        """Seconds until a one-token answer to the prompt."""
+    def complete(self, tokens: list[int]) -> float:
+        """Seconds until a one-token answer to the prompt (cobatch's default priority: batch)."""
         body: dict[str, Any] = {"model": self.model, "prompt": tokens, "max_tokens": 1, "temperature": 0.0}
-        if priority and self.name.startswith("cobatch"):
-            body["priority"] = priority
         start = time.perf_counter()
         r = httpx.post(f"{self.url}/v1/completions", json=body, timeout=1800)
         r.raise_for_status()
