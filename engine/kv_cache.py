@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engine.kv_blocks import BlockLedger, CachedBlock, LedgerStats
+from engine.prefix_reuse import PrefixReuse
 from engine.sequence import Sequence
 
 
@@ -43,6 +44,8 @@ class KvCacheStats:
     prefix_hits: int
     prefix_hit_tokens: int
     evictions: int
+    reuse_share: float  # decayed share of recent prompt tokens served from the cache
+    idle_drops: int  # times idle cached prefixes were dropped before a long prefill
 
 
 class KvCache:
@@ -55,11 +58,14 @@ class KvCache:
         holder_ids: range,
         prefix_cache: bool = True,
         max_cached_blocks: int | None = None,
+        reuse: PrefixReuse | None = None,
     ) -> None:
         self._memory = memory
         # Idle cached blocks still hold cells, and llama.cpp's attention spans the used cells
         # of the whole unified cache: past this many, the least recently used are dropped.
         self.max_cached_blocks = max_cached_blocks
+        self.reuse = reuse or PrefixReuse()
+        self.idle_drops = 0
         self.block_size = block_size
         self.prefix_cache = prefix_cache and len(holder_ids) > 0
         self.ledger = BlockLedger(n_cells // block_size, block_size)
@@ -104,7 +110,17 @@ class KvCache:
         self._owners[seq_id] = seq
         if seq.cached_tokens is None:
             seq.cached_tokens = seq.n_computed
+        self._before_prefill(seq, counts=reuse)
         return True
+
+    def _before_prefill(self, seq: Sequence, counts: bool) -> None:
+        fresh = len(seq.tokens) - seq.n_computed
+        if counts:
+            self.reuse.observe(len(seq.tokens), seq.n_computed)
+        idle = self.ledger.stats.cached
+        if idle and not self.reuse.keep_idle(fresh):
+            self._drop_evicted(self.ledger.evict(idle))
+            self.idle_drops += 1
 
     def _borrow(self, seq: Sequence) -> int:
         """Tag cells a live sequence computed for the same tokens, past the cached blocks, with
@@ -212,7 +228,7 @@ class KvCache:
     def stats(self) -> KvCacheStats:
         s: LedgerStats = self.ledger.stats
         return KvCacheStats(s.total, s.used, s.cached, s.free, self.block_size, s.queries, s.hits,
-                            s.hit_tokens, s.evictions)
+                            s.hit_tokens, s.evictions, round(self.reuse.share, 4), self.idle_drops)
 
     def _holder_after(self, start: int, before: object) -> int | None:
         """A holder for cells cached from position `start` on: the holder of the block just before,

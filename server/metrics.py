@@ -184,5 +184,10 @@ def _kv_block_metrics(stats: EngineStats) -> Iterable:
         ("cobatch_prefix_cache_hits", "prefix_hits", "Prefix cache lookups that reused cached blocks"),
         ("cobatch_prefix_cache_hit_tokens", "prefix_hit_tokens", "Prompt tokens served from the prefix cache"),
         ("cobatch_prefix_cache_evictions", "evictions", "Cached blocks evicted to make room"),
+        ("cobatch_prefix_cache_idle_drops", "idle_drops",
+         "Times idle cached prefixes were dropped before a prefill that would pay more for them than their "
+         "measured reuse is worth"),
     ):
         yield _single(CounterMetricFamily, name, help_text, getattr(kv, attr))
+    yield _single(GaugeMetricFamily, "cobatch_prefix_cache_reuse_share",
+                  "Share of recent prompt tokens served from the prefix cache (decayed)", kv.reuse_share)

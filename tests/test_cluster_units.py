@@ -18,9 +18,10 @@ from server.cluster.replica_stats import ReplicaCounters, ReplicaSnapshot, sum_s
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _stats(running: int, hits: int) -> EngineStats:
+def _stats(running: int, hits: int, reuse_share: float = 0.4) -> EngineStats:
     kv = KvCacheStats(blocks_total=128, blocks_used=running, blocks_cached=3, blocks_free=125 - running,
-                      block_size=16, prefix_lookups=10, prefix_hits=4, prefix_hit_tokens=hits, evictions=1)
+                      block_size=16, prefix_lookups=10, prefix_hits=4, prefix_hit_tokens=hits, evictions=1,
+                      reuse_share=reuse_share, idle_drops=0)
     tiers = {"interactive": TierStats(0, running, 5, 0, 0, 4), "batch": TierStats(2, 0, 1, 2, 1, 1)}
     return EngineStats(running=running, waiting={"interactive": 0, "batch": 2}, kv_cells_used=running * 20,
                        kv_cells_total=2048, kv=kv, tokens_prefilled=100, tokens_forced=0, suspensions=2, preemptions=1, steps=50,
@@ -81,7 +82,8 @@ def test_route_keys_are_never_empty_and_one_character_per_token():
 
 
 def test_cluster_stats_are_the_field_wise_sum_of_the_replicas():
-    total = sum_stats([_stats(1, 32), _stats(3, 64)])
+    total = sum_stats([_stats(1, 32, reuse_share=0.2), _stats(3, 64, reuse_share=0.6)])
+    assert total.kv.reuse_share == pytest.approx(0.4)  # a share: the mean, not the sum
     assert total.running == 4 and total.kv_cells_used == 80 and total.kv_cells_total == 4096
     assert total.waiting == {"interactive": 0, "batch": 4} and total.steps == 100
     assert total.kv.prefix_hit_tokens == 96 and total.kv.blocks_total == 256 and total.kv.block_size == 16

@@ -29,6 +29,8 @@ class ReplicaSnapshot:
 
 # Fields that describe a configuration rather than an amount: equal on every replica, not summed.
 _SAME_ON_EVERY_REPLICA = {"block_size", "interactive_token_target_ms", "latency_calibration"}
+# Shares: the cluster's is the replicas' mean.
+_MEAN_OVER_REPLICAS = {"reuse_share"}
 
 
 def sum_stats(items: Sequence[Any]) -> Any:
@@ -41,7 +43,12 @@ def sum_stats(items: Sequence[Any]) -> Any:
         values = {}
         for f in dataclasses.fields(first):
             column = [getattr(item, f.name) for item in items]
-            values[f.name] = column[0] if f.name in _SAME_ON_EVERY_REPLICA else sum_stats(column)
+            if f.name in _SAME_ON_EVERY_REPLICA:
+                values[f.name] = column[0]
+            elif f.name in _MEAN_OVER_REPLICAS:
+                values[f.name] = sum(column) / len(column)
+            else:
+                values[f.name] = sum_stats(column)
         return dataclasses.replace(first, **values)
     if isinstance(first, dict):
         keys = dict.fromkeys(k for item in items for k in item)
