@@ -23,6 +23,7 @@ BENCHMARKS = {
     "shared-cpu": "bench.shared_cpu",
     "structured": "bench.structured",
     "tools": "bench.tools",
+    "versions": "bench.versions",  # another benchmark, from two checkouts
 }
 
 

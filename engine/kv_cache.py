@@ -110,15 +110,20 @@ class KvCache:
         self._owners[seq_id] = seq
         if seq.cached_tokens is None:
             seq.cached_tokens = seq.n_computed
-        self._before_prefill(seq, counts=reuse)
+        if reuse:
+            self.reuse.observe(len(seq.tokens), seq.n_computed)
+        self._weigh_idle()
         return True
 
-    def _before_prefill(self, seq: Sequence, counts: bool) -> None:
-        fresh = len(seq.tokens) - seq.n_computed
-        if counts:
-            self.reuse.observe(len(seq.tokens), seq.n_computed)
+    def _weigh_idle(self) -> None:
+        """Drop every idle cached block if the prompt tokens still to prefill would pay more for
+        them than their measured reuse is worth (checked when a prompt arrives and when a finished
+        sequence leaves idle blocks behind)."""
         idle = self.ledger.stats.cached
-        if idle and not self.reuse.keep_idle(fresh):
+        if not idle:
+            return
+        fresh = sum(len(seq.tokens) - seq.n_computed for seq in self._owners.values())
+        if not self.reuse.keep_idle(fresh):
             self._drop_evicted(self.ledger.evict(idle))
             self.idle_drops += 1
 
@@ -202,6 +207,7 @@ class KvCache:
             excess = self.ledger.stats.cached - self.max_cached_blocks
             if excess > 0:
                 self._drop_evicted(self.ledger.evict(excess))
+        self._weigh_idle()
 
     def cells_in_use(self, memory: "KvPositions") -> int:
         """Distinct llama.cpp cells in use, read from seq_pos_min/max, not from the ledger.

@@ -4,8 +4,9 @@ llama.cpp's attention reads the mask of every used cell of the unified cache for
 row, so idle cached cells slow each prompt token a little, and a long prompt that found nothing
 in the cache pays that on all its tokens (docs/kv-cache.md has the measurement). What keeping
 them is worth depends on how often the cache is hit, which this rule measures: the share of
-recent prompt tokens the cache served. Before a prompt prefills, the rule says whether to keep
-the idle cells through it (the cost per idle cell is linear in the fresh tokens, so all or none).
+recent prompt tokens the cache served. When a prompt arrives, and when a finished sequence leaves
+idle cells while prompts are still prefilling, the rule says whether to keep the idle cells
+through the prompt tokens left (the cost per idle cell is linear in them, so all or none).
 """
 from __future__ import annotations
 

@@ -96,3 +96,18 @@ def test_the_reuse_share_starts_from_a_prior_and_follows_recent_prompts():
     for _ in range(20):
         reuse.observe(100, 0)
     assert reuse.share < 0.01 and not reuse.keep_idle(50) and reuse.keep_idle(0)
+
+
+def test_a_finished_prompt_leaves_no_idle_cells_while_a_long_miss_still_prefills():
+    memory = FakeMemory()
+    cache = _cache_with_rule(memory, PrefixReuse(prompt_token_in_idle_cells=100, half_life_tokens=64))
+    done = computed_sequence(cache, memory, [2 + k % 50 for k in range(64)])
+    pending = Sequence(Request(prompt=[0]), [60 + k % 30 for k in range(200)],
+                       RequestHandle("p", 200, lambda _: None), FakeModel.token_bytes, np.random.default_rng(0))
+    assert cache.try_admit(pending) and pending.n_computed == 0  # 200 tokens still to prefill
+    drops = cache.stats().idle_drops
+    cache.release(done, keep_prefix=True)  # its 4 blocks would sit idle through those 200 tokens
+    assert cache.stats().blocks_cached == 0 and cache.stats().idle_drops == drops + 1
+    cache.computed(pending, 200)
+    cache.release(pending, keep_prefix=True)  # nothing left to prefill: its blocks stay
+    assert cache.stats().blocks_cached == 12
