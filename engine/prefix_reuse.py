@@ -10,14 +10,15 @@ through the prompt tokens left (the cost per idle cell is linear in them, so all
 """
 from __future__ import annotations
 
-# Prefilling one token costs about what this many idle cells add to one prompt row (measured on
-# Gemma 3 270M with flash attention: 10k idle cells slow a 3k-token prefill by a fifth).
-PROMPT_TOKEN_IN_IDLE_CELLS = 40_000
+# Prefilling one token costs about what this many idle cells add to one prompt row (Gemma 3 270M,
+# flash attention: 27k-41k in two measurements, docs/kv-cache.md).
+PROMPT_TOKEN_IN_IDLE_CELLS = 30_000
 # Recent prompts count most: the counts halve every this many prompt tokens.
-HALF_LIFE_TOKENS = 16_384
+HALF_LIFE_TOKENS = 8_192
 # Before anything is measured, assume half of the prompt tokens come from the cache, worth a
-# short history, so a new server's first long miss does not throw the first conversations away.
-PRIOR_SHARE, PRIOR_TOKENS = 0.5, 4_096
+# short history: a new server's first miss does not throw the first conversation away, and a
+# second one in a row (a stream of distinct documents) does.
+PRIOR_SHARE, PRIOR_TOKENS = 0.5, 1_024
 
 
 class PrefixReuse:
