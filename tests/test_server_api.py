@@ -142,6 +142,8 @@ def test_metrics_move_when_requests_run(http):
     assert metric(after, "cobatch_kv_cells_used") == 0 and metric(after, "cobatch_running_sequences") == 0
     assert metric(after, "cobatch_process_resident_memory_bytes") > 0
     assert ("cobatch_waiting_requests", (("priority", "batch"),)) in after
+    assert 0 < metric(after, "cobatch_prefix_cache_reuse_share") < 1  # a measured share, moved from its prior
+    assert metric(after, "cobatch_prefix_cache_reuse_share") != metric(before, "cobatch_prefix_cache_reuse_share")
 
 
 def test_kv_gauges_are_read_while_requests_run(http, live):
