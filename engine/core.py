@@ -96,7 +96,8 @@ class EngineCore:
             return False
         rows = self.runner.build_batch(plan)
         kind = "decode" if all(c.seq.is_decoding for c in plan.chunks) else "mixed"
-        threads = self.threads.choose(plan.n_tokens, self.runner.n_outputs)
+        depth = max(c.start + c.length for c in plan.chunks)
+        threads = self.threads.choose(plan.n_tokens, self.runner.n_outputs, depth)
         self.runner.set_threads(threads)
         self.publish_stats()  # readers see this step's admissions while it decodes
         t2 = clock()

@@ -37,14 +37,19 @@ _MAX_PROBE_S = 30.0
 _MAX_PROBE_UP_S = 8.0
 _WATCHDOG_IDLE_S = 30.0  # the watchdog thread ends after this long without a step
 
-Shape = tuple[bool, int]
+Shape = tuple[bool, int, int]
 
 
-def step_shape(tokens: int, outputs: int) -> Shape:
+def step_shape(tokens: int, outputs: int, depth: int = 0) -> Shape:
     """Steps whose cost per unit of work is comparable. A prompt token costs far less than a
     decode row (which also pays the output projection) and small steps carry more fixed cost, so
-    a one-thread probe on a prefill must not be weighed against two-thread decode steps."""
-    return tokens == outputs, (tokens + outputs).bit_length()
+    a one-thread probe on a prefill must not be weighed against two-thread decode steps. A prompt
+    token's cost also grows with how deep in its sequence it sits (its attention reads every
+    cell before it), so prompt steps are told apart by `depth`, the furthest KV position they
+    reach: a one-thread probe on a fresh short prompt must not be weighed against the last
+    steps of a long one (it once switched the engine to one thread there)."""
+    prefill = tokens != outputs
+    return not prefill, (tokens + outputs).bit_length(), depth.bit_length() if prefill else 0
 
 
 class Interrupter(Protocol):
@@ -70,15 +75,16 @@ class ThreadGovernor:
         self._slowdown = 1.0  # how much slower than its medians the current count just ran
         self._watchdog = _Watchdog(interrupter)
         self._threads = max_threads  # of the step in flight
-        self._shape: Shape = (True, 0)
+        self._shape: Shape = (True, 0, 0)
         self._began = 0.0
         self._work = 0
         self._deadline: float | None = None
 
-    def choose(self, tokens: int, outputs: int) -> int:
-        """The thread count for the next step: `tokens` batch rows, `outputs` of them with logits."""
+    def choose(self, tokens: int, outputs: int, depth: int = 0) -> int:
+        """The thread count for the next step: `tokens` batch rows, `outputs` of them with logits,
+        reaching KV position `depth` at most."""
         self._work = max(1, tokens + outputs)
-        self._shape = step_shape(tokens, outputs)
+        self._shape = step_shape(tokens, outputs, depth)
         self._threads, self._deadline = self.current, None
         expected = self._expected(self.current)
         if expected is None or len(self.candidates) == 1:

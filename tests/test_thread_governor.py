@@ -93,6 +93,9 @@ def test_adaptive_off_keeps_the_configured_count():
 def test_costs_are_compared_only_between_steps_of_the_same_shape():
     assert step_shape(*DECODE) != step_shape(*PREFILL)
     assert step_shape(16, 16) == step_shape(20, 20) != step_shape(3, 3)
+    # Prompt steps deep in a long prompt are another shape than those of a fresh one; decode is not split.
+    assert step_shape(256, 1, 3_000) != step_shape(256, 1, 23_000) == step_shape(256, 1, 20_000)
+    assert step_shape(16, 16, 100) == step_shape(16, 16, 20_000)
     # One thread is 1.6x slower on every step, but a one-thread prefill costs less per unit than
     # a two-thread decode: weighing the one against the other would switch to the slower count.
     m = Machine({2: 0.003, 1: 0.0048}, prefill_discount=0.4)
