@@ -12,10 +12,10 @@ while an interactive request reads its prompt:
 
 - an arriving interactive request interrupts the step in flight if that carries no
   interactive prompt (batch decode rows or prompt chunks, interactive rows) and has run less
-  than `interrupt_window` (default half) of a typical step of its kind. Later in a step an abort wastes more batch work than it
-  saves: llama.cpp checks for an abort only between graph nodes, and the last node of a decode
-  step, the output projection over the 262,144-token vocabulary, cannot be aborted
-  (bench/abort_floor.py);
+  than `interrupt_window` (default half) of a typical step of its kind. Later in a step an
+  abort wastes more batch work than it saves: llama.cpp checks for an abort only between graph
+  nodes, and the last node of a decode step, the output projection over the 262,144-token
+  vocabulary, cannot be aborted (bench/abort_floor.py);
 - the next step carries interactive work alone (the prompts, and the rows of interactive
   sequences already decoding), so the prefill runs almost as on an idle engine.
 
