@@ -31,6 +31,10 @@ class InterruptWindow:
         self._interruptible = False  # the step in flight was planned interruptible
         self._started = 0.0
         self._kind = "decode"
+        self._in_flight = False
+        # An arrival between two decodes may come after the engine took its inbox for the next
+        # step: that step was planned without it, so it is aborted as soon as it starts.
+        self._arrived_between = False
         self.typical_steps: dict[str, float] = {}  # seconds by step kind, moving average of interruptible steps
 
     def begin(self, interruptible: bool, kind: str = "decode") -> None:
@@ -39,10 +43,17 @@ class InterruptWindow:
             self._open = self._interruptible = interruptible
             self._kind = kind
             self._started = self._clock()
+            self._in_flight = True
+            # A step planned after the arrival was taken is not interruptible (it carries the
+            # arrival's prompt, or has no slot for it), so an interruptible one was planned before.
+            if interruptible and self._arrived_between:
+                self._interrupter.interrupt()
+                self._open = False
+            self._arrived_between = False
 
     def end(self, completed: bool) -> None:
         with self._lock:
-            self._open = False
+            self._open = self._in_flight = False
             self._interrupter.reset()
             if self._interruptible and completed:
                 took = self._clock() - self._started
@@ -58,4 +69,5 @@ class InterruptWindow:
                 self._interrupter.interrupt()
                 self._open = False
                 return True
+            self._arrived_between |= not self._in_flight
             return False

@@ -34,8 +34,9 @@ and runs in at least one of every 1/batch_min_share steps.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from engine.prompt_scores import scored_positions
 from engine.request import Priority
@@ -128,6 +129,7 @@ class SchedulingPolicy:
         return False
 
     def step_aborted(self, view: QueueView) -> None:
+        self._carried = set()
         """The last planned step was interrupted before it finished."""
 
     def interactive_intervals(self, seconds: list[float]) -> None:
@@ -141,7 +143,8 @@ class FifoPolicy(SchedulingPolicy):
 class TwoTierPolicy(SchedulingPolicy):
     def __init__(self, max_running: int, step_token_budget: int, batch_min_share: float = 0.25,
                  interrupt_steps: bool = True, interactive_batch_rows: int | None = None,
-                 interactive_token_s: float | None = None, step_cost: StepCostModel | None = None) -> None:
+                 interactive_token_s: float | None = None, step_cost: StepCostModel | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         if not 0.0 <= batch_min_share < 1.0:
             raise ValueError(f"batch_min_share must be at least 0 and below 1, got {batch_min_share}")
         if interactive_batch_rows is not None and interactive_batch_rows < 1:
@@ -157,11 +160,13 @@ class TwoTierPolicy(SchedulingPolicy):
         # a model (a policy built only to check settings) the target cannot be planned for.
         self.token_target_s = interactive_token_s if step_cost is not None else None
         self.step_cost = step_cost
+        self._clock = clock
         self.calibration = _CALIBRATION_START
         self._predicted_s: float | None = None  # the last bounded step's predicted seconds
         self.bounded_steps = 0
         self.batch_rows_granted = 0
         self._last_step_bounded = False
+        self._carried: set[Sequence] = set()  # interactive sequences the last completed step fed
         # Slots and prompt tokens batch work keeps whenever it has work; interactive work always
         # keeps at least one slot of its own.
         self.batch_slots = min(max_running - 1, max(1, round(share * max_running))) if share > 0 else 0
@@ -213,11 +218,17 @@ class TwoTierPolicy(SchedulingPolicy):
     def lay_out(self, view: QueueView) -> StepLayout:
         # Stable sort: admission order within a tier.
         order = sorted(view.running, key=lambda s: 0 if s.request.priority is INTERACTIVE else 1)
+        now = self._clock()
         if self._interactive_prefilling(view) and self._batch_may_wait(self._steps_without_batch):
             # Interactive work alone: a short step, as on an idle engine. Interactive sequences
-            # already decoding keep their rows (a few rows cost the prompt little), or each arrival
-            # would cost every one of them a token's interval.
-            order = [s for s in order if s.request.priority is INTERACTIVE]
+            # already decoding ride along only when waiting out the step would make them miss
+            # the target: every output row beyond the first makes the step much longer (the
+            # vocabulary's projection stops being one pass over the matrix), and that wait is
+            # the arrival's first token.
+            prompts = [s for s in order if s.request.priority is INTERACTIVE and not s.is_decoding]
+            decoding = [s for s in order if s.request.priority is INTERACTIVE and s.is_decoding]
+            riders = decoding if self._must_ride_along(view, prompts, decoding, now) else []
+            order = prompts + riders
         wants = any(s.request.priority is BATCH and not s.is_decoding for s in order)
         layout = StepLayout(order, self.batch_tokens if wants else 0)
         self._last_step_bounded = False
@@ -225,7 +236,7 @@ class TwoTierPolicy(SchedulingPolicy):
         batch = [s for s in order if s.request.priority is BATCH]
         if not interactive_decoding or not batch:
             return layout
-        rows, prompt_tokens = self._batch_allowance(interactive_decoding, order)
+        rows, prompt_tokens = self._batch_allowance(interactive_decoding, order, self._waited(interactive_decoding, now))
         if rows is None:
             return layout  # neither a target nor a cap: batch rows ride along freely
         # Batch rows rotate: the least advanced go first, so all progress at the same pace.
@@ -240,14 +251,33 @@ class TwoTierPolicy(SchedulingPolicy):
             self.batch_rows_granted += len(chosen)
         return layout
 
-    def _batch_allowance(self, interactive: list[Sequence], order: list[Sequence]) -> tuple[int | None, int | None]:
+    def _must_ride_along(self, view: QueueView, prompts: list[Sequence], decoding: list[Sequence], now: float) -> bool:
+        """Whether decoding interactive sequences join a step of interactive prompts, because
+        waiting for it and then for a step of their own would take them past the target."""
+        if not decoding:
+            return False
+        cost = self.step_cost.estimate() if self.token_target_s is not None else None
+        if cost is None:
+            return True  # nothing to plan with: a step later could be any length
+        room, prompt_tokens, prompt_outputs = view.step_token_budget, 0, 0
+        for seq in prompts:
+            n = min(seq.n_pending, room)
+            room -= n
+            prompt_tokens += n
+            prompt_outputs += n == seq.n_pending
+        alone = cost.seconds(prompt_tokens, max(1, prompt_outputs)) + \
+            cost.seconds(sum(s.n_pending for s in decoding), len(decoding))
+        return self._waited(decoding, now) + self.calibration * alone > self.token_target_s
+
+    def _batch_allowance(self, interactive: list[Sequence], order: list[Sequence],
+                         waited: float) -> tuple[int | None, int | None]:
         """Batch decode rows, and batch prompt tokens (None: whatever rows leave of the cap), a
-        step may carry beside the interactive rows."""
+        step may carry beside the interactive rows, which have waited `waited` seconds already."""
         cap = self.interactive_batch_rows
         cost = self.step_cost.estimate() if self.token_target_s is not None else None
         if cost is None:
             return cap, None
-        budget = self.token_target_s / self.calibration
+        budget = (self.token_target_s - waited) / self.calibration
         tokens = sum(s.n_pending for s in interactive)
         spare = budget - cost.seconds(tokens, len(interactive))
         row_s = cost.per_token_s + cost.per_output_s
@@ -268,6 +298,7 @@ class TwoTierPolicy(SchedulingPolicy):
     def step_planned(self, view: QueueView, plan: StepPlan) -> bool:
         if self._last_step_bounded and (cost := self.step_cost.estimate()) is not None:
             self._predicted_s = cost.seconds(plan.n_tokens, sum(_outputs(c) for c in plan.chunks))
+        self._carried = {c.seq for c in plan.chunks if c.seq.request.priority is INTERACTIVE}
         waited = self._steps_without_batch
         has_batch = any(c.seq.request.priority is BATCH for c in plan.chunks)
         self._waited_before_step = waited
@@ -286,6 +317,7 @@ class TwoTierPolicy(SchedulingPolicy):
         )
 
     def step_aborted(self, view: QueueView) -> None:
+        self._carried = set()
         if _batch_running(view):
             self._steps_without_batch = self._waited_before_step + 1
 
@@ -301,6 +333,13 @@ class TwoTierPolicy(SchedulingPolicy):
                 self.calibration = max(low, self.calibration * (1 - _CALIBRATION_DOWN))
 
     # ---- helpers ------------------------------------------------------------------------------
+    def _waited(self, decoding: list[Sequence], now: float) -> float:
+        """How long the longest-waiting of these decoding sequences has waited for its next token,
+        counting only those a step left out (an aborted one, another's prompt): after a step that
+        fed them, the loop's own time is in the calibration already."""
+        return max((now - s.last_token_at for s in decoding
+                    if s not in self._carried and s.last_token_at is not None), default=0.0)
+
     def _displaceable(self, view: QueueView, seq: Sequence) -> list[Sequence]:
         if seq.request.priority is not INTERACTIVE or view.n_running(BATCH) <= self.batch_slots:
             return []

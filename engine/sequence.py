@@ -100,6 +100,11 @@ class Sequence:
         """How many more tokens max_tokens allows (the context may allow fewer)."""
         return self.request.max_tokens - self.n_generated
 
+    @property
+    def last_token_at(self) -> float | None:
+        """When an engine step last gave it tokens (None before its first)."""
+        return None if self._last_token is None else self._last_token[0]
+
     def token_delivered(self, now: float, step: int) -> TokenInterval | None:
         """Note an engine step that gave it tokens: None for its first (that wait is its TTFT), else
         the interval since the previous such step."""

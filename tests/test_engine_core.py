@@ -3,6 +3,8 @@ thread, no private attributes. The fake backend's "model" makes each sequence's 
 function of its own tokens, so any displacement that lost or repeated work would show."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from engine import EngineConfig, FifoPolicy, FinishReason, Priority, TwoTierPolicy
@@ -158,6 +160,24 @@ def test_interrupt_window_judges_a_step_against_typical_steps_of_its_kind():
     assert not window.arrival()
 
 
+def test_interrupt_window_aborts_a_step_planned_before_an_arrival_between_steps():
+    interrupter, now = FakeInterrupter(), [0.0]
+    window = InterruptWindow(interrupter, fraction=0.5, clock=lambda: now[0])
+    window.begin(interruptible=True)
+    now[0] = 0.1
+    window.end(completed=True)
+    assert not window.arrival()  # nothing in flight: the engine may already have planned the next step
+    window.begin(interruptible=True)  # it did: only a step planned without the arrival is interruptible
+    assert interrupter.interrupted
+    window.end(completed=False)
+    window.begin(interruptible=True)
+    assert not interrupter.interrupted  # once
+    window.end(completed=True)
+    assert not window.arrival()
+    window.begin(interruptible=False)  # the arrival's own prompt step
+    assert not interrupter.interrupted
+
+
 def _batch_rows_beside(c: Core, interactive) -> list[set[str]]:
     """Step until the interactive sequence finishes; the batch rows of each step it decoded in."""
     served = []
@@ -309,13 +329,37 @@ def test_interactive_token_target_must_be_positive():
     assert EngineConfig(interactive_token_ms=None).scheduling_policy().token_target_s is None
 
 
-def test_an_interactive_prompt_step_keeps_the_rows_of_interactive_sequences_decoding():
-    c = Core(max_running=8, batch_min_share=0.1)
-    [c.add(f"b{i}", prompt(i), max_tokens=40) for i in range(4)]
+def _chat_beside_batch(c: Core):
+    """Four batch sequences and one interactive sequence decoding beside them."""
+    [c.add(f"b{i}", prompt(i), max_tokens=60) for i in range(4)]
     c.core.step()
-    c.add("i0", prompt(8), max_tokens=20, priority="interactive")
+    chat = c.add("i0", prompt(8), max_tokens=30, priority="interactive")
     c.core.step()
     c.core.step()
+    return chat
+
+
+def test_an_arrivals_prompt_runs_alone_when_the_chats_decoding_can_wait_for_it():
+    c = Core(max_running=8, batch_min_share=0.1, interactive_token_ms=100)
+    _chat_beside_batch(c)
+    # Predicted: the prompt step 5 + 8 x 5 + 5 = 50 ms, then i0's own step 15 ms; over the
+    # calibration 1.25 that is 81 ms, within 100: i0 waits, and the arrival's step has one output.
+    _synthetic_machine(c, fixed=0.005, per_row=0.010)
+    c.add("i1", prompt(9), max_tokens=20, priority="interactive")
+    c.core.step()
+    assert c.rows() == {"i1"}
+    time.sleep(0.04)  # i0 has now waited 40 ms more: its next step carries fewer batch rows
+    c.core.step()
+    # (100 - 40+) / 1.25 = 48 ms at most: 15 for the two interactive rows, 3 batch rows of 10.
+    assert {"i0", "i1"} <= c.rows() and len(c.rows()) <= 2 + 3
+    c.core.step()
+    assert len(c.rows()) == 2 + 4  # back to back again: (80 - 25) / 10 = 5 rows fit, 4 exist
+
+
+def test_an_arrivals_prompt_step_keeps_the_rows_of_chats_that_could_not_wait():
+    c = Core(max_running=8, batch_min_share=0.1, interactive_token_ms=100)
+    _chat_beside_batch(c)
+    _synthetic_machine(c, fixed=0.020, per_row=0.020)  # prompt step 120 ms alone: i0 would miss
     c.add("i1", prompt(9), max_tokens=20, priority="interactive")
     c.core.step()
     assert c.rows() == {"i0", "i1"}  # i1's prompt, and i0's next token: no batch rows
