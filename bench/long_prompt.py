@@ -10,10 +10,12 @@ as the same token ids to both, so neither finds a cached prefix), `max_tokens` 1
 - `--parallel` prompts of `--parallel-length` tokens at once (default 4 of 9k).
 
 tok/s is prompt tokens over the client's wall time until the answer (the whole batch's for the
-parallel case), so it includes everything a user waits for. Then the chat: a short prompt asked
-alone (idle TTFT), and again while the first server works on a fresh prompt of the longest length,
-sent `--chat-delay` seconds after it; cobatch gets it as `priority: "interactive"` (the long prompt
-is batch work), llama-server as a plain request. TTFT is the first streamed token.
+parallel case), so it includes everything a user waits for. Then chats: a short prompt asked
+alone (idle TTFT, median of three), and again while the server works on a fresh prompt of the
+longest length, `--chat-delay` seconds after it and every `--chat-every` seconds after that until
+it is done, each on its own connection; cobatch gets them as `priority: "interactive"` (the long
+prompt is batch work), llama-server as plain requests. TTFT is the first streamed token. The long
+prompt's tok/s beside the chats, over the same length's alone, is what the interruptions cost it.
 
 cobatch runs as `cobatch serve` with its defaults and `--n-ctx`; llama-server as the issue measured
 it: `-np 4 -kvu -fa on -c N_CTX` (bench/peer.py adds the CPU-safety flags both share).
@@ -85,7 +87,8 @@ class Server:
         raise RuntimeError(f"{self.name}: the chat answer streamed no text")
 
 
-def one_trial(server: Server, prompts: dict[str, list[list[int]]], chat_delay: float) -> dict[str, Any]:
+def one_trial(server: Server, prompts: dict[str, list[list[int]]], chat_delay: float, chats: int,
+              chat_every: float) -> dict[str, Any]:
     out: dict[str, Any] = {"server": server.name}
     for tokens in prompts["single"]:
         out[f"single_{len(tokens)}_tok_s"] = round(len(tokens) / server.complete(tokens), 1)
@@ -94,21 +97,31 @@ def one_trial(server: Server, prompts: dict[str, list[list[int]]], chat_delay: f
     with ThreadPoolExecutor(len(parallel)) as pool:
         list(pool.map(server.complete, parallel))
     out["parallel_tok_s"] = round(sum(map(len, parallel)) / (time.perf_counter() - start), 1)
-    out["chat_idle_ttft_ms"] = round(1000 * server.ttft(CHAT_PROMPT), 1)
+    out["chat_idle_ttft_ms"] = round(1000 * statistics.median(server.ttft(CHAT_PROMPT) for _ in range(3)), 1)
     long_done = threading.Event()
+    start = time.perf_counter()
 
-    def long_prompt() -> None:
+    def long_prompt() -> float:
         try:
             server.complete(prompts["busy"])
+            return time.perf_counter() - start
         finally:
             long_done.set()
 
-    thread = threading.Thread(target=long_prompt)
-    thread.start()
-    time.sleep(chat_delay)
-    out["chat_busy_ttft_ms"] = round(1000 * server.ttft(CHAT_PROMPT), 1)
-    out["chat_arrived_before_long_end"] = not long_done.is_set()
-    thread.join()
+    ttfts: list[float] = []
+    with ThreadPoolExecutor(1 + chats) as pool:
+        long_future = pool.submit(long_prompt)
+        asked = []
+        for i in range(chats):  # each on its own thread: a server that holds one back holds no other
+            time.sleep(max(0.0, start + chat_delay + i * chat_every - time.perf_counter()))
+            if long_done.is_set():
+                break
+            asked.append(pool.submit(server.ttft, CHAT_PROMPT))
+        ttfts = [1000 * f.result() for f in asked]
+        busy_s = long_future.result()
+    out["chat_busy_ttft_ms"] = [round(t, 1) for t in ttfts]
+    out["chats_before_long_end"] = len(ttfts)
+    out["busy_tok_s"] = round(len(prompts["busy"]) / busy_s, 1)
     return out
 
 
@@ -146,7 +159,7 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
             for trial, prompts in enumerate(trials_prompts):
                 order = servers if trial % 2 == 0 else servers[::-1]
                 for server in order:
-                    row = {"trial": trial, **one_trial(server, prompts, args.chat_delay)}
+                    row = {"trial": trial, **one_trial(server, prompts, args.chat_delay, args.chats, args.chat_every)}
                     record.trial(**row)
                     results.append(row)
                     print(json.dumps(row), flush=True)
@@ -162,9 +175,12 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], names: list[
     for trial in range(args.trials):
         mine = {r["server"]: r for r in results if r["trial"] == trial}
         for name in names:
-            rows.append([trial, name, *[mine[name][c] for c in columns], mine[name]["chat_idle_ttft_ms"],
-                         mine[name]["chat_busy_ttft_ms"],
-                         round(mine[name]["chat_busy_ttft_ms"] / mine[name]["chat_idle_ttft_ms"], 2)])
+            r = mine[name]
+            busy = r["chat_busy_ttft_ms"]
+            rows.append([trial, name, *[r[c] for c in columns], r["chat_idle_ttft_ms"],
+                         f"{statistics.median(busy):.0f} / {max(busy):.0f} ({len(busy)})" if busy else "-",
+                         f"{statistics.median(busy) / r['chat_idle_ttft_ms']:.2f} / {max(busy) / r['chat_idle_ttft_ms']:.2f}"
+                         if busy else "-", r["busy_tok_s"], round(r["busy_tok_s"] / r[f"single_{max(args.lengths)}_tok_s"], 2)])
         for name in names:
             if "llama-server" not in mine or not name.startswith("cobatch"):
                 continue
@@ -174,20 +190,29 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], names: list[
                 if name == "cobatch":
                     ratios[c].append(ratio)
                 ratio_row.append(round(ratio, 3))
-            rows.append(ratio_row + ["", "", ""])
+            rows.append(ratio_row + ["", "", "", "", ""])
+    longest = f"{max(args.lengths):,}"
     table = markdown_table(["trial", "server", *[f"{label} (tok/s)" for label in labels], "chat TTFT idle (ms)",
-                            f"chat TTFT during a {max(args.lengths):,}-token prefill (ms)", "busy / idle"], rows)
+                            f"chat TTFT during a {longest}-token prefill, median / max (chats) (ms)",
+                            "busy / idle, median / max", f"that {longest}-token prefill (tok/s)",
+                            f"its tok/s over the {longest} alone"], rows)
     peer_note = (f"llama-server: {binary} -np {args.parallel} -kvu -fa on -c {args.n_ctx}" if binary
                  else "no llama-server (give --peer-bin)")
     summary = (f"{args.trials} trial(s), servers alternating first; every prompt distinct, max_tokens 1; "
-               f"cobatch serve --n-ctx {args.n_ctx} (its defaults otherwise); {peer_note}. The chat arrives "
-               f"{args.chat_delay} s after the long prompt.\n\n{table}")
+               f"cobatch serve --n-ctx {args.n_ctx} (its defaults otherwise); {peer_note}. Chats arrive "
+               f"{args.chat_delay} s after a fresh {longest}-token prompt and every {args.chat_every} s after that "
+               f"until it is done (at most {args.chats}), each alone on a connection of its own.\n\n{table}")
     headline: dict[str, Any] = {}
     for c in columns:
         if ratios[c]:
             headline[f"{c}_vs_peer_median"] = round(statistics.median(ratios[c]), 3)
     ours = [r for r in results if r["server"] == "cobatch"]
-    headline["chat_busy_over_idle_ttft_max"] = round(max(r["chat_busy_ttft_ms"] / r["chat_idle_ttft_ms"] for r in ours), 2)
+    busy_over_idle = [t / r["chat_idle_ttft_ms"] for r in ours for t in r["chat_busy_ttft_ms"]]
+    if busy_over_idle:
+        headline["chat_busy_over_idle_ttft_median"] = round(statistics.median(busy_over_idle), 2)
+        headline["chat_busy_over_idle_ttft_max"] = round(max(busy_over_idle), 2)
+    headline["busy_prefill_over_alone_median"] = round(statistics.median(
+        r["busy_tok_s"] / r[f"single_{max(args.lengths)}_tok_s"] for r in ours), 3)
     return summary, headline
 
 
@@ -199,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=4, help="prompts sent at once")
     parser.add_argument("--parallel-length", type=int, default=9000, help="tokens of each of those")
     parser.add_argument("--n-ctx", type=int, default=40960, help="KV cells, for both servers")
-    parser.add_argument("--chat-delay", type=float, default=1.5, help="seconds into the long prefill the chat arrives")
+    parser.add_argument("--chat-delay", type=float, default=1.5, help="seconds into the long prefill the first chat arrives")
+    parser.add_argument("--chats", type=int, default=8, help="chats sent during the long prefill, at most")
+    parser.add_argument("--chat-every", type=float, default=6.0, help="seconds between those chats")
     parser.add_argument("--variant", default=None,
                         help="serve flags of a second cobatch beside the first (e.g. \"--step-token-budget 512\")")
     add_peer_arguments(parser)
@@ -207,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.lengths, args.parallel, args.parallel_length, args.n_ctx, args.trials = [300, 600], 2, 200, 2048, 1
-        args.chat_delay = 0.2
+        args.chat_delay, args.chats, args.chat_every = 0.2, 2, 0.3
     record = RunRecord("long-prompt", args, args.model, argv)
     publish(record, *run(args, record))
     return 0

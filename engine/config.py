@@ -62,7 +62,8 @@ class EngineConfig:
     # projection, cannot be aborted by llama.cpp, so a late abort only discards a finished step.
     interrupt_window: float = setting(
         0.5, "an interactive arrival aborts a step of batch work (decode rows or prompt chunks) that has run "
-             "less than this fraction of a typical one of its kind (0: never)")
+             "less than this fraction of a typical one of its kind (0: never); a step of prompt chunks alone, "
+             "whose end can be aborted, until at least 0.9 of one")
     # An interactive token waits for one step, whose time grows with its rows: the target says how
     # long that may be, and batch work gets whatever rows and prompt tokens fit in it.
     interactive_token_ms: float | None = setting(

@@ -18,6 +18,7 @@ from engine.request import FinishReason, Priority
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.step_cost import StepCostModel
+from engine.step_plan import StepPlan
 from engine.stats import EngineStats, StepProfile, TierStats
 from engine.thread_governor import ThreadGovernor
 from sampling.sampler import BatchSampler
@@ -101,7 +102,7 @@ class EngineCore:
         self.runner.set_threads(threads)
         self.publish_stats()  # readers see this step's admissions while it decodes
         t2 = clock()
-        outcome = self._decode(plan.interruptible, kind)
+        outcome = self._decode(plan.interruptible, _window_kind(plan))
         t3 = clock()
         if outcome is not DecodeOutcome.OK:
             self._recover(outcome)
@@ -256,3 +257,9 @@ class EngineCore:
             batch_rows_granted=scheduler.policy.batch_rows_granted,
             latency_calibration=scheduler.policy.calibration,
         )
+
+
+def _window_kind(plan: StepPlan) -> str:
+    """How the interrupt window tells steps apart: decode rows only, prompt chunks only, or both."""
+    decoding = [c.seq.is_decoding for c in plan.chunks]
+    return "decode" if all(decoding) else "prompt" if not any(decoding) else "mixed"

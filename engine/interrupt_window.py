@@ -1,15 +1,22 @@
 """Whether an arriving interactive request should abort the llama_decode in flight.
 
-Aborting costs the batch rows the part of the step already computed, so it is worth it only
+Aborting costs the batch work the part of the step already computed, so it is worth it only
 early in a step, and only in steps the policy marked interruptible (engine/policy.py says
-which). "Early" is a fraction of a typical interruptible step of the same kind (pure decode, or
-carrying prompt chunks: the second kind runs several times longer), a moving average of their times.
+which). "Early" is a fraction of a typical interruptible step of the same kind (pure decode,
+prompt chunks alone, or both: they run for very different times), a moving average of their times.
+A step with decode rows ends in the output projection of every row, which llama.cpp cannot
+abort, so an abort requested late in it lands only when the step is done. A step of prompt
+chunks alone has one output row at most: it can be aborted almost to its end, and one of a long
+prompt lasts half a second, so the arrival may abort it until `_PROMPT_ONLY_FRACTION` of it.
 """
 from __future__ import annotations
 
 import threading
 import time
 from typing import Callable, Protocol
+
+
+_PROMPT_ONLY_FRACTION = 0.9
 
 
 class Interrupter(Protocol):
@@ -64,7 +71,8 @@ class InterruptWindow:
         """An interactive request was queued; True if the step in flight was told to abort."""
         with self._lock:
             typical = self.typical_steps.get(self._kind)
-            young = typical is None or self._clock() - self._started <= self._fraction * typical
+            fraction = max(self._fraction, _PROMPT_ONLY_FRACTION) if self._kind == "prompt" else self._fraction
+            young = typical is None or self._clock() - self._started <= fraction * typical
             if self._open and young:
                 self._interrupter.interrupt()
                 self._open = False

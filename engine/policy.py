@@ -16,8 +16,10 @@ while an interactive request reads its prompt:
   abort wastes more batch work than it saves: llama.cpp checks for an abort only between graph
   nodes, and the last node of a decode step, the output projection over the 262,144-token
   vocabulary, cannot be aborted (bench/abort_floor.py);
-- the next step carries interactive work alone (the prompts, and the rows of interactive
-  sequences already decoding), so the prefill runs almost as on an idle engine.
+- the next step carries the interactive prompts alone, so the prefill runs as on an idle
+  engine. Interactive sequences already decoding ride along only when waiting out that step
+  would take them past the per-token target (below): a second output row makes a short step
+  about half again as long. The step after it plans for what they have waited.
 
 Once interactive sequences decode, each of their tokens waits for one whole step, and a step's
 time grows about linearly with its rows. A per-token latency target (`interactive_token_s`)

@@ -178,6 +178,23 @@ def test_interrupt_window_aborts_a_step_planned_before_an_arrival_between_steps(
     assert not interrupter.interrupted
 
 
+def test_interrupt_window_lets_an_arrival_abort_a_prompt_only_step_until_near_its_end():
+    interrupter, now = FakeInterrupter(), [0.0]
+    window = InterruptWindow(interrupter, fraction=0.5, clock=lambda: now[0])
+    for kind in ("prompt", "mixed"):
+        window.begin(interruptible=True, kind=kind)
+        now[0] += 0.5
+        window.end(completed=True)
+    window.begin(interruptible=True, kind="mixed")
+    now[0] += 0.4  # decode rows in it: its end is the rows' output projection, which cannot be aborted
+    assert not window.arrival()
+    window.end(completed=True)
+    window.begin(interruptible=True, kind="prompt")
+    now[0] += 0.4  # prompt chunks alone: nothing long is left that an abort could not cut
+    assert window.arrival() and interrupter.interrupted
+    window.end(completed=False)
+
+
 def _batch_rows_beside(c: Core, interactive) -> list[set[str]]:
     """Step until the interactive sequence finishes; the batch rows of each step it decoded in."""
     served = []
