@@ -35,6 +35,13 @@ _MAX_PROBE_S = 30.0
 # Below the most threads, probes back off only to this: a losing probe with more threads is cut
 # short, so probing often is cheap, while missing a neighbour's departure costs half the speed.
 _MAX_PROBE_UP_S = 8.0
+# A probe costs up to a whole step again, so routine probes skip prompt steps expected to take
+# longer than this (a chunk of a deep prompt, about 1 s, ran 2 s at one thread and held up a chat
+# that arrived during it); decode steps, bounded by their rows, come often enough. With nothing
+# but long prompt steps, a count is still probed once it has gone this long unprobed. A stall
+# probes at once whatever the step.
+_QUICK_STEP_S = 0.25
+_LONG_STEPS_PROBE_S = 60.0
 _WATCHDOG_IDLE_S = 30.0  # the watchdog thread ends after this long without a step
 
 Shape = tuple[bool, int, int]
@@ -89,7 +96,7 @@ class ThreadGovernor:
         expected = self._expected(self.current)
         if expected is None or len(self.candidates) == 1:
             return self._threads  # nothing to compare with yet, or nothing to choose from
-        probe = self._due_probe()
+        probe = self._due_probe(expected * self._work)
         if probe is None:
             self._deadline = _SEVERE_STALL * expected * self._work
         else:
@@ -134,11 +141,13 @@ class ThreadGovernor:
     def _record(self, threads: int, cost: float) -> None:
         self._recent.setdefault((threads, self._shape), deque(maxlen=_RECENT)).append(cost)
 
-    def _due_probe(self) -> int | None:
+    def _due_probe(self, step_s: float) -> int | None:
         now = self._clock()
         urgent = self._stalls >= _STALLS_BEFORE_PROBE
+        long_prompt_step = not self._shape[0] and step_s > _QUICK_STEP_S
+        every = max(self._probe_every, _LONG_STEPS_PROBE_S) if long_prompt_step else self._probe_every
         stale = [t for t in self.candidates if t != self.current
-                 and (urgent or now - self._probed_at.get(t, self._started) >= self._probe_every)]
+                 and (urgent or now - self._probed_at.get(t, self._started) >= every)]
         # The nearest count first: one step away from what works.
         return min(stale, key=lambda t: abs(t - self.current), default=None)
 

@@ -153,3 +153,16 @@ def test_the_watchdog_cuts_a_late_step_and_leaves_no_thread_behind(monkeypatch):
     watchdog.arm(0.05)  # earlier than the thread's own wake-up: it must be woken for it
     time.sleep(0.3)
     assert interrupter.interrupted
+
+
+def test_routine_probes_skip_long_prompt_steps():
+    m = Machine({2: 0.005, 1: 0.009}, prefill_discount=0.5)
+    long_chunk = (256, 0)  # 256 x 2.5 ms = 0.64 s a step, at two threads
+    used = m.run(50.0, itertools.repeat(long_chunk))
+    assert 1 not in used  # 50 s of long steps: no probe (at one thread each would run 1.15 s)
+    used = m.run(5.0)  # short decode steps: the probe that was due comes at once
+    assert used[3] == 1  # after the three steps that give their shape a cost to compare with
+    used = m.run(20.0, itertools.repeat(long_chunk))
+    assert 1 not in used
+    used = m.run(45.0, itertools.repeat(long_chunk))
+    assert used.count(1) == 1  # a minute after the last probe, even a long step is probed
