@@ -131,7 +131,6 @@ class SchedulingPolicy:
         return False
 
     def step_aborted(self, view: QueueView) -> None:
-        self._carried = set()
         """The last planned step was interrupted before it finished."""
 
     def interactive_intervals(self, seconds: list[float]) -> None:

@@ -373,6 +373,19 @@ def test_an_arrivals_prompt_runs_alone_when_the_chats_decoding_can_wait_for_it()
     assert len(c.rows()) == 2 + 4  # back to back again: (80 - 25) / 10 = 5 rows fit, 4 exist
 
 
+def test_a_chat_whose_step_was_aborted_counts_that_wait_when_an_arrival_comes():
+    c = Core(max_running=8, batch_min_share=0.1, interactive_token_ms=100)
+    _chat_beside_batch(c)
+    _synthetic_machine(c, fixed=0.005, per_row=0.010)
+    c.runner.interrupter.interrupt()  # the step carrying i0's next token is aborted...
+    c.core.step()
+    c.runner.interrupter.reset()
+    time.sleep(0.04)  # ...after running 40 ms; 40 + 81 ms predicted is past the 100 ms target
+    c.add("i1", prompt(9), max_tokens=20, priority="interactive")
+    c.core.step()
+    assert c.rows() == {"i0", "i1"}
+
+
 def test_an_arrivals_prompt_step_keeps_the_rows_of_chats_that_could_not_wait():
     c = Core(max_running=8, batch_min_share=0.1, interactive_token_ms=100)
     _chat_beside_batch(c)
