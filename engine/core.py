@@ -27,13 +27,13 @@ from sampling.sampler import BatchSampler
 class DecodeWatch(Protocol):
     """Told when each llama_decode starts and ends (the loop's interrupt window)."""
 
-    def begin(self, interruptible: bool, kind: str) -> None: ...
+    def begin(self, interruptible: bool, kind: str, threads: int) -> None: ...
 
     def end(self, completed: bool) -> None: ...
 
 
 class _Unwatched:
-    def begin(self, interruptible: bool, kind: str) -> None:
+    def begin(self, interruptible: bool, kind: str, threads: int) -> None:
         pass
 
     def end(self, completed: bool) -> None:
@@ -102,7 +102,7 @@ class EngineCore:
         self.runner.set_threads(threads)
         self.publish_stats()  # readers see this step's admissions while it decodes
         t2 = clock()
-        outcome = self._decode(plan.interruptible, _window_kind(plan))
+        outcome = self._decode(plan.interruptible, _window_kind(plan), threads)
         t3 = clock()
         if outcome is not DecodeOutcome.OK:
             self._recover(outcome)
@@ -139,8 +139,8 @@ class EngineCore:
         self.stats = self._snapshot()
 
     # ---- the step's parts -------------------------------------------------------------------
-    def _decode(self, interruptible: bool, kind: str) -> DecodeOutcome:
-        self._watch.begin(interruptible, kind)
+    def _decode(self, interruptible: bool, kind: str, threads: int) -> DecodeOutcome:
+        self._watch.begin(interruptible, kind, threads)
         self.threads.begin()
         outcome = DecodeOutcome.ABORTED
         try:

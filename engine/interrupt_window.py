@@ -3,7 +3,8 @@
 Aborting costs the batch work the part of the step already computed, so it is worth it only
 early in a step, and only in steps the policy marked interruptible (engine/policy.py says
 which). "Early" is a fraction of a typical interruptible step of the same kind (pure decode,
-prompt chunks alone, or both: they run for very different times), a moving average of their times.
+prompt chunks alone, or both: they run for very different times) run with as many threads (the
+thread governor's probe at another count runs twice as long), a moving average of their times.
 A step with decode rows ends in the output projection of every row, which llama.cpp cannot
 abort, so an abort requested late in it lands only when the step is done. A step of prompt
 chunks alone has one output row at most: it can be aborted almost to its end, and one of a long
@@ -37,18 +38,19 @@ class InterruptWindow:
         self._open = False  # the step in flight may still be aborted
         self._interruptible = False  # the step in flight was planned interruptible
         self._started = 0.0
-        self._kind = "decode"
+        self._kind: tuple[str, int] = ("decode", 0)
         self._in_flight = False
         # An arrival between two decodes may come after the engine took its inbox for the next
         # step: that step was planned without it, so it is aborted as soon as it starts.
         self._arrived_between = False
-        self.typical_steps: dict[str, float] = {}  # seconds by step kind, moving average of interruptible steps
+        # Seconds by (step kind, threads), moving average of interruptible steps.
+        self.typical_steps: dict[tuple[str, int], float] = {}
 
-    def begin(self, interruptible: bool, kind: str = "decode") -> None:
+    def begin(self, interruptible: bool, kind: str = "decode", threads: int = 0) -> None:
         with self._lock:
             self._interrupter.reset()
             self._open = self._interruptible = interruptible
-            self._kind = kind
+            self._kind = (kind, threads)
             self._started = self._clock()
             self._in_flight = True
             # A step planned after the arrival was taken is not interruptible (it carries the
@@ -71,7 +73,7 @@ class InterruptWindow:
         """An interactive request was queued; True if the step in flight was told to abort."""
         with self._lock:
             typical = self.typical_steps.get(self._kind)
-            fraction = max(self._fraction, _PROMPT_ONLY_FRACTION) if self._kind == "prompt" else self._fraction
+            fraction = max(self._fraction, _PROMPT_ONLY_FRACTION) if self._kind[0] == "prompt" else self._fraction
             young = typical is None or self._clock() - self._started <= fraction * typical
             if self._open and young:
                 self._interrupter.interrupt()

@@ -131,7 +131,7 @@ def test_interrupt_window_aborts_only_early_in_an_interruptible_step():
     window.begin(interruptible=True)
     now[0] = 0.2
     window.end(completed=True)
-    assert window.typical_steps == {"decode": pytest.approx(0.2)}
+    assert window.typical_steps == {("decode", 0): pytest.approx(0.2)}
     window.begin(interruptible=True)
     now[0] += 0.15  # past half of a typical step: finishing it is cheaper
     assert not window.arrival()
@@ -176,6 +176,18 @@ def test_interrupt_window_aborts_a_step_planned_before_an_arrival_between_steps(
     assert not window.arrival()
     window.begin(interruptible=False)  # the arrival's own prompt step
     assert not interrupter.interrupted
+
+
+def test_interrupt_window_judges_a_step_against_typical_steps_at_its_thread_count():
+    interrupter, now = FakeInterrupter(), [0.0]
+    window = InterruptWindow(interrupter, fraction=0.5, clock=lambda: now[0])
+    window.begin(interruptible=True, kind="decode", threads=2)
+    now[0] += 0.1
+    window.end(completed=True)
+    window.begin(interruptible=True, kind="decode", threads=1)  # the governor's probe, twice as slow
+    now[0] += 0.07  # past half of a two-thread step, early in this one
+    assert window.arrival() and interrupter.interrupted
+    window.end(completed=False)
 
 
 def test_interrupt_window_lets_an_arrival_abort_a_prompt_only_step_until_near_its_end():

@@ -147,7 +147,9 @@ def test_an_arriving_interactive_request_interrupts_a_batch_only_step(stepped):
 def test_a_step_past_its_interrupt_window_runs_to_the_end(stepped):
     engine, runner, gate = stepped
     fill_with_batch(engine, gate, n=2)  # decode steps of "0 s" so far: the estimate is 0
-    engine.interrupt_window.typical_steps["decode"] = 0.2  # as if decode steps took 200 ms
+    typical = engine.interrupt_window.typical_steps
+    for key in [k for k in typical if k[0] == "decode"]:
+        typical[key] = 0.2  # as if decode steps took 200 ms
     gate.step()  # this step starts at t = 0
     runner.now[0] = 0.15  # 150 ms in: past half of a typical step
     handle = engine.submit(prompt(9), max_tokens=3, priority="interactive", **GREEDY)
