@@ -108,7 +108,6 @@ def one_trial(server: Server, prompts: dict[str, list[list[int]]], chat_delay: f
         finally:
             long_done.set()
 
-    ttfts: list[float] = []
     with ThreadPoolExecutor(1 + chats) as pool:
         long_future = pool.submit(long_prompt)
         asked = []
@@ -176,11 +175,14 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], names: list[
         mine = {r["server"]: r for r in results if r["trial"] == trial}
         for name in names:
             r = mine[name]
-            busy = r["chat_busy_ttft_ms"]
-            rows.append([trial, name, *[r[c] for c in columns], r["chat_idle_ttft_ms"],
-                         f"{statistics.median(busy):.0f} / {max(busy):.0f} ({len(busy)})" if busy else "-",
-                         f"{statistics.median(busy) / r['chat_idle_ttft_ms']:.2f} / {max(busy) / r['chat_idle_ttft_ms']:.2f}"
-                         if busy else "-", r["busy_tok_s"], round(r["busy_tok_s"] / r[f"single_{max(args.lengths)}_tok_s"], 2)])
+            busy, idle = r["chat_busy_ttft_ms"], r["chat_idle_ttft_ms"]
+            chats = ["-", "-"]
+            if busy:
+                middle, worst = statistics.median(busy), max(busy)
+                chats = [f"{middle:.0f} / {worst:.0f} ({len(busy)})", f"{middle / idle:.2f} / {worst / idle:.2f}"]
+            alone = r[f"single_{max(args.lengths)}_tok_s"]
+            rows.append([trial, name, *[r[c] for c in columns], idle, *chats, r["busy_tok_s"],
+                         round(r["busy_tok_s"] / alone, 2)])
         for name in names:
             if "llama-server" not in mine or not name.startswith("cobatch"):
                 continue
@@ -224,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=4, help="prompts sent at once")
     parser.add_argument("--parallel-length", type=int, default=9000, help="tokens of each of those")
     parser.add_argument("--n-ctx", type=int, default=40960, help="KV cells, for both servers")
-    parser.add_argument("--chat-delay", type=float, default=1.5, help="seconds into the long prefill the first chat arrives")
+    parser.add_argument("--chat-delay", type=float, default=1.5,
+                        help="seconds into the long prefill the first chat arrives")
     parser.add_argument("--chats", type=int, default=8, help="chats sent during the long prefill, at most")
     parser.add_argument("--chat-every", type=float, default=6.0, help="seconds between those chats")
     parser.add_argument("--variant", default=None,

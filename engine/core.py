@@ -96,13 +96,13 @@ class EngineCore:
         if not plan.chunks:
             return False
         rows = self.runner.build_batch(plan)
-        kind = "decode" if all(c.seq.is_decoding for c in plan.chunks) else "mixed"
+        kind = _step_kind(plan)
         depth = max(c.start + c.length for c in plan.chunks)
         threads = self.threads.choose(plan.n_tokens, self.runner.n_outputs, depth)
         self.runner.set_threads(threads)
         self.publish_stats()  # readers see this step's admissions while it decodes
         t2 = clock()
-        outcome = self._decode(plan.interruptible, _window_kind(plan), threads)
+        outcome = self._decode(plan.interruptible, kind, threads)
         t3 = clock()
         if outcome is not DecodeOutcome.OK:
             self._recover(outcome)
@@ -118,7 +118,8 @@ class EngineCore:
             self._apply(rows, sampled)
         t5 = clock()
         produced = len(rows) + self.tokens_forced - forced_before
-        self.profiles[kind].record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, produced)
+        profile = self.profiles["decode" if kind == "decode" else "mixed"]
+        profile.record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, produced)
         self.step_cost.record(plan.n_tokens, self.runner.n_outputs, t5 - t0, threads)
         return True
 
@@ -259,7 +260,7 @@ class EngineCore:
         )
 
 
-def _window_kind(plan: StepPlan) -> str:
-    """How the interrupt window tells steps apart: decode rows only, prompt chunks only, or both."""
+def _step_kind(plan: StepPlan) -> str:
+    """Decode rows only, prompt chunks only, or both (profiles put the last two together)."""
     decoding = [c.seq.is_decoding for c in plan.chunks]
     return "decode" if all(decoding) else "prompt" if not any(decoding) else "mixed"
