@@ -1,6 +1,7 @@
 """A llama_context with one unified KV cache shared by every sequence, and its memory ops."""
 from __future__ import annotations
 
+import ctypes
 import enum
 from dataclasses import dataclass
 
@@ -125,6 +126,24 @@ class Context:
     def sequence_state_bytes(self, seq_id: int) -> int:
         """Bytes llama.cpp needs to save the sequence's state: its KV cells and a small header."""
         return int(llama_cpp.llama_state_seq_get_size(self._handle, seq_id))
+
+    def export_sequence(self, seq_id: int) -> bytes:
+        """The sequence's KV cells (positions and contents), for `import_sequence` elsewhere."""
+        size = llama_cpp.llama_state_seq_get_size(self._handle, seq_id)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self._handle, buffer, size, seq_id)
+        if written == 0:
+            raise DecodeError(f"llama.cpp could not save sequence {seq_id}")
+        return ctypes.string_at(buffer, written)
+
+    def import_sequence(self, seq_id: int, data: bytes) -> bool:
+        """Replace the sequence's cells with exported ones (from a context with the same model and
+        cache settings); False if llama.cpp found no room for them, and the sequence then holds none."""
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if llama_cpp.llama_state_seq_set_data(self._handle, buffer, len(data), seq_id) == 0:
+            self.seq_rm(seq_id)
+            return False
+        return True
 
     def close(self) -> None:
         if self._handle is not None:

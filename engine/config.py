@@ -72,6 +72,11 @@ class EngineConfig:
     interactive_batch_rows: int | None = setting(
         None, "while interactive requests decode, batch tokens per step at most, on top of the target "
               "(rows rotate; 0: no cap)", zero_is_none=True)
+    # The step in flight ends with the output projection of its rows, which cannot be aborted;
+    # on one thread beside it, a short prompt's first token comes sooner than after it.
+    first_token_lane_tokens: int = setting(
+        32, "an interactive request that arrives while the engine is busy, with a prompt of at most this many "
+            "tokens, gets its first token from a small one-thread context beside the main one (0: off)")
     jump_forward: bool = setting(
         True, "where a JSON schema allows one continuation only, append its tokens unsampled")
 
@@ -94,6 +99,8 @@ class EngineConfig:
                              f"got {self.cache_holders} with max_running {self.max_running}")
         if not 0.0 <= self.interrupt_window <= 1.0:
             raise ValueError(f"interrupt_window must be between 0 and 1, got {self.interrupt_window}")
+        if not 0 <= self.first_token_lane_tokens <= self.n_ctx:
+            raise ValueError(f"first_token_lane_tokens must be between 0 and n_ctx, got {self.first_token_lane_tokens}")
         if not 0.0 <= self.cache_max_fraction <= 1.0:
             raise ValueError(f"cache_max_fraction must be between 0 and 1, got {self.cache_max_fraction}")
         if self.max_waiting < 1 or self.max_waiting_interactive < 1:

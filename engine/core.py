@@ -83,6 +83,19 @@ class EngineCore:
         if reason is not None:
             self.finish(seq, reason)
 
+    def adopt(self, seq: Sequence, cells: bytes | None, reason: FinishReason | None, error: str | None = None) -> None:
+        """Take over a sequence whose first token came from the first-token lane: its prompt's
+        cells are imported under a seq id of its own; without cells, or without room for them,
+        it computes them here like any new request."""
+        seq.added_at_step = self.steps_run
+        if seq.first_token_step is not None:
+            seq.first_token_step = self.steps_run  # served outside the steps: none passed
+        if reason is not None:
+            self.finish(seq, reason, error)
+            return
+        if cells is None or not self.scheduler.adopt(seq, lambda seq_id: self.runner.import_cells(seq_id, cells)):
+            self.add(seq)
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence as Seq
 from bindings import Model
 from engine.config import EngineConfig
 from engine.core import EngineCore
+from engine.first_token_lane import FirstTokenLane
 from engine.handle import LoopWaker, RequestHandle
 from engine.inbox import Inbox
 from engine.intake import Intake
@@ -40,6 +41,10 @@ class Engine:
             model.close()
             raise
         self._start(model, runner, config)
+        if config.first_token_lane_tokens and config.priority_scheduling:
+            self._lane = FirstTokenLane(model, config.first_token_lane_tokens, self.n_ctx, swa_full=config.prefix_cache,
+                                        flash_attn=config.flash_attn, hand_over=self._handed_over,
+                                        published=self._waker.flush)
 
     @classmethod
     def from_backend(cls, model: Any, runner: Any, config: EngineConfig, clock: Callable[[], float] = time.perf_counter) -> "Engine":
@@ -62,9 +67,10 @@ class Engine:
                                on_finished=lambda seq: self._inbox.finished(seq))
         bounds = {Priority.BATCH: config.max_waiting, Priority.INTERACTIVE: config.max_waiting_interactive}
         self._inbox = Inbox(bounds, self.core.scheduler.waiting_in)
-        waker = LoopWaker()
+        self._waker = waker = LoopWaker()
         self._intake = Intake(model, self.n_ctx, self._cancel, waker)
         self.vocabulary = self._intake.vocabulary
+        self._lane: FirstTokenLane | None = None
         self._loop = EngineLoop(self.core, self._inbox, waker)
 
     # ---- client API -------------------------------------------------------------------------
@@ -79,8 +85,16 @@ class Engine:
         """Queue several requests at once: all are accepted, or none is (same errors as submit).
         They reach the scheduler together, so they are admitted in the same step when they fit."""
         sequences = [self._intake.sequence(r, options) for r in requests]
-        self._inbox.submit(sequences)
-        if any(s.request.priority is Priority.INTERACTIVE for s in sequences):
+        to_lane = self._claim_lane(sequences)
+        try:
+            self._inbox.submit(sequences, to_lane=to_lane)
+        except BaseException:
+            if to_lane is not None:
+                self._lane.unclaim()  # type: ignore[union-attr]
+            raise
+        if to_lane is not None:
+            self._lane.start(to_lane)  # type: ignore[union-attr]
+        elif any(s.request.priority is Priority.INTERACTIVE for s in sequences):
             self.interrupt_window.arrival()
         self._loop.wake()
         return [s.handle for s in sequences]
@@ -128,6 +142,8 @@ class Engine:
     def close(self, drain_timeout: float = 0.0) -> None:
         """Drain, then stop the engine thread and free the context and the model (in that order)."""
         self._loop.drain(drain_timeout)
+        if self._lane is not None:
+            self._lane.close()  # what it holds is handed over, and answered by the loop's stop
         self._loop.stop()
         self.core.runner.close()
         self.model.close()
@@ -137,6 +153,18 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _claim_lane(self, sequences: list) -> Any:
+        """The one request the first-token lane takes, if any: a lone interactive request it can
+        serve, arriving while the engine is busy (an idle engine's own threads are faster)."""
+        lane = self._lane
+        if lane is None or len(sequences) != 1 or not lane.accepts(sequences[0]) or self._loop.is_idle():
+            return None
+        return sequences[0] if lane.claim() else None
+
+    def _handed_over(self, seq: Any, cells: bytes | None, reason: Any, error: str | None = None) -> None:
+        self._inbox.hand_over(seq, cells, reason, error)
+        self._loop.wake()
 
     def _cancel(self, request_id: str) -> None:
         self._inbox.cancel(request_id)

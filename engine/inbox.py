@@ -23,6 +23,16 @@ class Submit:
 
 
 @dataclass(frozen=True)
+class Adopt:
+    """A sequence back from the first-token lane (engine/first_token_lane.py)."""
+
+    sequence: Sequence
+    cells: bytes | None  # its prompt's KV cells; None: compute them here
+    reason: Any  # FinishReason if its first token ended it
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Cancel:
     request_id: str
 
@@ -41,7 +51,7 @@ class Call:
             self.future.set_exception(exc)
 
 
-Message = Union[Submit, Cancel, Call]
+Message = Union[Submit, Adopt, Cancel, Call]
 
 
 # ---- what the engine thread gets back from take() -------------------------------------------
@@ -59,11 +69,13 @@ class Inbox:
         self._cond = threading.Condition()
         self._messages: collections.deque[Message] = collections.deque()
         self._live: dict[str, Sequence] = {}
+        self._elsewhere: set[str] = set()  # live requests the first-token lane holds
         self._accepting = True
 
     # ---- client threads -----------------------------------------------------------------------
-    def submit(self, sequences: list[Sequence]) -> None:
-        """All are accepted, or none is."""
+    def submit(self, sequences: list[Sequence], to_lane: Sequence | None = None) -> None:
+        """All are accepted, or none is. `to_lane` (one of them) goes to the first-token lane
+        instead: it is live, and reaches the engine thread when the lane hands it over."""
         with self._cond:
             if not self._accepting:
                 raise EngineClosedError("the engine is shutting down")
@@ -77,7 +89,18 @@ class Inbox:
                     raise QueueFullError(f"the {tier.value} queue is full: {bound} requests are already waiting")
             for seq in sequences:
                 self._live[seq.request_id] = seq
-            self._messages.append(Submit(tuple(sequences)))
+            if to_lane is not None:
+                self._elsewhere.add(to_lane.request_id)
+            rest = tuple(s for s in sequences if s is not to_lane)
+            if rest:
+                self._messages.append(Submit(rest))
+
+    def hand_over(self, seq: Sequence, cells: bytes | None, reason: Any, error: str | None = None) -> None:
+        """The first-token lane is done with `seq` (its thread calls this)."""
+        with self._cond:
+            self._elsewhere.discard(seq.request_id)
+            # Ahead of everything queued: a cancel for it that waited must find it adopted.
+            self._messages.appendleft(Adopt(seq, cells, reason, error))
 
     def cancel(self, request_id: str) -> None:
         with self._cond:
@@ -103,11 +126,13 @@ class Inbox:
         return bool(self._messages)
 
     # ---- engine thread ------------------------------------------------------------------------
-    def take(self, admit: Callable[[Sequence], None]) -> list[CancelLive | Call]:
+    def take(self, admit: Callable[[Sequence], None]) -> list[CancelLive | Adopt | Call]:
         """Hand submitted sequences to `admit` (under the lock, so queue bounds never miss them
         in transit); return the rest in arrival order, cancellations resolved to their live
-        sequences (a cancel for a request already gone is dropped)."""
-        rest: list[CancelLive | Call] = []
+        sequences (a cancel for a request already gone is dropped; one for a request the lane
+        holds waits until the lane hands it over)."""
+        rest: list[CancelLive | Adopt | Call] = []
+        later: list[Message] = []
         with self._cond:
             while self._messages:
                 message = self._messages.popleft()
@@ -117,10 +142,13 @@ class Inbox:
                             admit(seq)
                 elif isinstance(message, Cancel):
                     seq = self._live.get(message.request_id)
-                    if seq is not None:
+                    if message.request_id in self._elsewhere:
+                        later.append(message)
+                    elif seq is not None:
                         rest.append(CancelLive(seq))
                 else:
                     rest.append(message)
+            self._messages.extend(later)
         return rest
 
     def finished(self, seq: Sequence) -> None:

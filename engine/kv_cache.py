@@ -12,7 +12,7 @@ are in llama.cpp's memory, and only the cache knows (after a lookup, a decode, a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from engine.kv_blocks import BlockLedger, CachedBlock, LedgerStats
 from engine.prefix_reuse import PrefixReuse
@@ -113,6 +113,30 @@ class KvCache:
         if reuse:
             self.reuse.observe(len(seq.tokens), seq.n_computed)
         self._weigh_idle()
+        return True
+
+    def adopt(self, seq: Sequence, import_cells: Callable[[int], bool]) -> bool:
+        """Give `seq` a seq id and blocks, and its prompt's cells through `import_cells(seq_id)`
+        (computed in another context: its own cells, nothing shared). False, with nothing changed,
+        if there is no room in the ledger or llama.cpp's memory."""
+        n_tokens = len(seq.tokens)
+        if not self._free_ids or not self.ledger.can_allocate(n_tokens, None):
+            return False
+        seq_id = self._free_ids.pop()
+        self.ledger.allocate(seq_id, n_tokens, None)
+        self._drop_evicted(self.ledger.pop_evicted())
+        if not import_cells(seq_id):
+            self.ledger.release(seq_id)
+            self._free_ids.append(seq_id)
+            return False
+        seq.seq_id = seq_id
+        seq.n_computed = 0
+        self._shared[seq_id] = 0
+        self._shared_blocks[seq_id] = ()
+        self._owners[seq_id] = seq
+        if seq.cached_tokens is None:
+            seq.cached_tokens = 0
+        self.computed(seq, seq.n_prompt)  # its prompt blocks join the prefix cache as if computed here
         return True
 
     def _weigh_idle(self) -> None:

@@ -11,7 +11,7 @@ import time
 
 from engine.core import EngineCore
 from engine.handle import LoopWaker
-from engine.inbox import CancelLive, Inbox
+from engine.inbox import Adopt, CancelLive, Inbox
 from engine.request import FinishReason
 from engine.sequence import Sequence
 
@@ -88,6 +88,10 @@ class EngineLoop:
             if isinstance(message, CancelLive):
                 if message.sequence.finish_reason is None:
                     self.core.finish(message.sequence, FinishReason.CANCELLED)
+            elif isinstance(message, Adopt):
+                self.core.adopt(message.sequence, message.cells, message.reason, message.error)
+                if message.sequence.deadline is not None and message.sequence.finish_reason is None:
+                    self._with_deadline.add(message.sequence)
             else:
                 message.run()
 

@@ -92,5 +92,9 @@ class ModelRunner:
         if self._layout is not None:
             prompt_scores.record(self.context.logits(self._n_outputs), self._layout)
 
+    def import_cells(self, seq_id: int, cells: bytes) -> bool:
+        """Give seq_id the KV cells another context exported (False: no room for them)."""
+        return self.context.import_sequence(seq_id, cells)
+
     def close(self) -> None:
         self.context.close()

@@ -18,6 +18,7 @@ import collections
 import itertools
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from engine.kv_cache import KvCache
 from engine.policy import FifoPolicy, SchedulingPolicy
@@ -77,6 +78,17 @@ class Scheduler:
         seq.state = SequenceState.WAITING
         seq.arrival_order = next(self._arrivals)
         self.waiting[seq.request.priority].append(seq)
+
+    def adopt(self, seq: Sequence, import_cells: Callable[[int], bool]) -> bool:
+        """Run a sequence whose prompt was computed elsewhere, if a slot and KV blocks are free
+        without making anyone give way (else False, and nothing changed)."""
+        if len(self.running) >= self.max_running or not self.kv.adopt(seq, import_cells):
+            return False
+        seq.arrival_order = next(self._arrivals)
+        seq.state = SequenceState.RUNNING
+        self.tiers[seq.request.priority].admitted += 1
+        self.running.append(seq)
+        return True
 
     def schedule(self) -> StepPlan:
         self._make_room_for_growth()

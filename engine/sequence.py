@@ -22,6 +22,7 @@ class SequenceState(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"  # prefilling or decoding: it feeds tokens[n_computed:] a chunk at a time
     SUSPENDED = "suspended"  # queued again but keeping its seq id and KV cells: resumes for free
+    ELSEWHERE = "elsewhere"  # its first token is computed outside the scheduler (engine/first_token_lane.py)
     FINISHED = "finished"
 
 
@@ -63,6 +64,7 @@ class Sequence:
         self.preemptions = 0  # times it gave up its KV cells (and recomputed them)
         self.suspensions = 0  # times it gave up its slot for an interactive request, keeping its KV
         self.forced_tokens = 0  # output tokens appended by jump-forward, unsampled
+        self.first_token_lane = False  # its first token came from engine/first_token_lane.py
         self.arrival_order = 0  # when the scheduler got it, relative to the others (FIFO)
         self.deadline = None if request.timeout is None else self.submitted_at + request.timeout
         self.added_at_step: int | None = None  # engine step count when the scheduler got it
@@ -141,6 +143,7 @@ class Sequence:
             suspensions=self.suspensions,
             forced_tokens=self.forced_tokens,
             inter_token_ms=tuple(ms(s) for s in self.token_intervals),
+            first_token_lane=self.first_token_lane,
         )
         assert self.finish_reason is not None
         return GenerationResult(

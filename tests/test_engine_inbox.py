@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine import EngineClosedError, InvalidParameterError, Priority, QueueFullError
-from engine.inbox import Call, Cancel, CancelLive, Inbox, Submit
+from engine.inbox import Adopt, Call, Cancel, CancelLive, Inbox, Submit
 
 
 def _seq(request_id: str, priority: Priority = Priority.BATCH) -> SimpleNamespace:
@@ -62,3 +62,17 @@ def test_refusals_change_nothing():
     with pytest.raises(EngineClosedError):
         inbox.submit([_seq("c", Priority.INTERACTIVE)])
     assert len(inbox._messages) == 1 and [s.request_id for s in inbox.live_sequences()] == ["a"]
+
+
+def test_a_request_in_the_first_token_lane_reaches_the_engine_when_handed_over_cancel_after_it():
+    inbox = _inbox()
+    a, b = _seq("a", Priority.INTERACTIVE), _seq("b")
+    inbox.submit([a], to_lane=a)
+    assert not inbox and [s.request_id for s in inbox.live_sequences()] == ["a"]
+    inbox.cancel("a")
+    admitted = []
+    assert inbox.take(admitted.append) == [] and inbox  # the cancel waits for the lane
+    inbox.submit([b])
+    inbox.hand_over(a, b"cells", None)
+    rest = inbox.take(admitted.append)
+    assert admitted == [b] and rest == [Adopt(a, b"cells", None), CancelLive(a)] and not inbox

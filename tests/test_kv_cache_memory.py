@@ -49,12 +49,16 @@ class KvCacheAgainstLlamaMemory(RuleBasedStateMachine):
         self.ctx = Context(self.model, ContextSettings(
             n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, n_seq_max=6, n_threads=2, swa_full=True))
         self.kv = KvCache(self.ctx, N_CTX, BLOCK, RUNNING, HOLDERS)
+        # Where the first-token lane computes a prompt before the cache adopts its cells.
+        self.side = Context(self.model, ContextSettings(
+            n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, n_seq_max=1, n_threads=1, swa_full=True))
         self.batch = TokenBatch(N_CTX)
         self.running: list[Seq] = []
 
     def teardown(self):
         if hasattr(self, "ctx"):
             self.ctx.close()
+            self.side.close()
 
     def _compute(self, seq: Seq) -> None:
         todo = seq.tokens[seq.n_computed:]
@@ -71,6 +75,21 @@ class KvCacheAgainstLlamaMemory(RuleBasedStateMachine):
         if self.kv.try_admit(seq):
             # Cached full blocks, then maybe cells borrowed from a running sequence's same tokens.
             assert seq.n_computed < len(seq.tokens)
+            self.running.append(seq)
+            self._compute(seq)
+
+    @rule(which=st.integers(0, 3), extra=st.integers(0, 20))
+    def adopt(self, which, extra):
+        """A prompt computed in another context, then adopted with its first token pending."""
+        seq = Seq(list(self.pool[which]) + list(range(300, 300 + extra)) + [777])
+        seq.n_prompt -= 1
+        self.batch.clear()
+        self.batch.add_run(np.asarray(seq.tokens[: seq.n_prompt], dtype=np.int32), 0, 0, True)
+        assert self.side.decode(self.batch) is DecodeOutcome.OK
+        cells = self.side.export_sequence(0)
+        self.side.seq_rm(0)
+        if self.kv.adopt(seq, lambda seq_id: self.ctx.import_sequence(seq_id, cells)):
+            assert seq.n_computed == seq.n_prompt and seq.cached_tokens == 0
             self.running.append(seq)
             self._compute(seq)
 

@@ -1,0 +1,116 @@
+"""The first-token lane: an interactive request arriving while the engine is busy gets its first
+token from a small context beside the main one, then decodes in the main one from imported cells."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from bindings import Context, ContextSettings, DecodeOutcome, Model, TokenBatch
+from engine import Engine
+
+pytestmark = pytest.mark.model
+
+QUESTION = "Question: What is the capital of France?\nAnswer:"
+
+
+@pytest.fixture(scope="module")
+def lane_engine(model_path):
+    with Engine(model_path, n_ctx=4096, max_running=16, n_threads=2, flash_attn=True,
+                first_token_lane_tokens=32) as eng:
+        yield eng
+
+
+def _flood(engine: Engine, n: int = 6, tokens: int = 96):
+    return engine.submit_many([f"Tell a long story about ship number {i}." for i in range(n)],
+                              max_tokens=tokens, ignore_eos=True)
+
+
+def _busy(engine: Engine) -> None:
+    while engine.stats().running == 0:
+        time.sleep(0.001)
+
+
+def _assert_nothing_held(engine: Engine) -> None:
+    stats = engine.stats()
+    assert stats.running == 0 and stats.kv.blocks_used == 0
+    assert engine.kv_cells_in_use() == stats.kv.blocks_cached * stats.kv.block_size
+
+
+def test_imported_cells_continue_like_cells_computed_in_place(model_path):
+    settings = dict(n_ctx=256, n_batch=64, n_ubatch=64, swa_full=True, flash_attn=1)
+    with Model(model_path) as model, \
+            Context(model, ContextSettings(n_seq_max=4, n_threads=2, n_threads_batch=2, **settings)) as main, \
+            Context(model, ContextSettings(n_seq_max=1, n_threads=1, n_threads_batch=1, **settings)) as side:
+        prompt = np.asarray(model.tokenize(QUESTION), dtype=np.int32)
+        batch = TokenBatch(64)
+
+        def decode(ctx: Context, seq_id: int, tokens: np.ndarray, start: int) -> np.ndarray:
+            batch.clear()
+            batch.add_run(tokens, start, seq_id, True)
+            assert ctx.decode(batch) is DecodeOutcome.OK
+            return np.array(ctx.logits(1)[0])
+
+        decode(side, 0, prompt, 0)
+        assert main.import_sequence(2, side.export_sequence(0))
+        assert (main.seq_pos_min(2), main.seq_pos_max(2)) == (0, len(prompt) - 1)
+        decode(main, 1, prompt, 0)  # the same prompt computed here, under another seq id
+        nxt = np.asarray([236743], dtype=np.int32)
+        imported, computed = decode(main, 2, nxt, len(prompt)), decode(main, 1, nxt, len(prompt))
+        assert imported.argmax() == computed.argmax()
+        assert np.abs(imported - computed).max() < 0.05 * np.abs(computed).max()
+
+
+def test_a_short_interactive_request_on_a_busy_engine_gets_its_first_token_from_the_lane(lane_engine):
+    alone = lane_engine.submit(QUESTION, max_tokens=8, priority="interactive").result()
+    assert not alone.metrics.first_token_lane  # an idle engine's own threads are faster
+    flood = _flood(lane_engine)
+    _busy(lane_engine)
+    busy = lane_engine.submit(QUESTION, max_tokens=8, priority="interactive").result()
+    assert busy.metrics.first_token_lane and busy.finish_reason.value == "length"
+    assert busy.metrics.ttft_steps == 0 and busy.metrics.cached_tokens == 0
+    # Greedy: the continuation from imported cells is the one computed in place.
+    assert busy.token_ids[:4] == alone.token_ids[:4] and len(busy.token_ids) == 8
+    assert all(h.result().finish_reason.value == "length" for h in flood)
+    _assert_nothing_held(lane_engine)
+
+
+def test_a_first_token_that_is_also_the_last_finishes_in_the_lane(lane_engine):
+    flood = _flood(lane_engine)
+    _busy(lane_engine)
+    result = lane_engine.submit(QUESTION, max_tokens=1, priority="interactive").result()
+    assert result.metrics.first_token_lane and len(result.token_ids) == 1 and result.finish_reason.value == "length"
+    for h in flood:
+        h.result()
+    _assert_nothing_held(lane_engine)
+
+
+def test_the_lane_takes_one_request_at_a_time_and_only_what_it_can_serve(lane_engine):
+    flood = _flood(lane_engine)
+    _busy(lane_engine)
+    first = lane_engine.submit(QUESTION, max_tokens=6, priority="interactive", seed=1, temperature=0.8)
+    second = lane_engine.submit(QUESTION, max_tokens=6, priority="interactive", seed=2, temperature=0.8)
+    batch = lane_engine.submit(QUESTION, max_tokens=6, priority="batch")
+    long_prompt = lane_engine.submit(QUESTION * 6, max_tokens=6, priority="interactive")
+    logprobs = lane_engine.submit(QUESTION, max_tokens=6, priority="interactive", logprobs=2)
+    results = [h.result() for h in (first, second, batch, long_prompt, logprobs)]
+    assert [r.metrics.first_token_lane for r in results] == [True, False, False, False, False]
+    assert all(len(r.token_ids) == 6 for r in results) and len(results[-1].logprobs) == 6
+    for h in flood:
+        h.result()
+    _assert_nothing_held(lane_engine)
+
+
+def test_a_cancel_while_in_the_lane_is_answered_once_the_lane_hands_it_over(lane_engine):
+    flood = _flood(lane_engine)
+    _busy(lane_engine)
+    handle = lane_engine.submit(QUESTION, max_tokens=200, priority="interactive", ignore_eos=True)
+    handle.cancel()  # it is still in the lane (a prompt step there takes tens of ms)
+    result = handle.result(timeout=30)
+    assert result.finish_reason.value == "cancelled" and result.metrics.first_token_lane
+    for h in flood:
+        h.cancel()
+    for h in flood:
+        h.result(timeout=30)
+    _assert_nothing_held(lane_engine)
