@@ -70,6 +70,7 @@ class EngineCore:
         self.profiles = {"decode": StepProfile(), "mixed": StepProfile()}
         self.steps_run = 0  # llama_decode calls, interrupted ones included
         self.steps_interrupted = 0
+        self.first_token_lane = 0  # sequences adopted with their first token from the lane
         self._finished = {p: 0 for p in Priority}
         self._watch = watch or _Unwatched()
         self._on_finished = on_finished
@@ -90,6 +91,7 @@ class EngineCore:
         seq.added_at_step = self.steps_run
         if seq.first_token_step is not None:
             seq.first_token_step = self.steps_run  # served outside the steps: none passed
+        self.first_token_lane += seq.first_token_lane
         if reason is not None:
             self.finish(seq, reason, error)
             return
@@ -270,6 +272,7 @@ class EngineCore:
             latency_bounded_steps=scheduler.policy.bounded_steps,
             batch_rows_granted=scheduler.policy.batch_rows_granted,
             latency_calibration=scheduler.policy.calibration,
+            first_token_lane=self.first_token_lane,
         )
 
 

@@ -80,9 +80,15 @@ class Scheduler:
         self.waiting[seq.request.priority].append(seq)
 
     def adopt(self, seq: Sequence, import_cells: Callable[[int], bool]) -> bool:
-        """Run a sequence whose prompt was computed elsewhere, if a slot and KV blocks are free
-        without making anyone give way (else False, and nothing changed)."""
-        if len(self.running) >= self.max_running or not self.kv.adopt(seq, import_cells):
+        """Run a sequence whose prompt was computed elsewhere. A full set of slots makes room as
+        for an admission (the policy's victim is suspended); False if there is no slot or no KV
+        room for its cells (it then computes its prompt here, and would need the slot anyway)."""
+        if len(self.running) >= self.max_running:
+            victim = self.policy.slot_victim(self, seq)
+            if victim is None:
+                return False
+            self.suspend(victim)
+        if not self.kv.adopt(seq, import_cells):
             return False
         seq.arrival_order = next(self._arrivals)
         seq.state = SequenceState.RUNNING

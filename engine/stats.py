@@ -37,6 +37,7 @@ class EngineStats:
     latency_bounded_steps: int = 0  # steps whose batch rows the target chose
     batch_rows_granted: int = 0  # batch rows those steps carried
     latency_calibration: float | None = None  # the plan's interval / predicted step seconds (p95)
+    first_token_lane: int = 0  # requests whose first token the first-token lane gave (counted when handed back)
 
 
 PHASES = ("schedule", "build_batch", "decode", "sample", "postprocess")

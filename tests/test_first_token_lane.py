@@ -65,11 +65,13 @@ def test_imported_cells_continue_like_cells_computed_in_place(model_path):
 def test_a_short_interactive_request_on_a_busy_engine_gets_its_first_token_from_the_lane(lane_engine):
     alone = lane_engine.submit(QUESTION, max_tokens=8, priority="interactive").result()
     assert not alone.metrics.first_token_lane  # an idle engine's own threads are faster
+    served = lane_engine.stats().first_token_lane
     flood = _flood(lane_engine)
     _busy(lane_engine)
     busy = lane_engine.submit(QUESTION, max_tokens=8, priority="interactive").result()
     assert busy.metrics.first_token_lane and busy.finish_reason.value == "length"
     assert busy.metrics.ttft_steps == 0 and busy.metrics.cached_tokens == 0
+    assert lane_engine.stats().first_token_lane == served + 1
     # Greedy: the continuation from imported cells is the one computed in place.
     assert busy.token_ids[:4] == alone.token_ids[:4] and len(busy.token_ids) == 8
     assert all(h.result().finish_reason.value == "length" for h in flood)
@@ -114,3 +116,25 @@ def test_a_cancel_while_in_the_lane_is_answered_once_the_lane_hands_it_over(lane
     for h in flood:
         h.result(timeout=30)
     _assert_nothing_held(lane_engine)
+
+
+def test_a_chat_streamed_through_the_openai_sdk_beside_batch_work_takes_the_lane(live, openai_client, http):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from tests.server_fixtures import metric, scrape
+
+    before = metric(scrape(http), "cobatch_first_token_lane_requests_total")
+    body = {"max_tokens": 48, "ignore_eos": True, "priority": "batch"}
+    with ThreadPoolExecutor(4) as pool:
+        flood = [pool.submit(httpx.post, f"{live.url}/generate", json={"prompt": f"Story {i}:", **body}, timeout=120)
+                 for i in range(4)]
+        _busy(live.engine)
+        stream = openai_client.chat.completions.create(
+            model=openai_client.models.list().data[0].id, messages=[{"role": "user", "content": "Capital of France?"}],
+            max_tokens=6, stream=True, extra_body={"priority": "interactive"})
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+        assert all(f.result().status_code == 200 for f in flood)
+    assert text
+    assert metric(scrape(http), "cobatch_first_token_lane_requests_total") == before + 1

@@ -21,11 +21,13 @@ def wait_until(predicate, timeout=60.0):
         time.sleep(0.01)
 
 
-# flash attention on is what `cobatch serve` runs with; off is the Engine's default
-@pytest.mark.parametrize("flash_attn", [False, True], ids=["flash-attn-off", "flash-attn-on"])
-def test_interactive_first_token_within_two_steps_under_a_batch_flood(model_path, flash_attn):
+# flash attention on is what `cobatch serve` runs with; off is the Engine's default. Without the
+# first-token lane the scheduler serves the arrival within two steps; with it, no step passes.
+@pytest.mark.parametrize("flash_attn,lane", [(False, 0), (True, 0), (True, 32)],
+                         ids=["flash-attn-off", "flash-attn-on", "first-token-lane"])
+def test_interactive_first_token_within_two_steps_under_a_batch_flood(model_path, flash_attn, lane):
     with Engine(model_path, n_ctx=2048, max_running=4, step_token_budget=64, prefix_cache=True,
-                flash_attn=flash_attn) as engine:
+                flash_attn=flash_attn, first_token_lane_tokens=lane) as engine:
         batch = engine.submit_many(
             [f"Write a long story about lighthouse keeper number {i}." for i in range(6)],
             max_tokens=BATCH_TOKENS, ignore_eos=True, temperature=0.7, seed=1234,
@@ -39,7 +41,8 @@ def test_interactive_first_token_within_two_steps_under_a_batch_flood(model_path
             time.sleep(0.2)
         for result in answers:
             assert result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
-            assert 1 <= result.metrics.ttft_steps <= 2, result.metrics
+            assert result.metrics.first_token_lane is bool(lane)
+            assert (result.metrics.ttft_steps == 0) if lane else (1 <= result.metrics.ttft_steps <= 2), result.metrics
         stats = engine.stats()
         assert stats.tiers["batch"].suspensions >= 1  # slots were full: batch made room
         assert stats.tiers["interactive"].finished == 3
