@@ -156,9 +156,11 @@ class Engine:
 
     def _claim_lane(self, sequences: list) -> Any:
         """The one request the first-token lane takes, if any: a lone interactive request it can
-        serve, arriving while the engine is busy (an idle engine's own threads are faster)."""
+        serve, arriving while the engine is busy, unless the step in flight is prompt chunks the
+        arrival aborts at once (an idle engine's own threads are faster than the lane's one)."""
         lane = self._lane
-        if lane is None or len(sequences) != 1 or not lane.accepts(sequences[0]) or self._loop.is_idle():
+        if lane is None or len(sequences) != 1 or not lane.accepts(sequences[0]) or self._loop.is_idle() \
+                or self.interrupt_window.prompt_step_abortable():
             return None
         return sequences[0] if lane.claim() else None
 

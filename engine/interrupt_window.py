@@ -69,15 +69,23 @@ class InterruptWindow:
                 typical = self.typical_steps.get(self._kind)
                 self.typical_steps[self._kind] = took if typical is None else 0.8 * typical + 0.2 * took
 
+    def prompt_step_abortable(self) -> bool:
+        """A step of prompt chunks alone is in flight and `arrival` would abort it: the abort lands
+        at once, and the engine's own threads then compute the arrival's prompt fastest."""
+        with self._lock:
+            return self._open and self._kind[0] == "prompt" and self._young()
+
     def arrival(self) -> bool:
         """An interactive request was queued; True if the step in flight was told to abort."""
         with self._lock:
-            typical = self.typical_steps.get(self._kind)
-            fraction = max(self._fraction, _PROMPT_ONLY_FRACTION) if self._kind[0] == "prompt" else self._fraction
-            young = typical is None or self._clock() - self._started <= fraction * typical
-            if self._open and young:
+            if self._open and self._young():
                 self._interrupter.interrupt()
                 self._open = False
                 return True
             self._arrived_between |= not self._in_flight
             return False
+
+    def _young(self) -> bool:
+        typical = self.typical_steps.get(self._kind)
+        fraction = max(self._fraction, _PROMPT_ONLY_FRACTION) if self._kind[0] == "prompt" else self._fraction
+        return typical is None or self._clock() - self._started <= fraction * typical

@@ -416,3 +416,24 @@ def test_latency_target_floor_also_feeds_batch_prompts():
     for _ in range(16):
         c.core.step()
     assert 0 < batch.n_computed < 200  # its prompt moves, a share at a time, while the chat goes on
+
+
+def test_only_an_abortable_prompt_only_step_keeps_an_arrival_from_the_first_token_lane():
+    interrupter, now = FakeInterrupter(), [0.0]
+    window = InterruptWindow(interrupter, fraction=0.5, clock=lambda: now[0])
+    for kind in ("prompt", "decode"):
+        window.begin(interruptible=True, kind=kind)
+        now[0] += 0.5
+        window.end(completed=True)
+    window.begin(interruptible=True, kind="decode")
+    now[0] += 0.1
+    assert not window.prompt_step_abortable()  # a decode step ends in a part no abort reaches
+    window.end(completed=True)
+    window.begin(interruptible=True, kind="prompt")
+    now[0] += 0.4
+    assert window.prompt_step_abortable() and not interrupter.interrupted  # asking aborts nothing
+    now[0] += 0.06
+    assert not window.prompt_step_abortable()  # past 0.9 of a typical one: the lane is sooner
+    window.end(completed=True)
+    window.begin(interruptible=False, kind="prompt")  # an interactive prompt's own step
+    assert not window.prompt_step_abortable()

@@ -27,8 +27,10 @@ def _flood(engine: Engine, n: int = 6, tokens: int = 96):
                               max_tokens=tokens, ignore_eos=True)
 
 
-def _busy(engine: Engine) -> None:
-    while engine.stats().running == 0:
+def _decoding(handles) -> None:
+    """Until every handle has streamed text: the engine runs decode steps, not prompt-only ones
+    (an arrival aborts those and is computed by the engine's own threads)."""
+    while not all(h.streamed_text() for h in handles):
         time.sleep(0.001)
 
 
@@ -67,7 +69,7 @@ def test_a_short_interactive_request_on_a_busy_engine_gets_its_first_token_from_
     assert not alone.metrics.first_token_lane  # an idle engine's own threads are faster
     served = lane_engine.stats().first_token_lane
     flood = _flood(lane_engine)
-    _busy(lane_engine)
+    _decoding(flood)
     busy = lane_engine.submit(QUESTION, max_tokens=8, priority="interactive").result()
     assert busy.metrics.first_token_lane and busy.finish_reason.value == "length"
     assert busy.metrics.ttft_steps == 0 and busy.metrics.cached_tokens == 0
@@ -80,7 +82,7 @@ def test_a_short_interactive_request_on_a_busy_engine_gets_its_first_token_from_
 
 def test_a_first_token_that_is_also_the_last_finishes_in_the_lane(lane_engine):
     flood = _flood(lane_engine)
-    _busy(lane_engine)
+    _decoding(flood)
     result = lane_engine.submit(QUESTION, max_tokens=1, priority="interactive").result()
     assert result.metrics.first_token_lane and len(result.token_ids) == 1 and result.finish_reason.value == "length"
     for h in flood:
@@ -90,7 +92,7 @@ def test_a_first_token_that_is_also_the_last_finishes_in_the_lane(lane_engine):
 
 def test_the_lane_takes_one_request_at_a_time_and_only_what_it_can_serve(lane_engine):
     flood = _flood(lane_engine)
-    _busy(lane_engine)
+    _decoding(flood)
     first = lane_engine.submit(QUESTION, max_tokens=6, priority="interactive", seed=1, temperature=0.8)
     second = lane_engine.submit(QUESTION, max_tokens=6, priority="interactive", seed=2, temperature=0.8)
     batch = lane_engine.submit(QUESTION, max_tokens=6, priority="batch")
@@ -106,7 +108,7 @@ def test_the_lane_takes_one_request_at_a_time_and_only_what_it_can_serve(lane_en
 
 def test_a_cancel_while_in_the_lane_is_answered_once_the_lane_hands_it_over(lane_engine):
     flood = _flood(lane_engine)
-    _busy(lane_engine)
+    _decoding(flood)
     handle = lane_engine.submit(QUESTION, max_tokens=200, priority="interactive", ignore_eos=True)
     handle.cancel()  # it is still in the lane (a prompt step there takes tens of ms)
     result = handle.result(timeout=30)
@@ -130,7 +132,9 @@ def test_a_chat_streamed_through_the_openai_sdk_beside_batch_work_takes_the_lane
     with ThreadPoolExecutor(4) as pool:
         flood = [pool.submit(httpx.post, f"{live.url}/generate", json={"prompt": f"Story {i}:", **body}, timeout=120)
                  for i in range(4)]
-        _busy(live.engine)
+        while live.engine.stats().running < 4:
+            time.sleep(0.001)
+        time.sleep(0.5)  # their prompts take a step; then 48 tokens of decode steps
         stream = openai_client.chat.completions.create(
             model=openai_client.models.list().data[0].id, messages=[{"role": "user", "content": "Capital of France?"}],
             max_tokens=6, stream=True, extra_body={"priority": "interactive"})
