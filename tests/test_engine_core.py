@@ -190,13 +190,19 @@ def test_interrupt_window_judges_a_step_against_typical_steps_at_its_thread_coun
     window.end(completed=False)
 
 
-def test_interrupt_window_lets_an_arrival_abort_a_prompt_only_step_until_near_its_end():
+def _window_with_typical_steps(*kinds: str):
+    """An interrupt window that has seen one 0.5 s step of each kind."""
     interrupter, now = FakeInterrupter(), [0.0]
     window = InterruptWindow(interrupter, fraction=0.5, clock=lambda: now[0])
-    for kind in ("prompt", "mixed"):
+    for kind in kinds:
         window.begin(interruptible=True, kind=kind)
         now[0] += 0.5
         window.end(completed=True)
+    return interrupter, now, window
+
+
+def test_interrupt_window_lets_an_arrival_abort_a_prompt_only_step_until_near_its_end():
+    interrupter, now, window = _window_with_typical_steps("prompt", "mixed")
     window.begin(interruptible=True, kind="mixed")
     now[0] += 0.4  # decode rows in it: its end is the rows' output projection, which cannot be aborted
     assert not window.arrival()
@@ -419,12 +425,7 @@ def test_latency_target_floor_also_feeds_batch_prompts():
 
 
 def test_only_an_abortable_prompt_only_step_keeps_an_arrival_from_the_first_token_lane():
-    interrupter, now = FakeInterrupter(), [0.0]
-    window = InterruptWindow(interrupter, fraction=0.5, clock=lambda: now[0])
-    for kind in ("prompt", "decode"):
-        window.begin(interruptible=True, kind=kind)
-        now[0] += 0.5
-        window.end(completed=True)
+    interrupter, now, window = _window_with_typical_steps("prompt", "decode")
     window.begin(interruptible=True, kind="decode")
     now[0] += 0.1
     assert not window.prompt_step_abortable()  # a decode step ends in a part no abort reaches

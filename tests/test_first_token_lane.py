@@ -2,6 +2,7 @@
 token from a small context beside the main one, then decodes in the main one from imported cells."""
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -40,6 +41,17 @@ def _assert_nothing_held(engine: Engine) -> None:
     assert engine.kv_cells_in_use() == stats.kv.blocks_cached * stats.kv.block_size
 
 
+@contextlib.contextmanager
+def _beside_a_flood(engine: Engine):
+    """Batch work decoding while the body runs; after it, the flood finishes and nothing is held."""
+    flood = _flood(engine)
+    _decoding(flood)
+    yield flood
+    for h in flood:
+        assert h.result(timeout=60).finish_reason.value in ("length", "cancelled")
+    _assert_nothing_held(engine)
+
+
 def test_imported_cells_continue_like_cells_computed_in_place(model_path):
     settings = dict(n_ctx=256, n_batch=64, n_ubatch=64, swa_full=True, flash_attn=1)
     with Model(model_path) as model, \
@@ -68,56 +80,41 @@ def test_a_short_interactive_request_on_a_busy_engine_gets_its_first_token_from_
     alone = lane_engine.submit(QUESTION, max_tokens=8, priority="interactive").result()
     assert not alone.metrics.first_token_lane  # an idle engine's own threads are faster
     served = lane_engine.stats().first_token_lane
-    flood = _flood(lane_engine)
-    _decoding(flood)
-    busy = lane_engine.submit(QUESTION, max_tokens=8, priority="interactive").result()
+    with _beside_a_flood(lane_engine):
+        busy = lane_engine.submit(QUESTION, max_tokens=8, priority="interactive").result()
     assert busy.metrics.first_token_lane and busy.finish_reason.value == "length"
     assert busy.metrics.ttft_steps == 0 and busy.metrics.cached_tokens == 0
     assert lane_engine.stats().first_token_lane == served + 1
     # Greedy: the continuation from imported cells is the one computed in place.
     assert busy.token_ids[:4] == alone.token_ids[:4] and len(busy.token_ids) == 8
-    assert all(h.result().finish_reason.value == "length" for h in flood)
-    _assert_nothing_held(lane_engine)
 
 
 def test_a_first_token_that_is_also_the_last_finishes_in_the_lane(lane_engine):
-    flood = _flood(lane_engine)
-    _decoding(flood)
-    result = lane_engine.submit(QUESTION, max_tokens=1, priority="interactive").result()
+    with _beside_a_flood(lane_engine):
+        result = lane_engine.submit(QUESTION, max_tokens=1, priority="interactive").result()
     assert result.metrics.first_token_lane and len(result.token_ids) == 1 and result.finish_reason.value == "length"
-    for h in flood:
-        h.result()
-    _assert_nothing_held(lane_engine)
 
 
 def test_the_lane_takes_one_request_at_a_time_and_only_what_it_can_serve(lane_engine):
-    flood = _flood(lane_engine)
-    _decoding(flood)
-    first = lane_engine.submit(QUESTION, max_tokens=6, priority="interactive", seed=1, temperature=0.8)
-    second = lane_engine.submit(QUESTION, max_tokens=6, priority="interactive", seed=2, temperature=0.8)
-    batch = lane_engine.submit(QUESTION, max_tokens=6, priority="batch")
-    long_prompt = lane_engine.submit(QUESTION * 6, max_tokens=6, priority="interactive")
-    logprobs = lane_engine.submit(QUESTION, max_tokens=6, priority="interactive", logprobs=2)
-    results = [h.result() for h in (first, second, batch, long_prompt, logprobs)]
+    with _beside_a_flood(lane_engine):
+        first = lane_engine.submit(QUESTION, max_tokens=6, priority="interactive", seed=1, temperature=0.8)
+        second = lane_engine.submit(QUESTION, max_tokens=6, priority="interactive", seed=2, temperature=0.8)
+        batch = lane_engine.submit(QUESTION, max_tokens=6, priority="batch")
+        long_prompt = lane_engine.submit(QUESTION * 6, max_tokens=6, priority="interactive")
+        logprobs = lane_engine.submit(QUESTION, max_tokens=6, priority="interactive", logprobs=2)
+        results = [h.result() for h in (first, second, batch, long_prompt, logprobs)]
     assert [r.metrics.first_token_lane for r in results] == [True, False, False, False, False]
     assert all(len(r.token_ids) == 6 for r in results) and len(results[-1].logprobs) == 6
-    for h in flood:
-        h.result()
-    _assert_nothing_held(lane_engine)
 
 
 def test_a_cancel_while_in_the_lane_is_answered_once_the_lane_hands_it_over(lane_engine):
-    flood = _flood(lane_engine)
-    _decoding(flood)
-    handle = lane_engine.submit(QUESTION, max_tokens=200, priority="interactive", ignore_eos=True)
-    handle.cancel()  # it is still in the lane (a prompt step there takes tens of ms)
-    result = handle.result(timeout=30)
+    with _beside_a_flood(lane_engine) as flood:
+        handle = lane_engine.submit(QUESTION, max_tokens=200, priority="interactive", ignore_eos=True)
+        handle.cancel()  # it is still in the lane (a prompt step there takes tens of ms)
+        result = handle.result(timeout=30)
+        for h in flood:
+            h.cancel()
     assert result.finish_reason.value == "cancelled" and result.metrics.first_token_lane
-    for h in flood:
-        h.cancel()
-    for h in flood:
-        h.result(timeout=30)
-    _assert_nothing_held(lane_engine)
 
 
 def test_a_chat_streamed_through_the_openai_sdk_beside_batch_work_takes_the_lane(live, openai_client, http):
