@@ -15,8 +15,9 @@ from engine.intake import Intake
 from engine.interrupt_window import InterruptWindow
 from engine.loop import EngineLoop
 from engine.model_source import resolve_model
-from engine.request import GenerationResult, Priority, Request
+from engine.request import FinishReason, GenerationResult, Priority, Request
 from engine.runner import ModelRunner
+from engine.sequence import Sequence
 from engine.stats import EngineStats, StepProfile
 
 
@@ -154,7 +155,7 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _claim_lane(self, sequences: list) -> Any:
+    def _claim_lane(self, sequences: list[Sequence]) -> Sequence | None:
         """The one request the first-token lane takes, if any: a lone interactive request it can
         serve, arriving while the engine is busy, unless the step in flight is prompt chunks the
         arrival aborts at once (an idle engine's own threads are faster than the lane's one)."""
@@ -164,7 +165,8 @@ class Engine:
             return None
         return sequences[0] if lane.claim() else None
 
-    def _handed_over(self, seq: Any, cells: bytes | None, reason: Any, error: str | None = None) -> None:
+    def _handed_over(self, seq: Sequence, cells: bytes | None, reason: FinishReason | None,
+                     error: str | None = None) -> None:
         self._inbox.hand_over(seq, cells, reason, error)
         self._loop.wake()
 

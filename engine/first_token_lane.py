@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -59,7 +59,6 @@ class FirstTokenLane:
         self._claimed = False  # a client thread has reserved the lane for one request
         self._next: Sequence | None = None
         self._closing = False
-        self.first_tokens = 0  # requests whose first token came from the lane
         self._thread = threading.Thread(target=self._run, name="cobatch-first-token", daemon=True)
         self._thread.start()
 
@@ -132,5 +131,4 @@ class FirstTokenLane:
         self._published()
         cells = None if reason is not None else self._context.export_sequence(_LANE_SEQ)
         self._context.seq_rm(_LANE_SEQ)
-        self.first_tokens += 1
         self._hand_over(seq, cells, reason)
