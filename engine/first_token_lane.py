@@ -77,11 +77,6 @@ class FirstTokenLane:
             self._claimed = True
             return True
 
-    @property
-    def busy(self) -> bool:
-        """A request is reserved for it or in its hands."""
-        return self._claimed
-
     def unclaim(self) -> None:
         with self._lock:
             self._claimed = False

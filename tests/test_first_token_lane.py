@@ -139,17 +139,3 @@ def test_a_chat_streamed_through_the_openai_sdk_beside_batch_work_takes_the_lane
         assert all(f.result().status_code == 200 for f in flood)
     assert text
     assert metric(scrape(http), "cobatch_first_token_lane_requests_total") == before + 1
-
-
-def test_a_chat_during_a_long_prefill_aborts_its_chunk_and_takes_the_lane(lane_engine):
-    before = lane_engine.stats()
-    long_prompt = lane_engine.submit(list(range(1000, 4000)), max_tokens=1)
-    while lane_engine.stats().tokens_prefilled == before.tokens_prefilled:
-        time.sleep(0.001)
-    chat = lane_engine.submit(QUESTION, max_tokens=4, priority="interactive").result()
-    assert chat.metrics.first_token_lane and len(chat.token_ids) == 4
-    after = lane_engine.stats()
-    # The chunk in flight was aborted and redone after (unless the chat came between two steps).
-    assert after.steps_interrupted - before.steps_interrupted in (0, 1)
-    assert long_prompt.result().finish_reason.value == "length"
-    _assert_nothing_held(lane_engine)
