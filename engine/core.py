@@ -89,7 +89,7 @@ class EngineCore:
         cells are imported under a seq id of its own; without cells, or without room for them,
         it computes them here like any new request."""
         seq.added_at_step = self.steps_run
-        if seq.first_token_step is not None:
+        if seq.first_token_lane:
             seq.first_token_step = self.steps_run  # served outside the steps: none passed
         self.first_token_lane += seq.first_token_lane
         if reason is not None:
@@ -141,10 +141,12 @@ class EngineCore:
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         flush_text(seq)
         seq.finish_reason = reason
-        self.scheduler.finish(seq)
-        self._finished[seq.request.priority] += 1
-        self._on_finished(seq)
-        seq.handle.publish_result(seq.result(error))
+        try:
+            self.scheduler.finish(seq)
+        finally:  # a bookkeeping bug fails the step, but the client still gets its answer
+            self._finished[seq.request.priority] += 1
+            self._on_finished(seq)
+            seq.handle.publish_result(seq.result(error))
 
     def fail_running(self, exc: Exception) -> None:
         message = f"engine step failed: {type(exc).__name__}: {exc}"

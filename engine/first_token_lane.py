@@ -125,8 +125,7 @@ class FirstTokenLane:
             return
         sampled = sample_rows(self._sampler, self._context.logits(1), [seq], self._n_ctx)
         token = sampled.tokens[0]
-        seq.token_delivered(time.perf_counter(), step=-1)
-        seq.first_token_lane = True
+        seq.first_token_from_lane(time.perf_counter())
         reason = append_token(seq, token, self._eog, self._n_ctx)
         self._published()
         cells = None if reason is not None else self._context.export_sequence(_LANE_SEQ)

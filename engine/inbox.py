@@ -141,10 +141,9 @@ class Inbox:
                         if seq.finish_reason is None:
                             admit(seq)
                 elif isinstance(message, Cancel):
-                    seq = self._live.get(message.request_id)
                     if message.request_id in self._elsewhere:
                         later.append(message)
-                    elif seq is not None:
+                    elif (seq := self._live.get(message.request_id)) is not None:
                         rest.append(CancelLive(seq))
                 else:
                     rest.append(message)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from engine.kv_blocks import BlockLedger, CachedBlock, LedgerStats
+from engine.kv_blocks import BlockLedger, CachedBlock, LedgerStats, PrefixMatch
 from engine.prefix_reuse import PrefixReuse
 from engine.sequence import Sequence
 
@@ -96,18 +96,13 @@ class KvCache:
         match = self.ledger.lookup(seq.tokens) if reuse else None
         if not self.ledger.can_allocate(n_tokens, match):
             return False
-        seq_id = self._free_ids.pop()
-        self.ledger.allocate(seq_id, n_tokens, match)
-        self._drop_evicted(self.ledger.pop_evicted())
+        seq_id = self._allocate(n_tokens, match)
         if match is not None and match.blocks:
             self._share(match.holders, seq_id)
-        seq.seq_id = seq_id
-        seq.n_computed = match.n_tokens if match is not None else 0
-        self._shared[seq_id] = seq.n_computed
-        self._shared_blocks[seq_id] = match.blocks if match is not None else ()
+        shared = match.n_tokens if match is not None else 0
+        self._register(seq, seq_id, shared, match.blocks if match is not None else ())
         if reuse:
             seq.n_computed += self._borrow(seq)
-        self._owners[seq_id] = seq
         if seq.cached_tokens is None:
             seq.cached_tokens = seq.n_computed
         if reuse:
@@ -122,22 +117,31 @@ class KvCache:
         n_tokens = len(seq.tokens)
         if not self._free_ids or not self.ledger.can_allocate(n_tokens, None):
             return False
-        seq_id = self._free_ids.pop()
-        self.ledger.allocate(seq_id, n_tokens, None)
-        self._drop_evicted(self.ledger.pop_evicted())
+        seq_id = self._allocate(n_tokens, None)
         if not import_cells(seq_id):
             self.ledger.release(seq_id)
             self._free_ids.append(seq_id)
             return False
-        seq.seq_id = seq_id
-        seq.n_computed = 0
-        self._shared[seq_id] = 0
-        self._shared_blocks[seq_id] = ()
-        self._owners[seq_id] = seq
+        self._register(seq, seq_id, 0, ())
         if seq.cached_tokens is None:
             seq.cached_tokens = 0
         self.computed(seq, seq.n_prompt)  # its prompt blocks join the prefix cache as if computed here
         return True
+
+    def _allocate(self, n_tokens: int, match: PrefixMatch | None) -> int:
+        """A seq id and blocks for n_tokens (the caller checked there is room)."""
+        seq_id = self._free_ids.pop()
+        self.ledger.allocate(seq_id, n_tokens, match)
+        self._drop_evicted(self.ledger.pop_evicted())
+        return seq_id
+
+    def _register(self, seq: Sequence, seq_id: int, shared_tokens: int, shared_blocks: tuple[int, ...]) -> None:
+        """seq owns seq_id; its first shared_tokens are in holders' cells (shared_blocks)."""
+        seq.seq_id = seq_id
+        seq.n_computed = shared_tokens
+        self._shared[seq_id] = shared_tokens
+        self._shared_blocks[seq_id] = shared_blocks
+        self._owners[seq_id] = seq
 
     def _weigh_idle(self) -> None:
         """Drop every idle cached block if the prompt tokens still to prefill would pay more for

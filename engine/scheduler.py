@@ -81,19 +81,20 @@ class Scheduler:
 
     def adopt(self, seq: Sequence, import_cells: Callable[[int], bool]) -> bool:
         """Run a sequence whose prompt was computed elsewhere. A full set of slots makes room as
-        for an admission (the policy's victim is suspended); False if there is no slot or no KV
-        room for its cells (it then computes its prompt here, and would need the slot anyway)."""
+        for an admission (the policy's victim is suspended); False, with nothing changed, if there
+        is no slot or no KV room for its cells (it then computes its prompt here, and would need
+        the slot anyway)."""
+        victim = None
         if len(self.running) >= self.max_running:
             victim = self.policy.slot_victim(self, seq)
             if victim is None:
                 return False
-            self.suspend(victim)
         if not self.kv.adopt(seq, import_cells):
             return False
+        if victim is not None:
+            self.suspend(victim)
         seq.arrival_order = next(self._arrivals)
-        seq.state = SequenceState.RUNNING
-        self.tiers[seq.request.priority].admitted += 1
-        self.running.append(seq)
+        self._start_running(seq)
         return True
 
     def schedule(self) -> StepPlan:
@@ -196,7 +197,7 @@ class Scheduler:
                     return False
                 self.suspend(victim)  # a slot is all it needs: the victim keeps its KV
                 continue
-            if seq.state is SequenceState.SUSPENDED or self.kv.try_admit(seq):
+            if self._kv_room_for(seq):
                 break
             # KV blocks (or seq ids) are short: suspended sequences give theirs up first.
             if self.policy.may_release_suspended_for(seq) and self._release_suspended():
@@ -206,12 +207,23 @@ class Scheduler:
                 return False
             self.preempt(victim)
         self.waiting[seq.request.priority].remove(seq)
+        self._start_running(seq)
+        return True
+
+    def _kv_room_for(self, seq: Sequence) -> bool:
+        """Blocks for all of seq's tokens: a suspended sequence keeps its own, but may have been
+        suspended after the step that gave it its last token (a sequence adopted between steps
+        takes its slot), so they may lack the block for that token."""
+        if seq.state is SequenceState.SUSPENDED:
+            return self.kv.try_reserve(seq, len(seq.tokens))
+        return self.kv.try_admit(seq)
+
+    def _start_running(self, seq: Sequence) -> None:
         seq.state = SequenceState.RUNNING
         if seq.admitted_at is None:
             seq.admitted_at = time.perf_counter()
         self.tiers[seq.request.priority].admitted += 1
         self.running.append(seq)
-        return True
 
     def _budget_ahead_of(self, seq: Sequence) -> int:
         """Step tokens left for `seq` after the work that comes before it in this step."""

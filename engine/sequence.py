@@ -59,7 +59,7 @@ class Sequence:
         self.submitted_at = time.perf_counter()
         self.admitted_at: float | None = None
         self.first_token_at: float | None = None
-        self._last_token: tuple[float, int] | None = None  # (when, engine step)
+        self._last_token: tuple[float, int | None] | None = None  # (when, engine step)
         self.token_intervals: list[float] = []  # seconds between the steps that gave it tokens
         self.preemptions = 0  # times it gave up its KV cells (and recomputed them)
         self.suspensions = 0  # times it gave up its slot for an interactive request, keeping its KV
@@ -116,7 +116,14 @@ class Sequence:
             return None
         seconds = now - previous[0]
         self.token_intervals.append(seconds)
-        return TokenInterval(seconds, back_to_back=step == previous[1] + 1)
+        return TokenInterval(seconds, back_to_back=previous[1] is not None and step == previous[1] + 1)
+
+    def first_token_from_lane(self, now: float) -> None:
+        """Its first token came from engine/first_token_lane.py, outside the engine's steps (the
+        engine numbers that step when it adopts the sequence)."""
+        self._last_token = (now, None)
+        self.first_token_at = now
+        self.first_token_lane = True
 
     def structured_data(self) -> Any:
         if self.matcher is None or not self.matcher.is_complete:

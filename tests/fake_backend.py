@@ -177,6 +177,11 @@ class FakeRunner:
     def record_prompt_scores(self) -> None:
         pass  # fake logits carry no meaning to score
 
+    def import_cells(self, seq_id: int, cells: bytes) -> bool:
+        """A prompt computed in another context (fake cells: one byte per position)."""
+        self.context.cells.setdefault(seq_id, set()).update(range(len(cells)))
+        return True
+
     def close(self) -> None:
         pass
 

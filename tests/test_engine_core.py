@@ -11,6 +11,7 @@ from engine import EngineConfig, FifoPolicy, FinishReason, Priority, TwoTierPoli
 from engine.core import EngineCore
 from engine.intake import Intake
 from engine.interrupt_window import InterruptWindow
+from engine.outputs import append_token
 from bindings import DecodeOutcome
 from tests.fake_backend import FakeInterrupter, FakeModel, FakeRunner, expected_tokens
 
@@ -80,6 +81,37 @@ def test_an_interactive_arrival_suspends_the_batch_sequence_furthest_ahead_and_r
     for i, seq in enumerate(batch):
         assert list(seq.handle.result(0).token_ids) == expected_tokens(prompt(i), 30)
     assert batch[3].handle.result(0).metrics.suspensions == 1
+
+
+def _blocks_cover_every_computed_token(c: Core) -> None:
+    holding = list(c.core.scheduler.running) + [s for q in c.core.scheduler.waiting.values() for s in q]
+    for seq in holding:
+        if seq.seq_id is not None:
+            assert c.core.kv_cache.ledger.n_tokens(seq.seq_id) >= seq.n_computed, seq.request_id
+
+
+def test_a_sequence_adopted_between_steps_leaves_its_victim_blocks_for_every_token():
+    # The victim was given a token by the step before the adoption, after that step reserved its
+    # blocks. Once, resuming on its last token, it held more tokens than blocks, and its release
+    # failed: the request was lost and the engine went idle.
+    c = Core(prefix_cache=True, block_size=4)
+    batch = [c.add(f"b{i}", prompt(i), max_tokens=6) for i in range(4)]
+    for _ in range(5):
+        c.core.step()
+    lane = c.intake.sequence(prompt(9), dict(max_tokens=3, request_id="i0", priority="interactive", temperature=0.0))
+    append_token(lane, expected_tokens(prompt(9), 1)[0], FakeModel.eog_tokens, c.core.n_ctx)
+    lane.first_token_from_lane(time.perf_counter())
+    c.core.adopt(lane, bytes(lane.n_prompt), None)
+    assert lane in c.core.scheduler.running and [s.request_id for s in c.core.scheduler.waiting[Priority.BATCH]] == ["b3"]
+    while c.core.has_work():
+        c.core.step()
+        _blocks_cover_every_computed_token(c)
+    assert list(lane.handle.result(0).token_ids) == expected_tokens(prompt(9), 3)
+    assert lane.handle.result(0).metrics.ttft_steps == 0
+    for i, seq in enumerate(batch):
+        assert list(seq.handle.result(0).token_ids) == expected_tokens(prompt(i), 6)
+    c.core.publish_stats()
+    assert c.core.stats.running == 0 and c.core.stats.kv.blocks_used == 0 and c.core.stats.first_token_lane == 1
 
 
 def test_fifo_policy_keeps_arrival_order_and_displaces_nobody():
