@@ -72,16 +72,26 @@ class QueueView(Protocol):
     def n_running(self, tier: Priority) -> int: ...
 
 
+# Past this many cells a prompt chunk's attention makes long graph nodes, and an abort lands only
+# between nodes: chunks of this size halve that wait at no measured cost in prefill speed.
+DEEP_PROMPT_FROM = 8192
+DEEP_PROMPT_CHUNK = 128
+
+
 @dataclass
 class StepLayout:
     order: list[Sequence]  # the running sequences that feed tokens this step, by rank
     batch_prefill_reserve: int = 0  # prompt tokens interactive prefill leaves to batch prefill
     batch_tokens_left: int | None = None  # batch prompt tokens this step may still carry
+    deep_chunk: int | None = None  # at most this many tokens per batch prompt chunk past DEEP_PROMPT_FROM
 
     def prefill_room(self, seq: Sequence, budget: int) -> int:
         if seq.request.priority is INTERACTIVE:
             return max(1, budget - self.batch_prefill_reserve) if self.batch_prefill_reserve else budget
-        return budget if self.batch_tokens_left is None else min(budget, self.batch_tokens_left)
+        room = budget if self.batch_tokens_left is None else min(budget, self.batch_tokens_left)
+        if self.deep_chunk is not None and seq.n_computed >= DEEP_PROMPT_FROM:
+            room = min(room, self.deep_chunk)
+        return room
 
     def took(self, seq: Sequence, n: int) -> None:
         if seq.request.priority is BATCH and self.batch_tokens_left is not None:
@@ -231,7 +241,9 @@ class TwoTierPolicy(SchedulingPolicy):
             riders = decoding if self._must_ride_along(view, prompts, decoding, now) else []
             order = prompts + riders
         wants = any(s.request.priority is BATCH and not s.is_decoding for s in order)
-        layout = StepLayout(order, self.batch_tokens if wants else 0)
+        # A deep batch prompt's chunk is what an interactive arrival may have to abort.
+        layout = StepLayout(order, self.batch_tokens if wants else 0,
+                            deep_chunk=DEEP_PROMPT_CHUNK if self.interrupt_steps else None)
         self._last_step_bounded = False
         interactive_decoding = [s for s in order if s.request.priority is INTERACTIVE and s.is_decoding]
         batch = [s for s in order if s.request.priority is BATCH]

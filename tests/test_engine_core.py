@@ -12,6 +12,7 @@ from engine.core import EngineCore
 from engine.intake import Intake
 from engine.interrupt_window import InterruptWindow
 from engine.outputs import append_token
+from engine.policy import DEEP_PROMPT_CHUNK, DEEP_PROMPT_FROM
 from bindings import DecodeOutcome
 from tests.fake_backend import FakeInterrupter, FakeModel, FakeRunner, expected_tokens
 
@@ -332,6 +333,20 @@ def _synthetic_machine(c: Core, fixed: float, per_row: float) -> None:
     for rows in list(range(1, 17)) * 4:
         c.core.step_cost.record(rows, rows, fixed + per_row * rows)
     c.core.step_cost.record = lambda *args: None
+
+
+@pytest.mark.parametrize("priority_scheduling", [True, False])
+def test_a_deep_batch_prompt_is_read_in_short_chunks_only_where_arrivals_may_abort_them(priority_scheduling):
+    # Past DEEP_PROMPT_FROM cells a chunk's attention makes long graph nodes, and an arrival's
+    # abort lands only between nodes; FIFO never aborts, so it keeps whole chunks.
+    c = Core(n_ctx=12288, step_token_budget=256, priority_scheduling=priority_scheduling)
+    long = c.add("long", prompt(1, 10_000), max_tokens=1)
+    c.run_to_end()
+    chunks = [r for step in c.runner.decoded for r in step if r.request_id == "long"]
+    assert sum(r.length for r in chunks) == 10_000 and long.handle.result(0).finish_reason is FinishReason.LENGTH
+    deep = [r.length for r in chunks if r.start >= DEEP_PROMPT_FROM]
+    assert all(r.length == 256 for r in chunks if r.start + 256 <= DEEP_PROMPT_FROM)
+    assert max(deep) == (DEEP_PROMPT_CHUNK if priority_scheduling else 256)
 
 
 def test_latency_target_grants_the_batch_rows_that_fit_and_rotates_them():
