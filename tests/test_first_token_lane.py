@@ -117,25 +117,43 @@ def test_a_cancel_while_in_the_lane_is_answered_once_the_lane_hands_it_over(lane
     assert result.finish_reason.value == "cancelled" and result.metrics.first_token_lane
 
 
-def test_a_chat_streamed_through_the_openai_sdk_beside_batch_work_takes_the_lane(live, openai_client, http):
+def test_cobatch_serve_gives_an_openai_sdk_chat_beside_batch_work_its_first_token_from_the_lane():
+    """`cobatch serve --first-token-lane-tokens 24`: a short chat streamed through the OpenAI SDK
+    while /generate batch work decodes takes the lane; one over 24 prompt tokens (within the
+    default bound of 32) does not."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
+    import openai
 
-    from tests.server_fixtures import metric, scrape
+    from tests.server_fixtures import metric, scrape, serve_process, wait_until
 
-    before = metric(scrape(http), "cobatch_first_token_lane_requests_total")
-    body = {"max_tokens": 48, "ignore_eos": True, "priority": "batch"}
-    with ThreadPoolExecutor(4) as pool:
-        flood = [pool.submit(httpx.post, f"{live.url}/generate", json={"prompt": f"Story {i}:", **body}, timeout=120)
-                 for i in range(4)]
-        while live.engine.stats().running < 4:
-            time.sleep(0.001)
-        time.sleep(0.5)  # their prompts take a step; then 48 tokens of decode steps
-        stream = openai_client.chat.completions.create(
-            model=openai_client.models.list().data[0].id, messages=[{"role": "user", "content": "Capital of France?"}],
-            max_tokens=6, stream=True, extra_body={"priority": "interactive"})
-        text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
-        assert all(f.result().status_code == 200 for f in flood)
-    assert text
-    assert metric(scrape(http), "cobatch_first_token_lane_requests_total") == before + 1
+    with serve_process("--n-ctx", "2048", "--max-running", "8", "--first-token-lane-tokens", "24") as (_, url), \
+            httpx.Client(base_url=url, timeout=60) as http, \
+            openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        model = client.models.list().data[0].id
+
+        def chat(content: str) -> tuple[str, int]:
+            stream = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": content}], max_tokens=6, stream=True,
+                stream_options={"include_usage": True}, extra_body={"priority": "interactive"})
+            chunks = list(stream)
+            return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage.prompt_tokens
+
+        def lane_total() -> float:
+            return metric(scrape(http), "cobatch_first_token_lane_requests_total")
+
+        body = {"max_tokens": 96, "ignore_eos": True, "priority": "batch"}
+        with ThreadPoolExecutor(4) as pool:
+            flood = [pool.submit(httpx.post, f"{url}/generate", json={"prompt": f"Story {i}:", **body}, timeout=300)
+                     for i in range(4)]
+            wait_until(lambda: metric(scrape(http), "cobatch_running_sequences") == 4, 60, "the flood never ran")
+            time.sleep(0.5)  # their prompts take a step; then decode steps
+            text, prompt_tokens = chat("In a few words and with no preamble at all, which city is the capital of France?")
+            assert text and 24 < prompt_tokens <= 32
+            assert lane_total() == 0  # over the bound given: the main context computed it
+            text, prompt_tokens = chat("Capital of France?")  # the flood still decodes: it came after the other
+            assert text and prompt_tokens <= 24
+            assert lane_total() == 1
+            assert all(f.result().status_code == 200 for f in flood)
+        wait_until(lambda: metric(scrape(http), "cobatch_running_sequences") == 0, 30, "requests still running")
