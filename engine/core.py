@@ -75,6 +75,8 @@ class EngineCore:
         self._watch = watch or _Unwatched()
         self._on_finished = on_finished
         self._cut_by_governor = False
+        # The first-token lane computing a prompt (Engine sets it when it has a lane).
+        self.lane_busy: Callable[[], bool] = lambda: False
         self.stats = self._snapshot()  # replaced whole, never edited: readable from any thread
 
     def add(self, seq: Sequence) -> None:
@@ -103,6 +105,10 @@ class EngineCore:
 
     def step(self) -> bool:
         """One engine step; False when there was nothing to decode."""
+        if self.lane_busy() and not any(seq.is_decoding for seq in self.scheduler.running):
+            # A step of prompt chunks alone would share the cores with the lane's prompt, which
+            # is handed over within tens of milliseconds; decode steps do not wait.
+            return False
         clock = time.perf_counter
         t0 = clock()
         self.step_cost.expect_threads(self.threads.current)

@@ -44,8 +44,9 @@ class Engine:
         self._start(model, runner, config)
         if config.first_token_lane_tokens and config.priority_scheduling:
             self._lane = FirstTokenLane(model, config.first_token_lane_tokens, self.n_ctx, swa_full=config.prefix_cache,
-                                        flash_attn=config.flash_attn, hand_over=self._handed_over,
-                                        published=self._waker.flush)
+                                        flash_attn=config.flash_attn, hand_over=self._inbox.hand_over,
+                                        wake_engine=self._loop.wake, published=self._waker.flush)
+            self.core.lane_busy = lambda: self._lane.busy  # type: ignore[union-attr]
 
     @classmethod
     def from_backend(cls, model: Any, runner: Any, config: EngineConfig, clock: Callable[[], float] = time.perf_counter) -> "Engine":
@@ -95,6 +96,7 @@ class Engine:
             raise
         if to_lane is not None:
             self._lane.start(to_lane)  # type: ignore[union-attr]
+            self.interrupt_window.lane_started()
         elif any(s.request.priority is Priority.INTERACTIVE for s in sequences):
             self.interrupt_window.arrival()
         self._loop.wake()
@@ -157,18 +159,11 @@ class Engine:
 
     def _claim_lane(self, sequences: list[Sequence]) -> Sequence | None:
         """The one request the first-token lane takes, if any: a lone interactive request it can
-        serve, arriving while the engine is busy, unless the step in flight is prompt chunks the
-        arrival aborts at once (an idle engine's own threads are faster than the lane's one)."""
+        serve, arriving while the engine is busy (an idle engine's own threads are faster)."""
         lane = self._lane
-        if lane is None or len(sequences) != 1 or not lane.accepts(sequences[0]) or self._loop.is_idle() \
-                or self.interrupt_window.prompt_step_abortable():
+        if lane is None or len(sequences) != 1 or not lane.accepts(sequences[0]) or self._loop.is_idle():
             return None
         return sequences[0] if lane.claim() else None
-
-    def _handed_over(self, seq: Sequence, cells: bytes | None, reason: FinishReason | None,
-                     error: str | None = None) -> None:
-        self._inbox.hand_over(seq, cells, reason, error)
-        self._loop.wake()
 
     def _cancel(self, request_id: str) -> None:
         self._inbox.cancel(request_id)

@@ -43,7 +43,7 @@ class HandOver(Protocol):
 
 class FirstTokenLane:
     def __init__(self, model: Model, max_prompt_tokens: int, n_ctx: int, swa_full: bool, flash_attn: bool,
-                 hand_over: HandOver, published: Callable[[], None]) -> None:
+                 hand_over: HandOver, wake_engine: Callable[[], None], published: Callable[[], None]) -> None:
         self.max_prompt_tokens = max_prompt_tokens
         self._n_ctx = n_ctx  # the main context's: what the sequence may grow to
         self._context = Context(model, ContextSettings(
@@ -54,6 +54,7 @@ class FirstTokenLane:
         self._batch = TokenBatch(max_prompt_tokens)
         self._sampler = BatchSampler(model.n_vocab)
         self._hand_over = hand_over
+        self._wake_engine = wake_engine
         self._published = published  # wakes the event loops waiting on what the lane streamed
         self._lock = threading.Condition()
         self._claimed = False  # a client thread has reserved the lane for one request
@@ -76,6 +77,11 @@ class FirstTokenLane:
                 return False
             self._claimed = True
             return True
+
+    @property
+    def busy(self) -> bool:
+        """A request is reserved for it or in its hands."""
+        return self._claimed
 
     def unclaim(self) -> None:
         with self._lock:
@@ -113,7 +119,10 @@ class FirstTokenLane:
                 else:
                     self._hand_over(seq, None, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
             finally:
+                # Free before the engine wakes: it holds prompt-only steps while the lane is busy,
+                # and it finds the sequence handed over when it wakes.
                 self.unclaim()
+                self._wake_engine()
 
     def _serve(self, seq: Sequence) -> None:
         seq.admitted_at = time.perf_counter()

@@ -69,11 +69,17 @@ class InterruptWindow:
                 typical = self.typical_steps.get(self._kind)
                 self.typical_steps[self._kind] = took if typical is None else 0.8 * typical + 0.2 * took
 
-    def prompt_step_abortable(self) -> bool:
-        """A step of prompt chunks alone is in flight and `arrival` would abort it: the abort lands
-        at once, and the engine's own threads then compute the arrival's prompt fastest."""
+    def lane_started(self) -> bool:
+        """The first-token lane took an arrival: abort a step of prompt chunks alone in flight,
+        however far it is (the lane would share the cores with it, and at depth an abort may
+        land only when a long attention node ends, so the lane does not wait for it). True if
+        one was told to abort."""
         with self._lock:
-            return self._open and self._kind[0] == "prompt" and self._young()
+            if self._open and self._kind[0] == "prompt":
+                self._interrupter.interrupt()
+                self._open = False
+                return True
+            return False
 
     def arrival(self) -> bool:
         """An interactive request was queued; True if the step in flight was told to abort."""

@@ -471,17 +471,16 @@ def test_latency_target_floor_also_feeds_batch_prompts():
     assert 0 < batch.n_computed < 200  # its prompt moves, a share at a time, while the chat goes on
 
 
-def test_only_an_abortable_prompt_only_step_keeps_an_arrival_from_the_first_token_lane():
+def test_an_arrival_in_the_first_token_lane_aborts_a_prompt_only_step_however_far_it_is():
     interrupter, now, window = _window_with_typical_steps("prompt", "decode")
     window.begin(interruptible=True, kind="decode")
     now[0] += 0.1
-    assert not window.prompt_step_abortable()  # a decode step ends in a part no abort reaches
+    assert not window.lane_started() and not interrupter.interrupted  # the lane runs beside decode rows
     window.end(completed=True)
     window.begin(interruptible=True, kind="prompt")
-    now[0] += 0.4
-    assert window.prompt_step_abortable() and not interrupter.interrupted  # asking aborts nothing
-    now[0] += 0.06
-    assert not window.prompt_step_abortable()  # past 0.9 of a typical one: the lane is sooner
-    window.end(completed=True)
+    now[0] += 0.48  # past 0.9 of a typical one: too late for an arrival of the main queue
+    assert not window.arrival()
+    assert window.lane_started() and interrupter.interrupted  # the lane does not share the cores with it
+    window.end(completed=False)
     window.begin(interruptible=False, kind="prompt")  # an interactive prompt's own step
-    assert not window.prompt_step_abortable()
+    assert not window.lane_started() and not interrupter.interrupted

@@ -157,3 +157,44 @@ def test_cobatch_serve_gives_an_openai_sdk_chat_beside_batch_work_its_first_toke
             assert lane_total() == 1
             assert all(f.result().status_code == 200 for f in flood)
         wait_until(lambda: metric(scrape(http), "cobatch_running_sequences") == 0, 30, "requests still running")
+
+
+def test_a_chat_during_a_long_prefill_aborts_its_chunk_and_takes_the_lane(lane_engine):
+    before = lane_engine.stats()
+    long_prompt = lane_engine.submit(list(range(1000, 4000)), max_tokens=1)
+    while lane_engine.stats().tokens_prefilled == before.tokens_prefilled:
+        time.sleep(0.001)
+    chat = lane_engine.submit(QUESTION, max_tokens=4, priority="interactive").result()
+    assert chat.metrics.first_token_lane and len(chat.token_ids) == 4
+    after = lane_engine.stats()
+    # The chunk in flight was aborted and redone after (unless the chat came between two steps).
+    assert after.steps_interrupted - before.steps_interrupted in (0, 1)
+    assert long_prompt.result().finish_reason.value == "length"
+    _assert_nothing_held(lane_engine)
+
+
+def test_the_lane_hands_a_request_over_before_it_frees_itself_and_wakes_the_engine(model_path):
+    # The engine holds prompt-only steps while the lane is busy: woken, it must find the lane
+    # free and the sequence handed over, or it would sleep out its idle wait with work to do.
+    from engine.first_token_lane import FirstTokenLane
+    from engine.intake import Intake
+
+    events = []
+    with Model(model_path) as model:
+        lane = FirstTokenLane(model, 32, 2048, swa_full=True, flash_attn=True,
+                              hand_over=lambda seq, cells, reason, error=None: events.append(("hand_over", lane.busy, cells is not None)),
+                              wake_engine=lambda: events.append(("wake", lane.busy, None)), published=lambda: None)
+        try:
+            seq = Intake(model, 2048, canceller=lambda request_id: None).sequence(
+                QUESTION, dict(max_tokens=4, priority="interactive"))
+            assert lane.accepts(seq) and lane.claim() and not lane.claim()
+            lane.start(seq)
+            deadline = time.monotonic() + 30
+            while len(events) < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+            assert events == [("hand_over", True, True), ("wake", False, None)]
+            assert seq.n_generated == 1 and seq.first_token_lane and lane.claim()
+            lane.unclaim()
+        finally:
+            lane.close()
