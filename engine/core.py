@@ -48,6 +48,7 @@ class EngineCore:
         config: EngineConfig,
         watch: DecodeWatch | None = None,
         on_finished: Callable[[Sequence], None] = lambda seq: None,
+        lane_busy: Callable[[], bool] = lambda: False,
     ) -> None:
         self.config = cfg = config
         self.model = model
@@ -75,8 +76,7 @@ class EngineCore:
         self._watch = watch or _Unwatched()
         self._on_finished = on_finished
         self._cut_by_governor = False
-        # The first-token lane computing a prompt (Engine sets it when it has a lane).
-        self.lane_busy: Callable[[], bool] = lambda: False
+        self._lane_busy = lane_busy  # the first-token lane is computing a prompt
         self.stats = self._snapshot()  # replaced whole, never edited: readable from any thread
 
     def add(self, seq: Sequence) -> None:
@@ -105,7 +105,7 @@ class EngineCore:
 
     def step(self) -> bool:
         """One engine step; False when there was nothing to decode."""
-        if self.lane_busy() and not any(seq.is_decoding for seq in self.scheduler.running):
+        if self._lane_busy() and not any(seq.is_decoding for seq in self.scheduler.running):
             # A step of prompt chunks alone would share the cores with the lane's prompt, which
             # is handed over within tens of milliseconds; decode steps do not wait.
             return False

@@ -46,7 +46,6 @@ class Engine:
             self._lane = FirstTokenLane(model, config.first_token_lane_tokens, self.n_ctx, swa_full=config.prefix_cache,
                                         flash_attn=config.flash_attn, hand_over=self._inbox.hand_over,
                                         wake_engine=self._loop.wake, published=self._waker.flush)
-            self.core.lane_busy = lambda: self._lane.busy  # type: ignore[union-attr]
 
     @classmethod
     def from_backend(cls, model: Any, runner: Any, config: EngineConfig, clock: Callable[[], float] = time.perf_counter) -> "Engine":
@@ -66,7 +65,8 @@ class Engine:
         self.n_ctx: int = runner.n_ctx
         self.interrupt_window = InterruptWindow(runner.interrupter, config.interrupt_window, clock)
         self.core = EngineCore(model, runner, config, watch=self.interrupt_window,
-                               on_finished=lambda seq: self._inbox.finished(seq))
+                               on_finished=lambda seq: self._inbox.finished(seq),
+                               lane_busy=lambda: self._lane is not None and self._lane.busy)
         bounds = {Priority.BATCH: config.max_waiting, Priority.INTERACTIVE: config.max_waiting_interactive}
         self._inbox = Inbox(bounds, self.core.scheduler.waiting_in)
         self._waker = waker = LoopWaker()
