@@ -1,3 +1,4 @@
+"""Packaging: what `pip install .` builds (the grammar's C module through cffi) and installs, with its extras."""
 from setuptools import find_packages, setup
 
 setup(

@@ -11,6 +11,7 @@ BENCHMARKS = {
     "cluster": "bench.cluster",  # needs the ray extra
     "decode-step": "bench.decode_step",
     "http-load": "bench.http_load",
+    "idle-cells": "bench.idle_cells",
     "invariance": "bench.invariance",
     "jobs": "bench.jobs",
     "long-prompt": "bench.long_prompt",

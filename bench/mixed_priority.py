@@ -37,7 +37,7 @@ def interactive_figures(results: list) -> dict:
         # Every interval between an interactive request's tokens, not a per-request mean.
         **{f"itl_p{q}": percentile(intervals, q) if intervals else 0.0 for q in (50, 95)},
         "ttft_steps_max": max(r.metrics.ttft_steps or 0 for r in results),
-        "first_token_lane_share": sum(r.metrics.first_token_lane for r in results) / len(results),
+        "first_token_lane_share": sum(r.metrics.first_token_from_lane for r in results) / len(results),
     }
 
 

@@ -98,13 +98,6 @@ class Context:
             raise DecodeError("llama.cpp returned no logits")
         return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
 
-    def logits_row(self, row: int) -> np.ndarray:
-        """Logits for batch row `row` (which must have requested output)."""
-        ptr = llama_cpp.llama_get_logits_ith(self._handle, row)
-        if not ptr:
-            raise ValueError(f"batch row {row} produced no logits")
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-
     # KV memory ops. Positions: p0 inclusive, p1 exclusive; -1 means "to the end".
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         return bool(llama_cpp.llama_memory_seq_rm(self._memory, seq_id, p0, p1))

@@ -15,6 +15,7 @@ from typing import Any
 from bindings import LLAMA_MAX_SEQ
 from engine.policy import FifoPolicy, SchedulingPolicy, TwoTierPolicy
 from engine.step_cost import StepCostModel
+from engine.tuning import IDLE_CELLS_PER_PROMPT_TOKEN_MEASURED
 
 
 def setting(default: Any, help: str, **cli: Any) -> Any:
@@ -77,6 +78,13 @@ class EngineConfig:
     first_token_lane_tokens: int = setting(
         32, "an interactive request that arrives while the engine is busy, with a prompt of at most this many "
             "tokens, gets its first token from a small one-thread context beside the main one (0: off)")
+    # Idle cached cells slow every prompt row a little (attention reads their mask); this is the
+    # exchange rate that decides when they are dropped before a long prefill (engine/prefix_reuse.py).
+    idle_cells_per_prompt_token: float = setting(
+        IDLE_CELLS_PER_PROMPT_TOKEN_MEASURED,
+        "idle cached KV cells that cost a prefill as much as one more prompt token; past that, weighed "
+        "against the measured cache hit share, idle cached prefixes are dropped before a long prefill "
+        "(measured on Gemma 3 270M: docs/kv-cache.md says how to measure it for another model)")
     jump_forward: bool = setting(
         True, "where a JSON schema allows one continuation only, append its tokens unsampled")
 
@@ -103,6 +111,8 @@ class EngineConfig:
             raise ValueError(f"first_token_lane_tokens must be between 0 and n_ctx, got {self.first_token_lane_tokens}")
         if not 0.0 <= self.cache_max_fraction <= 1.0:
             raise ValueError(f"cache_max_fraction must be between 0 and 1, got {self.cache_max_fraction}")
+        if not self.idle_cells_per_prompt_token > 0:
+            raise ValueError(f"idle_cells_per_prompt_token must be positive, got {self.idle_cells_per_prompt_token}")
         if self.max_waiting < 1 or self.max_waiting_interactive < 1:
             raise ValueError("max_waiting and max_waiting_interactive must be >= 1")
         self.scheduling_policy()  # the policy checks its own settings

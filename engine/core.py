@@ -1,27 +1,34 @@
 """The engine core: KV cache, scheduler, runner and sampler, advanced one step at a time.
 
-No threads here: engine/loop.py drives it. One step reads top to bottom: schedule, build the
-batch (the runner returns which sequence owns each output row), decode, sample, apply outputs.
+No threads here: engine/loop.py drives it, and the engine thread alone writes the core and
+everything it holds (`claim_for_this_thread`). One step reads top to bottom: schedule, build
+the batch (the runner returns which sequence owns each output row), decode, sample, apply outputs.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Protocol
 
 from bindings import DecodeOutcome
+from engine.debug import ENABLED as DEBUG_CHECKS
+from engine.ownership import SingleWriter, claim_all
 from engine.config import EngineConfig
 from engine.jump_forward import JumpForward
 from engine.kv_cache import KvCache
 from engine.outputs import SampledRows, append_token, flush_text, sample_rows
-from engine.prompt_scores import finished_scoring
+from engine.prefix_reuse import PrefixReuse
+from engine.prompt_scores import finished_scoring, max_scored_rows
 from engine.request import FinishReason, Priority
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.step_cost import StepCostModel
 from engine.step_plan import StepPlan
-from engine.stats import EngineStats, StepProfile, TierStats
+from engine.stats import EngineStats, StatsBoard, StepProfile, TierStats
 from engine.thread_governor import ThreadGovernor
 from sampling.sampler import BatchSampler
+
+log = logging.getLogger("cobatch.engine")
 
 
 class DecodeWatch(Protocol):
@@ -40,12 +47,13 @@ class _Unwatched:
         pass
 
 
-class EngineCore:
+class EngineCore(SingleWriter):
     def __init__(
         self,
         model: Any,
         runner: Any,
         config: EngineConfig,
+        board: StatsBoard | None = None,
         watch: DecodeWatch | None = None,
         on_finished: Callable[[Sequence], None] = lambda seq: None,
         lane_busy: Callable[[], bool] = lambda: False,
@@ -59,25 +67,38 @@ class EngineCore:
             runner.context, self.n_ctx, cfg.block_size, running_ids=range(cfg.sequence_ids),
             holder_ids=range(cfg.sequence_ids, cfg.sequence_ids + holders), prefix_cache=cfg.prefix_cache,
             max_cached_blocks=int(cfg.cache_max_fraction * (self.n_ctx // cfg.block_size)),
+            reuse=PrefixReuse(cfg.idle_cells_per_prompt_token),
         )
         self.step_cost = StepCostModel()
         self.scheduler = Scheduler(self.kv_cache, cfg.max_running, cfg.step_token_budget,
-                                   cfg.scheduling_policy(self.step_cost))
+                                   cfg.scheduling_policy(self.step_cost), max_scored_rows(model.n_vocab))
         self.sampler = BatchSampler(model.n_vocab)
         self.jump = JumpForward(lambda text: model.tokenize(text, add_bos=False), model.token_bytes) \
             if cfg.jump_forward else None
         self.tokens_forced = 0  # appended by jump-forward, unsampled
-        self.threads = ThreadGovernor(cfg.n_threads, runner.interrupter, adaptive=cfg.adaptive_threads)
+        self.thread_governor = ThreadGovernor(cfg.n_threads, runner.interrupter, adaptive=cfg.adaptive_threads)
         self.profiles = {"decode": StepProfile(), "mixed": StepProfile()}
         self.steps_run = 0  # llama_decode calls, interrupted ones included
         self.steps_interrupted = 0
-        self.first_token_lane = 0  # sequences adopted with their first token from the lane
+        self.lane_first_tokens = 0  # sequences adopted with their first token from the lane
         self._finished = {p: 0 for p in Priority}
         self._watch = watch or _Unwatched()
         self._on_finished = on_finished
         self._cut_by_governor = False
         self._lane_busy = lane_busy  # the first-token lane is computing a prompt
-        self.stats = self._snapshot()  # replaced whole, never edited: readable from any thread
+        self.board = board or StatsBoard()
+        self.publish_stats()
+
+    @property
+    def stats(self) -> EngineStats:
+        """The last published snapshot."""
+        stats = self.board.latest
+        assert stats is not None
+        return stats
+
+    def claim_for_this_thread(self) -> None:
+        """The calling thread (the engine thread, when it starts) now alone writes the core."""
+        claim_all(self)
 
     def add(self, seq: Sequence) -> None:
         seq.added_at_step = self.steps_run
@@ -91,9 +112,9 @@ class EngineCore:
         cells are imported under a seq id of its own; without cells, or without room for them,
         it computes them here like any new request."""
         seq.added_at_step = self.steps_run
-        if seq.first_token_lane:
+        if seq.first_token_from_lane:
             seq.first_token_step = self.steps_run  # served outside the steps: none passed
-        self.first_token_lane += seq.first_token_lane
+        self.lane_first_tokens += seq.first_token_from_lane
         if reason is not None:
             self.finish(seq, reason, error)
             return
@@ -111,7 +132,7 @@ class EngineCore:
             return False
         clock = time.perf_counter
         t0 = clock()
-        self.step_cost.expect_threads(self.threads.current)
+        self.step_cost.expect_threads(self.thread_governor.current)
         plan = self.scheduler.schedule()
         t1 = clock()
         if not plan.chunks:
@@ -119,7 +140,7 @@ class EngineCore:
         rows = self.runner.build_batch(plan)
         kind = _step_kind(plan)
         depth = max(c.start + c.length for c in plan.chunks)
-        threads = self.threads.choose(plan.n_tokens, self.runner.n_outputs, depth)
+        threads = self.thread_governor.choose(plan.n_tokens, self.runner.n_outputs, depth)
         self.runner.set_threads(threads)
         self.publish_stats()  # readers see this step's admissions while it decodes
         t2 = clock()
@@ -142,12 +163,14 @@ class EngineCore:
         profile = self.profiles["decode" if kind == "decode" else "mixed"]
         profile.record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, produced)
         self.step_cost.record(plan.n_tokens, self.runner.n_outputs, t5 - t0, threads)
+        if DEBUG_CHECKS:
+            self.kv_cache.check()
         return True
 
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
-        flush_text(seq)
         seq.finish_reason = reason
         try:
+            flush_text(seq)
             self.scheduler.finish(seq)
         finally:  # a bookkeeping bug fails the step, but the client still gets its answer
             self._finished[seq.request.priority] += 1
@@ -157,20 +180,33 @@ class EngineCore:
     def fail_running(self, exc: Exception) -> None:
         message = f"engine step failed: {type(exc).__name__}: {exc}"
         for seq in list(self.scheduler.running):
-            self.finish(seq, FinishReason.ERROR, error=message)
+            try:
+                self.finish(seq, FinishReason.ERROR, error=message)
+            except Exception:  # its client has its answer (finish answers first); go on with the rest
+                log.exception("failing %s after a failed step", seq.request_id)
 
     def publish_stats(self) -> None:
-        self.stats = self._snapshot()
+        try:
+            self.board.publish(self._snapshot())
+        except Exception:  # readers keep the last snapshot; the step's own work is unaffected
+            log.exception("publishing the engine's stats failed")
+
+    def take_profiles(self, reset: bool) -> dict[str, StepProfile]:
+        """Copies of the step profiles; `reset` starts them afresh."""
+        copies = {kind: p.copy() for kind, p in self.profiles.items()}
+        if reset:
+            self.profiles = {kind: StepProfile() for kind in self.profiles}
+        return copies
 
     # ---- the step's parts -------------------------------------------------------------------
     def _decode(self, interruptible: bool, kind: str, threads: int) -> DecodeOutcome:
         self._watch.begin(interruptible, kind, threads)
-        self.threads.begin()
+        self.thread_governor.begin()
         outcome = DecodeOutcome.ABORTED
         try:
             outcome = self.runner.decode()
         finally:
-            self._cut_by_governor = self.threads.end(outcome is DecodeOutcome.OK)
+            self._cut_by_governor = self.thread_governor.end(outcome is DecodeOutcome.OK)
             self._watch.end(outcome is DecodeOutcome.OK)
             self.steps_run += 1
         return outcome
@@ -208,7 +244,7 @@ class EngineCore:
             appended = 0
             for token in self.jump.forced_tokens(seq.matcher):
                 # The budget rule the sampler applies: the document must still close in time.
-                if not seq.matcher.is_allowed(token, self._budget(seq)):
+                if not seq.matcher.is_allowed(token, seq.token_budget(self.n_ctx)):
                     break
                 reason = self._append_forced(seq, token)
                 appended += 1
@@ -224,12 +260,10 @@ class EngineCore:
 
     def _only_token(self, seq: Sequence) -> int | None:
         """The token a tight budget leaves as the only choice, in the model's spelling."""
-        text = seq.matcher.only_text(self._budget(seq))
+        budget = seq.token_budget(self.n_ctx)
+        text = seq.matcher.only_text(budget)
         token = None if text is None else self.jump.token_spelling(text)
-        return token if token is not None and seq.matcher.is_allowed(token, self._budget(seq)) else None
-
-    def _budget(self, seq: Sequence) -> int:
-        return min(seq.remaining_tokens, self.n_ctx + 1 - len(seq.tokens))
+        return token if token is not None and seq.matcher.is_allowed(token, budget) else None
 
     def _append_forced(self, seq: Sequence, token: int) -> FinishReason | None:
         seq.forced_tokens += 1
@@ -273,14 +307,14 @@ class EngineCore:
             steps=self.steps_run,
             steps_interrupted=self.steps_interrupted,
             tiers=tiers,
-            decode_threads=self.threads.current,
-            thread_switches=self.threads.switches,
+            decode_threads=self.thread_governor.current,
+            thread_switches=self.thread_governor.switches,
             interactive_token_target_ms=None if scheduler.policy.token_target_s is None
             else scheduler.policy.token_target_s * 1000.0,
             latency_bounded_steps=scheduler.policy.bounded_steps,
             batch_rows_granted=scheduler.policy.batch_rows_granted,
             latency_calibration=scheduler.policy.calibration,
-            first_token_lane=self.first_token_lane,
+            lane_first_tokens=self.lane_first_tokens,
         )
 
 

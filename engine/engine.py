@@ -1,6 +1,7 @@
 """The engine as Python callers and the server use it: intake, the engine thread, the core."""
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence as Seq
@@ -15,16 +16,20 @@ from engine.intake import Intake
 from engine.interrupt_window import InterruptWindow
 from engine.loop import EngineLoop
 from engine.model_source import resolve_model
-from engine.request import FinishReason, GenerationResult, Priority, Request
+from engine.request import GenerationResult, Priority, Request
 from engine.runner import ModelRunner
 from engine.sequence import Sequence
-from engine.stats import EngineStats, StepProfile
+from engine.stats import EngineStats, StatsBoard, StepProfile
+
+LaneFactory = Callable[[Inbox, threading.Event, LoopWaker], "FirstTokenLane | None"]
 
 
 class Engine:
     """Serves one GGUF model to many concurrent requests with continuous batching.
 
     Use `submit()` for a handle (stream, await, cancel) or `generate()` to block for results.
+    Its methods may be called from any thread: they read published snapshots and send commands
+    to the engine thread through the inbox (docs/architecture.md, "Who may write what").
     """
 
     def __init__(
@@ -41,17 +46,21 @@ class Engine:
         except BaseException:
             model.close()
             raise
-        self._start(model, runner, config)
-        if config.first_token_lane_tokens and config.priority_scheduling:
-            self._lane = FirstTokenLane(model, config.first_token_lane_tokens, self.n_ctx, swa_full=config.prefix_cache,
-                                        flash_attn=config.flash_attn, hand_over=self._inbox.hand_over,
-                                        wake_engine=self._loop.wake, published=self._waker.flush)
+
+        def lane(inbox: Inbox, wakeup: threading.Event, waker: LoopWaker) -> FirstTokenLane | None:
+            if not (config.first_token_lane_tokens and config.priority_scheduling):
+                return None
+            return FirstTokenLane(model, config.first_token_lane_tokens, runner.n_ctx, swa_full=config.prefix_cache,
+                                  flash_attn=config.flash_attn, hand_over=inbox.hand_over, wake_engine=wakeup.set,
+                                  published=waker.flush)
+
+        self._start(model, runner, config, time.perf_counter, lane)
 
     @classmethod
     def from_backend(cls, model: Any, runner: Any, config: EngineConfig, clock: Callable[[], float] = time.perf_counter) -> "Engine":
         """An engine over a given model and runner (tests drive the loop with a fake backend)."""
         engine = cls.__new__(cls)
-        engine._start(model, runner, config, clock)
+        engine._start(model, runner, config, clock, lambda inbox, wakeup, waker: None)
         return engine
 
     @classmethod
@@ -59,21 +68,25 @@ class Engine:
         """The embedded Gemma 3 270M model."""
         return cls(None, **config_overrides)
 
-    def _start(self, model: Any, runner: Any, config: EngineConfig, clock: Callable[[], float] = time.perf_counter) -> None:
+    def _start(self, model: Any, runner: Any, config: EngineConfig, clock: Callable[[], float],
+               make_lane: LaneFactory) -> None:
+        # Built in dependency order: each part gets, at construction, everything it talks to.
         self.config = config
         self.model = model
         self.n_ctx: int = runner.n_ctx
-        self.interrupt_window = InterruptWindow(runner.interrupter, config.interrupt_window, clock)
-        self.core = EngineCore(model, runner, config, watch=self.interrupt_window,
-                               on_finished=lambda seq: self._inbox.finished(seq),
-                               lane_busy=lambda: self._lane is not None and self._lane.busy)
+        self._board = StatsBoard()
+        self._waker = LoopWaker()  # wakes the clients' event loops, once per engine turn
+        wakeup = threading.Event()  # wakes the engine thread
         bounds = {Priority.BATCH: config.max_waiting, Priority.INTERACTIVE: config.max_waiting_interactive}
-        self._inbox = Inbox(bounds, self.core.scheduler.waiting_in)
-        self._waker = waker = LoopWaker()
-        self._intake = Intake(model, self.n_ctx, self._cancel, waker)
+        self._inbox = Inbox(bounds, self._board)
+        self._intake = Intake(model, self.n_ctx, self._cancel, self._waker)
         self.vocabulary = self._intake.vocabulary
-        self._lane: FirstTokenLane | None = None
-        self._loop = EngineLoop(self.core, self._inbox, waker)
+        self.interrupt_window = InterruptWindow(runner.interrupter, config.interrupt_window, clock)
+        self._lane = make_lane(self._inbox, wakeup, self._waker)
+        self.core = EngineCore(model, runner, config, board=self._board, watch=self.interrupt_window,
+                               on_finished=self._inbox.finished,
+                               lane_busy=(lambda: False) if self._lane is None else self._lane.is_busy)
+        self._loop = EngineLoop(self.core, self._inbox, wakeup, self._waker)
 
     # ---- client API -------------------------------------------------------------------------
     def submit(self, request: Request | str | Seq[int], **options: Any) -> RequestHandle:
@@ -122,20 +135,21 @@ class Engine:
         return self.inspect(lambda runner: self.core.kv_cache.cells_in_use(runner.context))
 
     def stats(self) -> EngineStats:
-        return self.core.stats
+        """The engine's counters as of its last publish (each step, and each turn of its loop)."""
+        stats = self._board.latest
+        assert stats is not None  # the core publishes when it is built
+        return stats
 
     def is_idle(self) -> bool:
         """Nothing queued, running or in transit."""
-        return self._loop.is_idle()
+        return self._inbox.is_idle()
 
-    def profile(self, reset: bool = False) -> dict[str, StepProfile]:
-        """Step timings so far, split into pure decode steps and steps carrying prompt chunks."""
-        profiles = self.core.profiles
-        snap = {kind: p.copy() for kind, p in profiles.items()}
-        if reset:
-            for kind in profiles:
-                profiles[kind] = StepProfile()
-        return snap
+    def profile(self, reset: bool = False, timeout: float = 30.0) -> dict[str, StepProfile]:
+        """Step timings so far, split into pure decode steps and steps carrying prompt chunks
+        (copies, taken on the engine thread between two steps; `reset` starts them afresh)."""
+        future = self._inbox.call(lambda: self.core.take_profiles(reset))
+        self._loop.wake()
+        return future.result(timeout)
 
     def drain(self, timeout: float) -> None:
         """Accept nothing new; let live requests finish for up to `timeout` seconds, then cancel
@@ -161,7 +175,7 @@ class Engine:
         """The one request the first-token lane takes, if any: a lone interactive request it can
         serve, arriving while the engine is busy (an idle engine's own threads are faster)."""
         lane = self._lane
-        if lane is None or len(sequences) != 1 or not lane.accepts(sequences[0]) or self._loop.is_idle():
+        if lane is None or len(sequences) != 1 or not lane.accepts(sequences[0]) or self._inbox.is_idle():
             return None
         return sequences[0] if lane.claim() else None
 

@@ -7,6 +7,11 @@ it prefills the prompt there while the main step goes on, samples and streams th
 exports the prompt's KV cells and hands the sequence to the engine thread, which imports the
 cells under a seq id of its own and decodes it with the rest from then on.
 
+Threads: client threads claim the lane and hand it a sequence (`claim`, `start`, `unclaim`,
+under its lock); from `start` on the lane's thread holds the sequence and alone writes it, until
+it hands the sequence to the engine thread through the inbox. The engine thread only asks
+`is_busy`.
+
 One request at a time and short prompts only: on one thread a prompt step costs about twice
 what it does on the engine's threads, so the lane pays off only where the main step is the
 longer wait (docs/scheduling.md). A sequence the lane cannot finish the job for (no room, an
@@ -22,15 +27,16 @@ from typing import Callable, Protocol
 import numpy as np
 
 from bindings import Context, ContextSettings, DecodeOutcome, Model, TokenBatch
+from engine.ownership import claim
 from engine.outputs import append_token, sample_rows
 from engine.request import FinishReason, Priority
 from engine.sequence import Sequence, SequenceState
+from engine.tuning import LANE_MIN_CELLS, LANE_THREADS
 from sampling.sampler import BatchSampler
 
 log = logging.getLogger("cobatch.engine")
 
 _LANE_SEQ = 0
-_LANE_THREADS = 1  # a second thread would contend with the engine's for the same cores
 
 
 class HandOver(Protocol):
@@ -47,8 +53,8 @@ class FirstTokenLane:
         self.max_prompt_tokens = max_prompt_tokens
         self._n_ctx = n_ctx  # the main context's: what the sequence may grow to
         self._context = Context(model, ContextSettings(
-            n_ctx=max(256, max_prompt_tokens), n_batch=max_prompt_tokens, n_ubatch=max_prompt_tokens, n_seq_max=1,
-            n_threads=_LANE_THREADS, n_threads_batch=_LANE_THREADS, swa_full=swa_full,
+            n_ctx=max(LANE_MIN_CELLS, max_prompt_tokens), n_batch=max_prompt_tokens, n_ubatch=max_prompt_tokens, n_seq_max=1,
+            n_threads=LANE_THREADS, n_threads_batch=LANE_THREADS, swa_full=swa_full,
             flash_attn=1 if flash_attn else 0))
         self._eog = model.eog_tokens
         self._batch = TokenBatch(max_prompt_tokens)
@@ -78,17 +84,18 @@ class FirstTokenLane:
             self._claimed = True
             return True
 
-    @property
-    def busy(self) -> bool:
+    def is_busy(self) -> bool:
         """A request is reserved for it or in its hands."""
-        return self._claimed
+        with self._lock:
+            return self._claimed
 
     def unclaim(self) -> None:
         with self._lock:
             self._claimed = False
+            self._lock.notify_all()  # a close() waiting for the claim to end may go on
 
     def start(self, seq: Sequence) -> None:
-        seq.state = SequenceState.ELSEWHERE
+        """Give the claimed lane its sequence; the caller no longer writes it."""
         with self._lock:
             self._next = seq
             self._lock.notify_all()
@@ -125,6 +132,8 @@ class FirstTokenLane:
                 self._wake_engine()
 
     def _serve(self, seq: Sequence) -> None:
+        claim(seq)
+        seq.state = SequenceState.ELSEWHERE
         seq.admitted_at = time.perf_counter()
         self._batch.clear()
         self._batch.add_run(np.asarray(seq.tokens[: seq.n_prompt], dtype=np.int32), 0, _LANE_SEQ, True)
@@ -134,7 +143,7 @@ class FirstTokenLane:
             return
         sampled = sample_rows(self._sampler, self._context.logits(1), [seq], self._n_ctx)
         token = sampled.tokens[0]
-        seq.first_token_from_lane(time.perf_counter())
+        seq.lane_gave_first_token(time.perf_counter())
         reason = append_token(seq, token, self._eog, self._n_ctx)
         self._published()
         cells = None if reason is not None else self._context.export_sequence(_LANE_SEQ)

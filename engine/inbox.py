@@ -1,7 +1,9 @@
 """Where client threads hand requests to the engine thread, and the registry of live requests.
 
-Thread-safe. The registry answers what must be exact across threads: request ids unique among
-live requests, per-tier queue bounds (counting requests still in transit), and the drain.
+Thread-safe: every method takes its lock. The registry answers what must be exact across
+threads: request ids unique among live requests, per-tier queue bounds, and the drain. Queue
+lengths come from the engine's published stats, never from the scheduler itself: a bound counts
+the queue as last published, plus what the engine took from here since, plus what is in transit.
 """
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
+from engine.ownership import claim
 from engine.request import Priority
 from engine.sequence import Sequence
+from engine.stats import EngineStats, StatsBoard
 from sampling.errors import EngineClosedError, InvalidParameterError, QueueFullError
 
 
@@ -63,10 +67,12 @@ class CancelLive:
 
 
 class Inbox:
-    def __init__(self, bounds: dict[Priority, int], waiting_in: Callable[[Priority], int]) -> None:
+    def __init__(self, bounds: dict[Priority, int], board: StatsBoard) -> None:
         self._bounds = bounds
-        self._waiting_in = waiting_in  # the scheduler's queue lengths
         self._cond = threading.Condition()
+        self._waiting = {p: 0 for p in Priority}  # the scheduler's queues as last published
+        self._taken = {p: 0 for p in Priority}  # handed to the engine thread since that publish
+        board.listen(self._published)
         self._messages: collections.deque[Message] = collections.deque()
         self._live: dict[str, Sequence] = {}
         self._elsewhere: set[str] = set()  # live requests the first-token lane holds
@@ -122,8 +128,10 @@ class Inbox:
             self._cond.wait_for(lambda: not self._live, max(0.0, timeout))
             return list(self._live)
 
-    def __bool__(self) -> bool:
-        return bool(self._messages)
+    def is_idle(self) -> bool:
+        """No live request: nothing queued, running, in transit or in the first-token lane."""
+        with self._cond:
+            return not self._live
 
     # ---- engine thread ------------------------------------------------------------------------
     def take(self, admit: Callable[[Sequence], None]) -> list[CancelLive | Adopt | Call]:
@@ -138,7 +146,9 @@ class Inbox:
                 message = self._messages.popleft()
                 if isinstance(message, Submit):
                     for seq in message.sequences:
+                        claim(seq)  # the engine thread holds it from here on
                         if seq.finish_reason is None:
+                            self._taken[seq.request.priority] += 1
                             admit(seq)
                 elif isinstance(message, Cancel):
                     if message.request_id in self._elsewhere:
@@ -146,6 +156,8 @@ class Inbox:
                     elif (seq := self._live.get(message.request_id)) is not None:
                         rest.append(CancelLive(seq))
                 else:
+                    if isinstance(message, Adopt):
+                        claim(message.sequence)  # back from the lane's thread
                     rest.append(message)
             self._messages.extend(later)
         return rest
@@ -159,8 +171,14 @@ class Inbox:
         with self._cond:
             return list(self._live.values())
 
+    def _published(self, stats: EngineStats) -> None:
+        """The engine thread published its queues: everything it took before is in them."""
+        with self._cond:
+            self._waiting = {p: stats.tiers[p.value].waiting for p in Priority}
+            self._taken = {p: 0 for p in Priority}
+
     def _queued(self) -> dict[Priority, int]:
-        queued = {p: self._waiting_in(p) for p in Priority}
+        queued = {p: self._waiting[p] + self._taken[p] for p in Priority}
         for message in self._messages:
             if isinstance(message, Submit):
                 for seq in message.sequences:

@@ -8,7 +8,7 @@ thread governor's probe at another count runs twice as long), a moving average o
 A step with decode rows ends in the output projection of every row, which llama.cpp cannot
 abort, so an abort requested late in it lands only when the step is done. A step of prompt
 chunks alone has one output row at most: it can be aborted almost to its end, and one of a long
-prompt lasts half a second, so the arrival may abort it until `_PROMPT_ONLY_FRACTION` of it.
+prompt lasts half a second, so the arrival may abort it until `PROMPT_ONLY_INTERRUPT_FRACTION` of it (engine/tuning.py).
 """
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ import threading
 import time
 from typing import Callable, Protocol
 
-
-_PROMPT_ONLY_FRACTION = 0.9
+from engine.tuning import PROMPT_ONLY_INTERRUPT_FRACTION, TYPICAL_STEP_NEWEST_WEIGHT
 
 
 class Interrupter(Protocol):
@@ -67,7 +66,8 @@ class InterruptWindow:
             if self._interruptible and completed:
                 took = self._clock() - self._started
                 typical = self.typical_steps.get(self._kind)
-                self.typical_steps[self._kind] = took if typical is None else 0.8 * typical + 0.2 * took
+                self.typical_steps[self._kind] = took if typical is None else \
+                    (1 - TYPICAL_STEP_NEWEST_WEIGHT) * typical + TYPICAL_STEP_NEWEST_WEIGHT * took
 
     def lane_started(self) -> bool:
         """The first-token lane took an arrival: abort a step of prompt chunks alone in flight,
@@ -93,5 +93,5 @@ class InterruptWindow:
 
     def _young(self) -> bool:
         typical = self.typical_steps.get(self._kind)
-        fraction = max(self._fraction, _PROMPT_ONLY_FRACTION) if self._kind[0] == "prompt" else self._fraction
+        fraction = max(self._fraction, PROMPT_ONLY_INTERRUPT_FRACTION) if self._kind[0] == "prompt" else self._fraction
         return typical is None or self._clock() - self._started <= fraction * typical

@@ -27,11 +27,16 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from engine.ownership import SingleWriter
 
 # (parent block's key or None for a prompt's first block, this block's tokens) -> key
 HashFn = Callable[[Hashable | None, tuple[int, ...]], Hashable]
+
+H = TypeVar("H")  # the engine's note of where a cached block's cells live (its holder seq id)
 
 # Shared by all ledgers so that a match can never be mistaken for one made by another ledger.
 _serials = itertools.count(1)
@@ -55,7 +60,7 @@ class StaleMatch(LedgerError):
 
 
 @dataclass(frozen=True)
-class CachedBlock:
+class CachedBlock(Generic[H]):
     """A prefix-cache entry as seen from outside: what `cache_entry` shows and eviction reports.
 
     The block holds tokens[start : start + block_size] of every prompt that starts with the
@@ -66,11 +71,11 @@ class CachedBlock:
     start: int
     tokens: tuple[int, ...]
     parent: int | None
-    holder: object
+    holder: H
 
 
 @dataclass(frozen=True)
-class PrefixMatch:
+class PrefixMatch(Generic[H]):
     """Result of `lookup`: the longest cached chain covering a prompt's leading full blocks.
 
     Taking it changes no refcount; pass it to `allocate` to share the blocks. It goes stale if
@@ -79,7 +84,7 @@ class PrefixMatch:
 
     blocks: tuple[int, ...] = ()
     n_tokens: int = 0
-    holders: tuple[object, ...] = ()
+    holders: tuple[H, ...] = ()
     _serials: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
 
@@ -98,18 +103,18 @@ class LedgerStats:
 
 
 @dataclass(eq=False)  # identity semantics: entries are compared and hashed as objects
-class _Entry:
+class _Entry(Generic[H]):
     block: int
     key: Hashable
     parent: _Entry | None
     tokens: tuple[int, ...]
     start: int
-    holder: object
+    holder: H
     serial: int
     last_used: int
     children: set[_Entry] = field(default_factory=set)
 
-    def view(self) -> CachedBlock:
+    def view(self) -> CachedBlock[H]:
         parent = None if self.parent is None else self.parent.block
         return CachedBlock(self.block, self.start, self.tokens, parent, self.holder)
 
@@ -125,12 +130,18 @@ def _owned(plan: list[tuple[str, _Entry]]) -> list[tuple[str, _Entry]]:
     return plan[: next((i for i, (kind, _) in enumerate(plan) if kind == "duplicate"), len(plan))]
 
 
-class BlockLedger:
+class BlockLedger(SingleWriter, Generic[H]):
     """Refcounted blocks, per-owner block tables and a prefix cache over `n_blocks` blocks.
 
     `hash_fn(parent_key, block_tokens)` keys cache entries; it only has to be deterministic.
     Lookups compare the stored tokens and parent, so a colliding hash costs a miss, never a
     wrong hit (tests inject a deliberately bad one).
+
+    Invariants, checked by `check`: every block is free (refcount 0, on the free list), or
+    referenced: its refcount is the number of owner tables naming it plus one if the prefix
+    cache holds it; an owner's table has exactly the blocks its token count needs; every cache
+    entry's parent is cached and names it as a child, at the next block position; and the idle
+    count is the number of cached blocks no owner references.
     """
 
     def __init__(self, n_blocks: int, block_size: int, hash_fn: HashFn | None = None) -> None:
@@ -143,16 +154,16 @@ class BlockLedger:
         self._free = list(reversed(range(n_blocks)))  # popped from the end: block 0 goes first
         self._tables: dict[int, list[int]] = {}
         self._n_tokens: dict[int, int] = {}
-        self._entries: dict[int, _Entry] = {}  # block -> its cache entry
-        self._buckets: dict[Hashable, list[_Entry]] = {}  # hash -> entries (several on collision)
+        self._entries: dict[int, _Entry[H]] = {}  # block -> its cache entry
+        self._buckets: dict[Hashable, list[_Entry[H]]] = {}  # hash -> entries (several on collision)
         self._idle = 0  # cached blocks with no owner; kept incrementally for cheap admission
         self._clock = 0
-        self._evicted: list[CachedBlock] = []
+        self._evicted: list[CachedBlock[H]] = []
         self._queries = self._hits = self._hit_tokens = self._evictions = 0
 
     # ---- prefix cache --------------------------------------------------------------------
 
-    def lookup(self, tokens: Sequence[int]) -> PrefixMatch:
+    def lookup(self, tokens: Sequence[int]) -> PrefixMatch[H]:
         """Longest cached chain for `tokens`, at most floor((len - 1) / block_size) blocks.
 
         The last prompt token is never covered: the engine must decode at least one token to get
@@ -181,7 +192,7 @@ class BlockLedger:
             _serials=tuple(e.serial for e in matched),
         )
 
-    def evict(self, n_blocks: int) -> list[CachedBlock]:
+    def evict(self, n_blocks: int) -> list[CachedBlock[H]]:
         """Evict up to `n_blocks` idle cached blocks, LRU leaf first; returns what was evicted.
 
         The engine must remove those cells from llama.cpp. These are returned here only, not
@@ -191,7 +202,7 @@ class BlockLedger:
             raise ValueError(f"n_blocks must be >= 0, got {n_blocks}")
         return self._evict(n_blocks)
 
-    def pop_evicted(self) -> list[CachedBlock]:
+    def pop_evicted(self) -> list[CachedBlock[H]]:
         """Entries evicted implicitly by `allocate` / `grow` since the last call; drains them.
 
         Call after every successful allocate or grow, before touching llama.cpp: those blocks
@@ -243,6 +254,20 @@ class BlockLedger:
         """Whether `grow(owner, n_tokens_total)` would succeed."""
         return self._growth(owner, n_tokens_total) <= self._available(PrefixMatch())
 
+    def shrink(self, owner: int, n_tokens_total: int) -> list[int]:
+        """Cut `owner`'s table to the blocks `n_tokens_total` tokens need; returns the blocks
+        dropped (freed, or left idle in the prefix cache if it holds them)."""
+        table = self._table(owner)
+        if not 0 <= n_tokens_total <= self._n_tokens[owner]:
+            raise ValueError(f"owner {owner} holds {self._n_tokens[owner]} tokens, cannot shrink to {n_tokens_total}")
+        keep = self._blocks_for(n_tokens_total)
+        dropped = table[keep:]
+        del table[keep:]
+        for b in dropped:
+            self._decref(b)
+        self._n_tokens[owner] = n_tokens_total
+        return dropped
+
     def grow(self, owner: int, n_tokens_total: int) -> list[int]:
         """Extend `owner`'s table to cover `n_tokens_total` tokens; returns the blocks added.
 
@@ -257,9 +282,7 @@ class BlockLedger:
         self._n_tokens[owner] = n_tokens_total
         return added
 
-    def release(
-        self, owner: int, cache_tokens: Sequence[int] | None = None, holder: object = None
-    ) -> range:
+    def release(self, owner: int, cache_tokens: Sequence[int] | None = None, holder: H | None = None) -> range:
         """Drop `owner`; optionally keep the full blocks of `cache_tokens` in the prefix cache.
 
         `cache_tokens` are the tokens whose KV sits in the owner's leading cells (its prompt, or
@@ -276,13 +299,13 @@ class BlockLedger:
         del self._tables[owner], self._n_tokens[owner]
         return kept
 
-    def publish(self, owner: int, cache_tokens: Sequence[int], holder: object) -> range:
+    def publish(self, owner: int, cache_tokens: Sequence[int], holder: H) -> range:
         """Put the full blocks of `cache_tokens` in the prefix cache while `owner` keeps them:
         as `release` does, without the release. Returns the positions newly cached under
         `holder` (the engine tags those cells with it, so they outlive the owner)."""
         return self._apply_caching(_owned(self._plan_caching(owner, self._table(owner), cache_tokens, holder)))
 
-    def caching_start(self, owner: int, cache_tokens: Sequence[int], publishing: bool) -> tuple[int, object]:
+    def caching_start(self, owner: int, cache_tokens: Sequence[int], publishing: bool) -> tuple[int, H | None]:
         """Where the tokens newly cached by `publish` (or `release`) would start, and the holder
         of the cached block just before them (None if there is none). Changes nothing."""
         plan = self._plan_caching(owner, self._table(owner), cache_tokens, None)
@@ -309,15 +332,32 @@ class BlockLedger:
         """Owner references plus 1 if the prefix cache holds the block."""
         return self._ref[block]
 
-    def free_blocks(self) -> tuple[int, ...]:
-        return tuple(self._free)
-
-    def cached_blocks(self) -> tuple[int, ...]:
-        return tuple(self._entries)
-
-    def cache_entry(self, block: int) -> CachedBlock | None:
+    def cache_entry(self, block: int) -> CachedBlock[H] | None:
         entry = self._entries.get(block)
         return None if entry is None else entry.view()
+
+    def cache_entries(self) -> Iterator[CachedBlock[H]]:
+        """Every prefix-cache entry, in no particular order."""
+        return (entry.view() for entry in self._entries.values())
+
+    def check(self) -> None:
+        """Raise AssertionError unless the invariants in the class docstring hold."""
+        refs = [0] * self.n_blocks
+        for owner, table in self._tables.items():
+            assert len(table) == self._blocks_for(self._n_tokens[owner]), f"owner {owner}'s table is mis-sized"
+            for b in table:
+                refs[b] += 1
+        for b, entry in self._entries.items():
+            refs[b] += 1
+            assert entry.block == b and entry in self._buckets.get(entry.key, ()), f"cache entry {b} is misfiled"
+            parent = entry.parent
+            assert parent is None or (self._entries.get(parent.block) is parent and entry in parent.children
+                                      and parent.start + self.block_size == entry.start), f"cached block {b}'s chain"
+            assert parent is not None or entry.start == 0, f"cached block {b} has no parent past position 0"
+        assert refs == self._ref, "refcounts differ from the tables and the cache"
+        free = set(self._free)
+        assert len(free) == len(self._free) and free == {b for b, r in enumerate(refs) if r == 0}, "free list"
+        assert self._idle == sum(1 for b in self._entries if refs[b] == 1), "idle count"
 
     @property
     def stats(self) -> LedgerStats:
@@ -429,7 +469,7 @@ class BlockLedger:
         return range(first_new * bs, len(plan) * bs)
 
     def _plan_caching(
-        self, owner: int, table: list[int], cache_tokens: Sequence[int], holder: object
+        self, owner: int, table: list[int], cache_tokens: Sequence[int], holder: H | None
     ) -> list[tuple[str, _Entry]]:
         """Decide, without changing anything, which entry stands for each full block."""
         bs = self.block_size

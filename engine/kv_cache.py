@@ -8,14 +8,29 @@ that costs no copy and no extra cell — and prefills only the rest.
 
 The cache is the one writer of `Sequence.n_computed`: it says how many of a sequence's tokens
 are in llama.cpp's memory, and only the cache knows (after a lookup, a decode, a release).
+
+What it keeps: one `SeqKv` record per sequence holding a seq id (running or suspended) and one
+`HolderKv` per holder seq id in use, on top of the block ledger (engine/kv_blocks.py, which
+states its own invariants in `BlockLedger.check`). Its invariants, checked by `check`:
+- a record's seq id is the sequence's, no seq id is both free and recorded, no holder both free
+  and in use;
+- a sequence's first `shared_tokens` positions are holders' cells (tagged onto its seq id, never
+  copied), the next `borrowed` were tagged from another live sequence's cells, the rest it
+  computed itself, and `shared_tokens + borrowed <= n_computed`;
+- its ledger table covers every computed token (`n_tokens(seq_id) >= n_computed`): a cell is
+  reserved before llama_decode may fill it;
+- a holder's cells are one run of positions ending at `end`, and it holds as many blocks as the
+  ledger's cache entries that name it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from engine.ownership import SingleWriter
 from engine.kv_blocks import BlockLedger, CachedBlock, LedgerStats, PrefixMatch
 from engine.prefix_reuse import PrefixReuse
+from engine.tuning import IDLE_CELLS_PER_PROMPT_TOKEN_MEASURED
 from engine.sequence import Sequence
 
 
@@ -48,7 +63,33 @@ class KvCacheStats:
     idle_drops: int  # times idle cached prefixes were dropped before a long prefill
 
 
-class KvCache:
+@dataclass
+class SeqKv:
+    """What the cache holds for one sequence that has a seq id."""
+
+    seq: Sequence
+    seq_id: int
+    shared_tokens: int  # leading positions whose cells are holders' (cached blocks, tagged onto seq_id)
+    shared_blocks: tuple[int, ...]  # the cached blocks those positions are
+    borrowed: int = 0  # positions after those, tagged from another live sequence's cells at admission
+
+    @property
+    def own_tokens(self) -> int:
+        """Cells counted as this sequence's own (the shared ones are counted under their holders)."""
+        return max(0, self.seq.n_computed - self.shared_tokens)
+
+
+@dataclass
+class HolderKv:
+    """A holder seq id: cached cells nothing decodes, kept for later prompts that start the same."""
+
+    blocks: int  # cached blocks it still holds
+    end: int  # the position after its last cell: a holder grows and shrinks only at its end
+
+
+class KvCache(SingleWriter):
+    """Engine thread only."""
+
     def __init__(
         self,
         memory: KvMemory,
@@ -64,18 +105,15 @@ class KvCache:
         # Idle cached blocks still hold cells, and llama.cpp's attention spans the used cells
         # of the whole unified cache: past this many, the least recently used are dropped.
         self.max_cached_blocks = max_cached_blocks
-        self.reuse = reuse or PrefixReuse()
+        self.reuse = reuse or PrefixReuse(IDLE_CELLS_PER_PROMPT_TOKEN_MEASURED)
         self.idle_drops = 0
         self.block_size = block_size
         self.prefix_cache = prefix_cache and len(holder_ids) > 0
-        self.ledger = BlockLedger(n_cells // block_size, block_size)
+        self.ledger: BlockLedger[int] = BlockLedger(n_cells // block_size, block_size)
         self._free_ids = list(reversed(running_ids))
         self._free_holders = list(reversed(holder_ids))
-        self._holder_blocks: dict[int, int] = {}  # holder seq id -> cached blocks it still holds
-        self._holder_end: dict[int, int] = {}  # holder seq id -> the position after its last cell
-        self._shared: dict[int, int] = {}  # running seq id -> leading positions shared from holders
-        self._owners: dict[int, Sequence] = {}  # seq id -> the sequence holding it
-        self._shared_blocks: dict[int, tuple[int, ...]] = {}  # seq id -> cached blocks it shares
+        self._records: dict[int, SeqKv] = {}  # seq id -> its sequence's record
+        self._holders: dict[int, HolderKv] = {}  # holder seq id -> what it holds
 
     @property
     def n_free_ids(self) -> int:
@@ -99,10 +137,11 @@ class KvCache:
         seq_id = self._allocate(n_tokens, match)
         if match is not None and match.blocks:
             self._share(match.holders, seq_id)
-        shared = match.n_tokens if match is not None else 0
-        self._register(seq, seq_id, shared, match.blocks if match is not None else ())
+        record = self._register(seq, seq_id, match.n_tokens if match is not None else 0,
+                                match.blocks if match is not None else ())
         if reuse:
-            seq.n_computed += self._borrow(seq)
+            record.borrowed = self._borrow(seq)
+            seq.n_computed += record.borrowed
         if seq.cached_tokens is None:
             seq.cached_tokens = seq.n_computed
         if reuse:
@@ -128,97 +167,49 @@ class KvCache:
         self.computed(seq, seq.n_prompt)  # its prompt blocks join the prefix cache as if computed here
         return True
 
-    def _allocate(self, n_tokens: int, match: PrefixMatch | None) -> int:
-        """A seq id and blocks for n_tokens (the caller checked there is room)."""
-        seq_id = self._free_ids.pop()
-        self.ledger.allocate(seq_id, n_tokens, match)
-        self._drop_evicted(self.ledger.pop_evicted())
-        return seq_id
-
-    def _register(self, seq: Sequence, seq_id: int, shared_tokens: int, shared_blocks: tuple[int, ...]) -> None:
-        """seq owns seq_id; its first shared_tokens are in holders' cells (shared_blocks)."""
-        seq.seq_id = seq_id
-        seq.n_computed = shared_tokens
-        self._shared[seq_id] = shared_tokens
-        self._shared_blocks[seq_id] = shared_blocks
-        self._owners[seq_id] = seq
-
-    def _weigh_idle(self) -> None:
-        """Drop every idle cached block if the prompt tokens still to prefill would pay more for
-        them than their measured reuse is worth (checked when a prompt arrives and when a finished
-        sequence leaves idle blocks behind)."""
-        idle = self.ledger.stats.cached
-        if not idle:
-            return
-        fresh = sum(len(seq.tokens) - seq.n_computed for seq in self._owners.values())
-        if not self.reuse.keep_idle(fresh):
-            self._drop_evicted(self.ledger.evict(idle))
-            self.idle_drops += 1
-
-    def _borrow(self, seq: Sequence) -> int:
-        """Tag cells a live sequence computed for the same tokens, past the cached blocks, with
-        seq's id too (token-granular: the partial block at a shared prompt's end, or blocks not
-        published yet); returns how many. seq's own blocks already reserve room for them, so the
-        ledger stays safe whoever finishes first; cells_held counts them under both."""
-        start, limit = seq.n_computed, len(seq.tokens) - 1  # the last token is always computed
-        best, donor = 0, None
-        for other in self._owners.values():
-            n = min(other.n_computed, limit)
-            if n <= start + best or other.tokens[:start] != seq.tokens[:start]:
-                continue
-            common = start
-            while common < n and other.tokens[common] == seq.tokens[common]:
-                common += 1
-            if common - start > best:
-                best, donor = common - start, other
-        if donor is not None:
-            self._memory.seq_cp(donor.seq_id, seq.seq_id, start, start + best)  # type: ignore[arg-type]
-        return best
-
     def try_reserve(self, seq: Sequence, n_tokens_total: int) -> bool:
         """Make sure seq's blocks cover n_tokens_total tokens (evicting idle cached blocks)."""
-        assert seq.seq_id is not None
-        if n_tokens_total <= self.ledger.n_tokens(seq.seq_id):
+        seq_id = self._record(seq).seq_id
+        if n_tokens_total <= self.ledger.n_tokens(seq_id):
             return True
-        if not self.ledger.can_grow(seq.seq_id, n_tokens_total):
+        if not self.ledger.can_grow(seq_id, n_tokens_total):
             return False
-        self.ledger.grow(seq.seq_id, n_tokens_total)
+        self.ledger.grow(seq_id, n_tokens_total)
         self._drop_evicted(self.ledger.pop_evicted())
         return True
 
     def computed(self, seq: Sequence, n_tokens: int) -> None:
         """llama_decode has put the next n_tokens of seq into its cells."""
-        assert seq.seq_id is not None and seq.n_computed + n_tokens <= len(seq.tokens)
+        self._record(seq)
+        assert seq.n_computed + n_tokens <= len(seq.tokens)
         seq.n_computed += n_tokens
         if self.prefix_cache and seq.n_computed - n_tokens < seq.n_prompt <= seq.n_computed:
             self._publish_prompt(seq)
 
-    def _publish_prompt(self, seq: Sequence) -> None:
-        # A prompt's blocks are shareable as soon as they are computed, not only once the
-        # sequence ends: requests that arrived with it can start from them a step later.
-        seq_id = seq.seq_id
-        tokens = seq.tokens[: seq.n_prompt]
-        holder = self._holder_after(*self.ledger.caching_start(seq_id, tokens, publishing=True))
-        if holder is None:
-            return
-        kept = self.ledger.publish(seq_id, tokens, holder)
-        if not self._hold(seq_id, holder, kept):
-            return
-        if kept.start <= self._shared[seq_id]:
-            # Its leading cells are all holders' now: count them once, under the holders.
-            self._shared[seq_id] = kept.stop
-            self._shared_blocks[seq_id] = self.ledger.table(seq_id)[: kept.stop // self.block_size]
+    def truncate(self, seq: Sequence, n_tokens: int) -> None:
+        """Keep seq's first n_tokens only: later cells leave llama.cpp's memory and the blocks
+        beyond them return to the ledger (tokens computed tentatively, then rejected). The
+        caller shortens seq.tokens to match."""
+        record = self._record(seq)
+        if n_tokens < record.shared_tokens + record.borrowed or n_tokens < seq.n_prompt:
+            raise ValueError(f"cannot truncate {seq.request_id} to {n_tokens} tokens: its first "
+                             f"{max(record.shared_tokens + record.borrowed, seq.n_prompt)} are its prompt or shared")
+        if n_tokens < seq.n_computed:
+            self._memory.seq_rm(record.seq_id, n_tokens, -1)
+            seq.n_computed = n_tokens
+        if n_tokens < self.ledger.n_tokens(record.seq_id):
+            self.ledger.shrink(record.seq_id, n_tokens)
 
-    def release(self, seq: Sequence, keep_prefix: bool = True) -> None:
+    def release(self, seq: Sequence) -> None:
         """Free seq's id and blocks; its computed full blocks may stay behind as cached prefix.
 
         The cells are removed from llama.cpp before the id can be handed out again.
         """
-        seq_id = seq.seq_id
-        assert seq_id is not None
+        record = self._record(seq)
+        seq_id = record.seq_id
         tokens = seq.tokens[: seq.n_computed]
         holder = None
-        if keep_prefix and self.prefix_cache:
+        if self.prefix_cache:
             holder = self._holder_after(*self.ledger.caching_start(seq_id, tokens, publishing=False))
         if holder is None:
             self.ledger.release(seq_id)
@@ -226,9 +217,7 @@ class KvCache:
             self._hold(seq_id, holder, self.ledger.release(seq_id, tokens, holder=holder))
         self._memory.seq_rm(seq_id, -1, -1)
         self._free_ids.append(seq_id)
-        del self._shared[seq_id]
-        del self._owners[seq_id]
-        del self._shared_blocks[seq_id]
+        del self._records[seq_id]
         seq.seq_id = None
         seq.n_computed = 0
         if self.max_cached_blocks is not None:
@@ -237,39 +226,130 @@ class KvCache:
                 self._drop_evicted(self.ledger.evict(excess))
         self._weigh_idle()
 
-    def cells_in_use(self, memory: "KvPositions") -> int:
+    # ---- what it measures -----------------------------------------------------------------------
+    def cells_in_use(self, memory: KvPositions) -> int:
         """Distinct llama.cpp cells in use, read from seq_pos_min/max, not from the ledger.
 
         A running sequence's leading positions that were shared from a holder are the holder's
         cells (seq_cp only tagged them), so they are counted once, under the holder.
         """
         cells = 0
-        for holder in self._holder_blocks:
+        for holder in self._holders:
             lo, hi = memory.seq_pos_min(holder), memory.seq_pos_max(holder)
             cells += hi - lo + 1 if hi >= 0 else 0
-        for seq_id, shared in self._shared.items():
+        for seq_id, record in self._records.items():
             hi = memory.seq_pos_max(seq_id)
-            cells += max(0, hi + 1 - shared)
+            cells += max(0, hi + 1 - record.shared_tokens)
         return cells
 
     def cells_held(self) -> int:
         """Distinct cells holding the tokens of sequences that have a seq id (running or
-        suspended): a cached prefix shared by several counts once, idle cached blocks not at all."""
-        shared: set[int] = set().union(*self._shared_blocks.values())
-        own = sum(max(0, seq.n_computed - self._shared[i]) for i, seq in self._owners.items())
-        return len(shared) * self.block_size + own
+        suspended): a cached prefix shared by several counts once, idle cached blocks not at all;
+        borrowed cells count under both sequences that tag them."""
+        shared: set[int] = set().union(*(r.shared_blocks for r in self._records.values()))
+        return len(shared) * self.block_size + sum(r.own_tokens for r in self._records.values())
 
     def stats(self) -> KvCacheStats:
         s: LedgerStats = self.ledger.stats
         return KvCacheStats(s.total, s.used, s.cached, s.free, self.block_size, s.queries, s.hits,
                             s.hit_tokens, s.evictions, round(self.reuse.share, 4), self.idle_drops)
 
-    def _holder_after(self, start: int, before: object) -> int | None:
+    def check(self) -> None:
+        """Raise AssertionError unless the invariants in the module docstring hold."""
+        self.ledger.check()
+        assert not set(self._free_ids) & set(self._records), "a recorded seq id is also free"
+        assert not set(self._free_holders) & set(self._holders), "a holder in use is also free"
+        for seq_id, record in self._records.items():
+            seq = record.seq
+            assert record.seq_id == seq_id == seq.seq_id, f"seq id {seq_id} recorded for {seq.seq_id}"
+            assert record.shared_tokens + record.borrowed <= seq.n_computed, f"seq {seq_id} shares uncomputed cells"
+            assert self.ledger.n_tokens(seq_id) >= seq.n_computed, \
+                f"seq {seq_id} computed {seq.n_computed} tokens, its blocks cover {self.ledger.n_tokens(seq_id)}"
+        blocks: dict[int, list[int]] = {}
+        for entry in self.ledger.cache_entries():
+            blocks.setdefault(entry.holder, []).append(entry.start)
+        assert set(blocks) == set(self._holders), "holders in use differ from the cache entries' holders"
+        for holder, starts in blocks.items():
+            state = self._holders[holder]
+            assert state.blocks == len(starts), f"holder {holder} counts {state.blocks} blocks, holds {len(starts)}"
+            assert state.end == max(starts) + self.block_size, f"holder {holder} ends at {state.end}"
+
+    # ---- internals ------------------------------------------------------------------------------
+    def _record(self, seq: Sequence) -> SeqKv:
+        assert seq.seq_id is not None and self._records[seq.seq_id].seq is seq, f"{seq.seq_id} is not seq's id"
+        return self._records[seq.seq_id]
+
+    def _allocate(self, n_tokens: int, match: PrefixMatch[int] | None) -> int:
+        """A seq id and blocks for n_tokens (the caller checked there is room)."""
+        seq_id = self._free_ids.pop()
+        self.ledger.allocate(seq_id, n_tokens, match)
+        self._drop_evicted(self.ledger.pop_evicted())
+        return seq_id
+
+    def _register(self, seq: Sequence, seq_id: int, shared_tokens: int, shared_blocks: tuple[int, ...]) -> SeqKv:
+        """seq owns seq_id; its first shared_tokens are in holders' cells (shared_blocks)."""
+        seq.seq_id = seq_id
+        seq.n_computed = shared_tokens
+        record = self._records[seq_id] = SeqKv(seq, seq_id, shared_tokens, shared_blocks)
+        return record
+
+    def _weigh_idle(self) -> None:
+        """Drop every idle cached block if the prompt tokens still to prefill would pay more for
+        them than their measured reuse is worth (checked when a prompt arrives and when a finished
+        sequence leaves idle blocks behind)."""
+        idle = self.ledger.stats.cached
+        if not idle:
+            return
+        fresh = sum(len(r.seq.tokens) - r.seq.n_computed for r in self._records.values())
+        if not self.reuse.keep_idle(fresh):
+            self._drop_evicted(self.ledger.evict(idle))
+            self.idle_drops += 1
+
+    def _borrow(self, seq: Sequence) -> int:
+        """Tag cells a live sequence computed for the same tokens, past the cached blocks, with
+        seq's id too (token-granular: the partial block at a shared prompt's end, or blocks not
+        published yet); returns how many. seq's own blocks already reserve room for them, so the
+        ledger stays safe whoever finishes first."""
+        start, limit = seq.n_computed, len(seq.tokens) - 1  # the last token is always computed
+        best, donor = 0, None
+        for record in self._records.values():
+            other = record.seq
+            n = min(other.n_computed, limit)
+            if other is seq or n <= start + best or other.tokens[:start] != seq.tokens[:start]:
+                continue
+            common = start
+            while common < n and other.tokens[common] == seq.tokens[common]:
+                common += 1
+            if common - start > best:
+                best, donor = common - start, record
+        if donor is not None:
+            self._memory.seq_cp(donor.seq_id, self._record(seq).seq_id, start, start + best)
+        return best
+
+    def _publish_prompt(self, seq: Sequence) -> None:
+        # A prompt's blocks are shareable as soon as they are computed, not only once the
+        # sequence ends: requests that arrived with it can start from them a step later.
+        record = self._record(seq)
+        tokens = seq.tokens[: seq.n_prompt]
+        holder = self._holder_after(*self.ledger.caching_start(record.seq_id, tokens, publishing=True))
+        if holder is None:
+            return
+        kept = self.ledger.publish(record.seq_id, tokens, holder)
+        if not self._hold(record.seq_id, holder, kept):
+            return
+        if kept.start <= record.shared_tokens:
+            # Its leading cells are all holders' now: count them once, under the holders.
+            borrowed_end = record.shared_tokens + record.borrowed
+            record.shared_tokens = kept.stop
+            record.shared_blocks = self.ledger.table(record.seq_id)[: kept.stop // self.block_size]
+            record.borrowed = max(0, borrowed_end - kept.stop)
+
+    def _holder_after(self, start: int, before: int | None) -> int | None:
         """A holder for cells cached from position `start` on: the holder of the block just before,
         if its cells end there (so a conversation's turns pile up under one holder instead of
         taking two each, which ran the holders out and evicted live conversations), else a
         free one."""
-        if isinstance(before, int) and self._holder_end.get(before) == start:
+        if before is not None and before in self._holders and self._holders[before].end == start:
             return before
         return self._take_holder()
 
@@ -277,14 +357,17 @@ class KvCache:
         """Tag seq_id's cells at the `kept` positions with `holder`; False if there were none (a
         fresh holder then goes back to the free list)."""
         if not len(kept):
-            if holder not in self._holder_blocks:
+            if holder not in self._holders:
                 self._free_holders.append(holder)
             return False
+        state = self._holders.get(holder)
         # A holder only grows at its end: its positions stay one run (cells_in_use relies on it).
-        assert holder not in self._holder_end or self._holder_end[holder] == kept.start
+        assert state is None or state.end == kept.start
         self._memory.seq_cp(seq_id, holder, kept.start, kept.stop)
-        self._holder_blocks[holder] = self._holder_blocks.get(holder, 0) + len(kept) // self.block_size
-        self._holder_end[holder] = kept.stop
+        if state is None:
+            state = self._holders[holder] = HolderKv(0, kept.start)
+        state.blocks += len(kept) // self.block_size
+        state.end = kept.stop
         return True
 
     def _take_holder(self) -> int | None:
@@ -294,22 +377,22 @@ class KvCache:
             self._drop_evicted(self.ledger.evict(1))
         return self._free_holders.pop() if self._free_holders else None
 
-    def _share(self, holders: tuple[object, ...], seq_id: int) -> None:
+    def _share(self, holders: tuple[int, ...], seq_id: int) -> None:
         # One seq_cp per run of consecutive blocks living under the same holder.
         bs, start = self.block_size, 0
         for i in range(1, len(holders) + 1):
             if i == len(holders) or holders[i] != holders[start]:
-                self._memory.seq_cp(int(holders[start]), seq_id, start * bs, i * bs)  # type: ignore[arg-type]
+                self._memory.seq_cp(holders[start], seq_id, start * bs, i * bs)
                 start = i
 
-    def _drop_evicted(self, evicted: list[CachedBlock]) -> None:
+    def _drop_evicted(self, evicted: list[CachedBlock[int]]) -> None:
         for entry in evicted:
-            holder = int(entry.holder)  # type: ignore[arg-type]
+            holder, state = entry.holder, self._holders[entry.holder]
             self._memory.seq_rm(holder, entry.start, entry.start + self.block_size)
-            self._holder_blocks[holder] -= 1
-            if self._holder_blocks[holder] == 0:
-                del self._holder_blocks[holder], self._holder_end[holder]
+            state.blocks -= 1
+            if state.blocks == 0:
+                del self._holders[holder]
                 self._memory.seq_rm(holder, -1, -1)
                 self._free_holders.append(holder)
-            elif self._holder_end[holder] == entry.start + self.block_size:
-                self._holder_end[holder] = entry.start  # leaves go first: a holder shrinks from its end
+            elif state.end == entry.start + self.block_size:
+                state.end = entry.start  # leaves go first: a holder shrinks from its end

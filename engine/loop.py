@@ -2,10 +2,12 @@
 
 Each turn: take what clients sent (requests, cancellations, calls), expire deadlines, run one
 core step, publish the stats and wake the clients' event loops. It sleeps only when there is
-nothing it can do.
+nothing it can do. A failure in any part of a turn fails the requests it concerns, with the
+reason, and the thread goes on serving the others: it never ends while the engine is open.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -14,20 +16,18 @@ from engine.handle import LoopWaker
 from engine.inbox import Adopt, CancelLive, Inbox
 from engine.request import FinishReason
 from engine.sequence import Sequence
+from engine.tuning import CANCELS_ANSWERED_BACKSTOP_S, IDLE_WAIT_S
 
-_IDLE_WAIT_S = 0.05
-# Backstop for the drain: a cancellation is answered within one step, so this wait ends long
-# before it unless the engine thread is stuck.
-_CANCELS_ANSWERED_BACKSTOP_S = 30.0
+log = logging.getLogger("cobatch.engine")
 
 
 class EngineLoop:
-    def __init__(self, core: EngineCore, inbox: Inbox, waker: LoopWaker) -> None:
+    def __init__(self, core: EngineCore, inbox: Inbox, wakeup: threading.Event, waker: LoopWaker) -> None:
         self.core = core
         self.inbox = inbox
+        self._wakeup = wakeup  # set by anyone with work for this thread
         self._waker = waker
-        self._with_deadline: set[Sequence] = set()
-        self._wakeup = threading.Event()
+        self._with_deadline: set[Sequence] = set()  # engine thread only
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="cobatch-engine", daemon=True)
         self._thread.start()
@@ -44,7 +44,7 @@ class EngineLoop:
             self.inbox.cancel(request_id)
         self.wake()
         if left and self._thread.is_alive():
-            self.inbox.wait_until_empty(_CANCELS_ANSWERED_BACKSTOP_S)
+            self.inbox.wait_until_empty(CANCELS_ANSWERED_BACKSTOP_S)
 
     def stop(self) -> None:
         """End the thread; requests still live are cancelled."""
@@ -53,47 +53,81 @@ class EngineLoop:
         self.wake()
         self._thread.join()
 
-    def is_idle(self) -> bool:
-        return not self.inbox and not self.core.has_work()
-
+    # ---- the engine thread ----------------------------------------------------------------------
     def _run(self) -> None:
+        self.core.claim_for_this_thread()
         while not self._stopping:
             self._wakeup.clear()
+            if not self._turn():
+                self._wakeup.wait(IDLE_WAIT_S)
+        self._guarded("taking the inbox", self._take_inbox)
+        for seq in self.inbox.live_sequences():
+            self._guarded("cancelling at shutdown", self.core.finish, seq, FinishReason.CANCELLED,
+                          "the engine shut down")
+        self._publish()
+
+    def _turn(self) -> bool:
+        """One turn; False when there was nothing to do."""
+        worked = False
+        try:
             self._take_inbox()
             self._expire_deadlines()
-            worked = False
             if self.core.has_work():
-                try:
-                    worked = self.core.step()  # False: waiting requests none of which can start yet
-                except Exception as exc:  # a bug must fail requests, not kill the engine thread
-                    self.core.fail_running(exc)
-                    worked = True
-            self.core.publish_stats()
-            self._waker.flush()  # one wake-up per event loop for everything this turn published
-            if not worked:
-                self._wakeup.wait(_IDLE_WAIT_S)
-        self._take_inbox()
-        for seq in self.inbox.live_sequences():
-            self.core.finish(seq, FinishReason.CANCELLED, error="the engine shut down")
-        self.core.publish_stats()
-        self._waker.flush()
+                worked = self.core.step()  # False: waiting requests none of which can start yet
+        except Exception as exc:  # a bug must fail requests, not kill the engine thread
+            log.exception("engine turn failed")
+            self.core.fail_running(exc)
+            worked = True
+        self._publish()
+        return worked
+
+    def _publish(self) -> None:
+        self.core.publish_stats()  # never raises: readers keep the last snapshot
+        # One wake-up per event loop for everything this turn published.
+        self._guarded("waking event loops", self._waker.flush)
+
+    def _guarded(self, what: str, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("engine loop: %s failed", what)
 
     def _admit(self, seq: Sequence) -> None:
-        self.core.add(seq)
+        try:
+            self.core.add(seq)
+        except Exception as exc:  # this request only: the others in the inbox still go in
+            log.exception("admitting %s failed", seq.request_id)
+            self._fail(seq, exc)
+            return
         if seq.deadline is not None:
             self._with_deadline.add(seq)
 
     def _take_inbox(self) -> None:
+        # Taken messages are off the inbox: each is handled on its own, so one failure loses
+        # none of the others (an adoption lost here would leave its client waiting for ever).
         for message in self.inbox.take(self._admit):
             if isinstance(message, CancelLive):
                 if message.sequence.finish_reason is None:
-                    self.core.finish(message.sequence, FinishReason.CANCELLED)
+                    self._guarded("cancelling", self.core.finish, message.sequence, FinishReason.CANCELLED)
             elif isinstance(message, Adopt):
-                self.core.adopt(message.sequence, message.cells, message.reason, message.error)
-                if message.sequence.deadline is not None and message.sequence.finish_reason is None:
-                    self._with_deadline.add(message.sequence)
+                self._adopt(message)
             else:
-                message.run()
+                message.run()  # a Call reports its own failure to its caller
+
+    def _adopt(self, message: Adopt) -> None:
+        seq = message.sequence
+        try:
+            self.core.adopt(seq, message.cells, message.reason, message.error)
+        except Exception as exc:
+            log.exception("adopting %s from the first-token lane failed", seq.request_id)
+            self._fail(seq, exc)
+            return
+        if seq.deadline is not None and seq.finish_reason is None:
+            self._with_deadline.add(seq)
+
+    def _fail(self, seq: Sequence, exc: Exception) -> None:
+        if seq.finish_reason is None:
+            self._guarded("failing a request", self.core.finish, seq, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
 
     def _expire_deadlines(self) -> None:
         if not self._with_deadline:
@@ -102,4 +136,5 @@ class EngineLoop:
         for seq in [s for s in self._with_deadline if s.finish_reason is not None or s.deadline <= now]:
             self._with_deadline.discard(seq)
             if seq.finish_reason is None:
-                self.core.finish(seq, FinishReason.TIMEOUT, error=f"its timeout of {seq.request.timeout:g} s passed")
+                self._guarded("expiring a deadline", self.core.finish, seq, FinishReason.TIMEOUT,
+                              f"its timeout of {seq.request.timeout:g} s passed")

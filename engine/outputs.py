@@ -60,7 +60,7 @@ def _row_context(seq: Sequence, n_ctx: int) -> RowContext:
         rng=seq.rng,
         generated=seq.tokens[seq.n_prompt :] if params.has_penalties else (),
         matcher=seq.matcher,
-        remaining_tokens=min(seq.remaining_tokens, n_ctx + 1 - len(seq.tokens)),
+        remaining_tokens=seq.token_budget(n_ctx),
     )
 
 

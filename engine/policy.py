@@ -40,22 +40,17 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from engine.ownership import SingleWriter
 from engine.prompt_scores import scored_positions
 from engine.request import Priority
 from engine.sequence import Sequence
 from engine.step_cost import StepCostModel
 from engine.step_plan import Chunk, StepPlan
+from engine.tuning import (
+    CALIBRATION_DOWN, CALIBRATION_RANGE, CALIBRATION_START, CALIBRATION_UP, DEEP_PROMPT_CHUNK, DEEP_PROMPT_FROM,
+)
 
 INTERACTIVE, BATCH = Priority.INTERACTIVE, Priority.BATCH
-
-# How much longer than the step-cost model's prediction an interactive token's interval really
-# is (the loop around the decode, noise), tracked at its 95th percentile: an interval over the
-# estimate raises it 5%, one under lowers it by a nineteenth of that, which balance where one
-# interval in twenty is over.
-_CALIBRATION_START = 1.25
-_CALIBRATION_RANGE = (0.5, 4.0)
-_CALIBRATION_UP = 0.05
-_CALIBRATION_DOWN = _CALIBRATION_UP * 0.05 / 0.95
 
 
 class QueueView(Protocol):
@@ -71,11 +66,6 @@ class QueueView(Protocol):
 
     def n_running(self, tier: Priority) -> int: ...
 
-
-# Past this many cells a prompt chunk's attention makes long graph nodes, and an abort lands only
-# between nodes: chunks of this size halve that wait at no measured cost in prefill speed.
-DEEP_PROMPT_FROM = 8192
-DEEP_PROMPT_CHUNK = 128
 
 
 @dataclass
@@ -98,8 +88,8 @@ class StepLayout:
             self.batch_tokens_left -= n
 
 
-class SchedulingPolicy:
-    """The questions the scheduler asks. This base class answers them as FIFO does."""
+class SchedulingPolicy(SingleWriter):
+    """The questions the scheduler asks. This base class answers them as FIFO does. Engine thread only."""
 
     bounded_steps = 0  # steps laid out under a latency target
     batch_rows_granted = 0  # batch rows those steps carried
@@ -172,7 +162,7 @@ class TwoTierPolicy(SchedulingPolicy):
         self.token_target_s = interactive_token_s if step_cost is not None else None
         self.step_cost = step_cost
         self._clock = clock
-        self.calibration = _CALIBRATION_START
+        self.calibration = CALIBRATION_START
         self._predicted_s: float | None = None  # the last bounded step's predicted seconds
         self.bounded_steps = 0
         self.batch_rows_granted = 0
@@ -338,12 +328,12 @@ class TwoTierPolicy(SchedulingPolicy):
         # Only steps the target shaped tell how far the prediction was from the interval.
         if not self._last_step_bounded or not self._predicted_s:
             return
-        low, high = _CALIBRATION_RANGE
+        low, high = CALIBRATION_RANGE
         for interval in seconds:
             if interval > self._predicted_s * self.calibration:
-                self.calibration = min(high, self.calibration * (1 + _CALIBRATION_UP))
+                self.calibration = min(high, self.calibration * (1 + CALIBRATION_UP))
             else:
-                self.calibration = max(low, self.calibration * (1 - _CALIBRATION_DOWN))
+                self.calibration = max(low, self.calibration * (1 - CALIBRATION_DOWN))
 
     # ---- helpers ------------------------------------------------------------------------------
     def _waited(self, decoding: list[Sequence], now: float) -> float:

@@ -10,24 +10,17 @@ through the prompt tokens left (the cost per idle cell is linear in them, so all
 """
 from __future__ import annotations
 
-# Prefilling one token costs about what this many idle cells add to one prompt row (Gemma 3 270M,
-# flash attention: 27k-41k in two measurements, docs/kv-cache.md).
-PROMPT_TOKEN_IN_IDLE_CELLS = 30_000
-# Recent prompts count most: the counts halve every this many prompt tokens.
-HALF_LIFE_TOKENS = 8_192
-# Before anything is measured, assume half of the prompt tokens come from the cache, worth a
-# short history: a new server's first miss does not throw the first conversation away, and a
-# second one in a row (a stream of distinct documents) does.
-PRIOR_SHARE, PRIOR_TOKENS = 0.5, 1_024
+from engine.ownership import SingleWriter
+from engine.tuning import REUSE_HALF_LIFE_TOKENS, REUSE_PRIOR_SHARE, REUSE_PRIOR_TOKENS
 
+class PrefixReuse(SingleWriter):
+    """Engine thread only (the KV cache's)."""
 
-class PrefixReuse:
-    def __init__(self, prompt_token_in_idle_cells: float = PROMPT_TOKEN_IN_IDLE_CELLS,
-                 half_life_tokens: float = HALF_LIFE_TOKENS) -> None:
+    def __init__(self, prompt_token_in_idle_cells: float, half_life_tokens: float = REUSE_HALF_LIFE_TOKENS) -> None:
         self.prompt_token_in_idle_cells = prompt_token_in_idle_cells
         self.half_life_tokens = half_life_tokens
-        self._served = PRIOR_SHARE * PRIOR_TOKENS
-        self._asked = float(PRIOR_TOKENS)
+        self._served = REUSE_PRIOR_SHARE * REUSE_PRIOR_TOKENS
+        self._asked = float(REUSE_PRIOR_TOKENS)
 
     @property
     def share(self) -> float:

@@ -2,7 +2,7 @@
 
 A request with prompt_logprobs has all its prompt rows flagged for output, not only the row that
 samples, so a step's output block mixes sampling rows and scored rows in batch row order.
-`lay_out` flags the scored rows and says where each output lands; `record` turns the scored
+`map_outputs` flags the scored rows and says where each output lands; `record` turns the scored
 rows into TokenLogprobs on their sequence. The row at position p predicts token p + 1, so the
 last prompt row is a sampling row (or, with max_tokens 0, no output at all) and the first
 prompt token has no score.
@@ -17,11 +17,14 @@ import numpy as np
 from engine.outputs import TokenLogprob
 from engine.sequence import Sequence
 from engine.step_plan import Chunk
+from engine.tuning import SCORED_OUTPUT_BYTES, SCORED_ROWS_AT_ONCE
 
-_ROWS_AT_ONCE = 16  # float64 copies of this many vocabulary-wide rows at a time
-# llama.cpp keeps its output buffer as large as the most output rows a step ever had, a
-# vocabulary-wide row (1 MB here) each: a whole 256-token scored chunk would keep 268 MB.
-MAX_SCORED_ROWS_PER_STEP = 64
+
+
+def max_scored_rows(n_vocab: int) -> int:
+    """Scored prompt rows a step may carry: llama.cpp keeps its output buffer as large as the
+    most output rows a step ever had, a vocabulary-wide row each."""
+    return max(1, SCORED_OUTPUT_BYTES // (4 * n_vocab))
 
 
 def scored_positions(chunk: Chunk) -> range:
@@ -46,7 +49,7 @@ class OutputLayout:
     spans: tuple[ScoredSpan, ...]
 
 
-def lay_out(flags: np.ndarray, n_tokens: int, placed: Iterable[tuple[Chunk, int]]) -> OutputLayout | None:
+def map_outputs(flags: np.ndarray, n_tokens: int, placed: Iterable[tuple[Chunk, int]]) -> OutputLayout | None:
     """Flag the scored rows of each chunk (given with its first batch row, in the runner's order)
     and map every output; None when the step scores nothing (its outputs are then exactly the
     sampling rows)."""
@@ -70,8 +73,8 @@ def record(logits: np.ndarray, layout: OutputLayout) -> None:
     """Score each span's rows (log-softmax in float64) into its sequence's prompt_scores."""
     for span in layout.spans:
         seq, n_top = span.seq, span.seq.request.prompt_logprobs or 0
-        for done in range(0, span.count, _ROWS_AT_ONCE):
-            n = min(_ROWS_AT_ONCE, span.count - done)
+        for done in range(0, span.count, SCORED_ROWS_AT_ONCE):
+            n = min(SCORED_ROWS_AT_ONCE, span.count - done)
             out = span.first_output + done
             first = span.first_position + done + 1  # the first token these rows score
             rows = np.asarray(logits[out : out + n], dtype=np.float64)

@@ -145,7 +145,7 @@ class RequestMetrics:
     forced_tokens: int = 0  # of tokens_generated, appended unsampled where the grammar allowed one continuation
     # Between consecutive steps that gave it tokens (the first token's wait is ttft_ms).
     inter_token_ms: tuple[float, ...] = ()
-    first_token_lane: bool = False  # its first token came from the first-token lane, beside the step in flight
+    first_token_from_lane: bool = False  # its first token came from the first-token lane, beside the step in flight
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,12 @@ import numpy as np
 from bindings import TokenBatch, Context, ContextSettings, DecodeInterrupter, DecodeOutcome, Model
 from engine import prompt_scores
 from engine.config import EngineConfig
+from engine.ownership import SingleWriter
 from engine.step_plan import StepPlan
 from engine.sequence import Sequence
 
 
-class ModelRunner:
+class ModelRunner(SingleWriter):
     """Owns the llama.cpp context. Only the engine thread may call it."""
 
     def __init__(self, model: Model, config: EngineConfig) -> None:
@@ -65,7 +66,7 @@ class ModelRunner:
             if c.length > 1:
                 tokens = np.asarray(c.seq.tokens[c.start : c.start + c.length], dtype=np.int32)
                 placed.append((c, batch.add_run(tokens, c.start, c.seq.seq_id, c.wants_logits) - c.length + 1))
-        self._layout = prompt_scores.lay_out(batch.logits, batch.n_tokens, placed)
+        self._layout = prompt_scores.map_outputs(batch.logits, batch.n_tokens, placed)
         self._n_outputs = batch.n_outputs
         return [c.seq for c, _ in placed if c.wants_logits]
 

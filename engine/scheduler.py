@@ -21,32 +21,36 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine.kv_cache import KvCache
+from engine.ownership import SingleWriter
 from engine.policy import FifoPolicy, SchedulingPolicy
-from engine.prompt_scores import MAX_SCORED_ROWS_PER_STEP
 from engine.request import Priority
 from engine.sequence import Sequence, SequenceState
 from engine.step_plan import Chunk, StepPlan
 
 
 @dataclass
-class TierCounters:
+class TierCounters(SingleWriter):
     admitted: int = 0  # admissions, resumptions after suspension or preemption included
     suspensions: int = 0  # times a sequence of this tier gave up its slot and kept its KV
     preemptions: int = 0  # times a sequence of this tier gave up its KV (it recomputes)
 
 
-class Scheduler:
+class Scheduler(SingleWriter):
+    """Engine thread only."""
+
     def __init__(
         self,
         kv: KvCache,
         max_running: int,
         step_token_budget: int,
         policy: SchedulingPolicy | None = None,
+        max_scored_rows: int | None = None,
     ) -> None:
         self.kv = kv
         self.max_running = max_running
         self.step_token_budget = step_token_budget
         self.policy = policy or FifoPolicy()
+        self.max_scored_rows = max_scored_rows or step_token_budget  # prompt rows scored per step
         self.waiting: dict[Priority, collections.deque[Sequence]] = {
             p: collections.deque() for p in Priority
         }
@@ -281,7 +285,7 @@ class Scheduler:
             if not seq.is_decoding and budget > 0:
                 n = min(seq.n_pending, layout.prefill_room(seq, budget))
                 if seq.scores_prompt:
-                    n = min(n, MAX_SCORED_ROWS_PER_STEP)
+                    n = min(n, self.max_scored_rows)
                 if n <= 0:
                     continue
                 plan.chunks.append(Chunk(seq, seq.n_computed, n))

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from engine.handle import RequestHandle
+from engine.ownership import SingleWriter
 from engine.request import FinishReason, GenerationResult, Request, RequestMetrics
 from engine.text import IncrementalDetokenizer, StopStringFilter
 
@@ -26,9 +27,13 @@ class SequenceState(enum.Enum):
     FINISHED = "finished"
 
 
-class Sequence:
+class Sequence(SingleWriter):
     """Invariant: tokens[:n_computed] are in the KV cache under seq_id, at positions 0..n_computed-1
     (engine/kv_cache.py is the only writer of n_computed).
+
+    Written by one thread at a time, the one holding it: the client thread that made it until it
+    is submitted, then the engine thread (or the first-token lane's thread, until the lane hands
+    it back through the inbox). Clients follow it through its RequestHandle, never here.
 
     Prefill and decode are one motion: each step feeds the next chunk of tokens not yet computed;
     when a chunk reaches the end of `tokens`, its last row yields logits and a new token is appended.
@@ -64,7 +69,7 @@ class Sequence:
         self.preemptions = 0  # times it gave up its KV cells (and recomputed them)
         self.suspensions = 0  # times it gave up its slot for an interactive request, keeping its KV
         self.forced_tokens = 0  # output tokens appended by jump-forward, unsampled
-        self.first_token_lane = False  # its first token came from engine/first_token_lane.py
+        self.first_token_from_lane = False  # its first token came from engine/first_token_lane.py
         self.arrival_order = 0  # when the scheduler got it, relative to the others (FIFO)
         self.deadline = None if request.timeout is None else self.submitted_at + request.timeout
         self.added_at_step: int | None = None  # engine step count when the scheduler got it
@@ -102,6 +107,11 @@ class Sequence:
         """How many more tokens max_tokens allows (the context may allow fewer)."""
         return self.request.max_tokens - self.n_generated
 
+    def token_budget(self, n_ctx: int) -> int:
+        """How many more tokens it may get: max_tokens' allowance, capped by the context (whose
+        last position still yields one token). A grammar must close its document within this."""
+        return min(self.remaining_tokens, n_ctx + 1 - len(self.tokens))
+
     @property
     def last_token_at(self) -> float | None:
         """When an engine step last gave it tokens (None before its first)."""
@@ -118,12 +128,12 @@ class Sequence:
         self.token_intervals.append(seconds)
         return TokenInterval(seconds, back_to_back=previous[1] is not None and step == previous[1] + 1)
 
-    def first_token_from_lane(self, now: float) -> None:
+    def lane_gave_first_token(self, now: float) -> None:
         """Its first token came from engine/first_token_lane.py, outside the engine's steps (the
         engine numbers that step when it adopts the sequence)."""
         self._last_token = (now, None)
         self.first_token_at = now
-        self.first_token_lane = True
+        self.first_token_from_lane = True
 
     def structured_data(self) -> Any:
         if self.matcher is None or not self.matcher.is_complete:
@@ -150,7 +160,7 @@ class Sequence:
             suspensions=self.suspensions,
             forced_tokens=self.forced_tokens,
             inter_token_ms=tuple(ms(s) for s in self.token_intervals),
-            first_token_lane=self.first_token_lane,
+            first_token_from_lane=self.first_token_from_lane,
         )
         assert self.finish_reason is not None
         return GenerationResult(

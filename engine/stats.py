@@ -1,8 +1,11 @@
 """What the engine measures of itself: its counters as one immutable snapshot (safe to read from
-any thread), and where its step time goes."""
+any thread), the board it is published on, and where its step time goes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
+
+from engine.ownership import SingleWriter
 
 from engine.kv_cache import KvCacheStats
 
@@ -37,16 +40,35 @@ class EngineStats:
     latency_bounded_steps: int = 0  # steps whose batch rows the target chose
     batch_rows_granted: int = 0  # batch rows those steps carried
     latency_calibration: float | None = None  # the plan's interval / predicted step seconds (p95)
-    first_token_lane: int = 0  # requests whose first token the first-token lane gave (counted when handed back)
+    lane_first_tokens: int = 0  # requests whose first token the first-token lane gave (counted when handed back)
+
+
+class StatsBoard:
+    """The latest EngineStats. The engine thread publishes; any thread reads `latest`, which is
+    replaced whole, never edited. Listeners hear each publish on the engine thread."""
+
+    def __init__(self) -> None:
+        self.latest: EngineStats | None = None
+        self._listeners: list[Callable[[EngineStats], None]] = []
+
+    def listen(self, listener: Callable[[EngineStats], None]) -> None:
+        """Call `listener(stats)` on every publish (wire listeners before the engine thread starts)."""
+        self._listeners.append(listener)
+
+    def publish(self, stats: EngineStats) -> None:
+        self.latest = stats
+        for listener in self._listeners:
+            listener(stats)
 
 
 PHASES = ("schedule", "build_batch", "decode", "sample", "postprocess")
 
 
 @dataclass
-class StepProfile:
+class StepProfile(SingleWriter):
     """Totals over steps of one kind: 'decode' steps (every chunk a generating sequence's new
-    tokens: one sampled, and any forced after it) or 'mixed' steps (carrying prompt chunks too)."""
+    tokens: one sampled, and any forced after it) or 'mixed' steps (carrying prompt chunks too).
+    Engine thread only; other threads get copies (`Engine.profile`)."""
 
     steps: int = 0
     tokens: int = 0  # tokens fed to llama_decode

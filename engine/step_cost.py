@@ -20,11 +20,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-_WINDOW = 128  # steps remembered
-_DECAY = 0.97  # weight of a step one step older
-_PRIOR_SHAPE = np.array([1.0, 0.5, 0.5])  # fixed, per token, per output row (relative)
-_PRIOR_PULL = 0.05  # ridge strength, relative to the data's own curvature
-_MIN_STEPS = 8  # steps at one thread count before they are fitted alone
+from engine.ownership import SingleWriter
+from engine.tuning import (
+    STEP_COST_DECAY, STEP_COST_MIN_STEPS, STEP_COST_PRIOR_PULL, STEP_COST_PRIOR_SHAPE, STEP_COST_WINDOW,
+)
+
+_PRIOR_SHAPE = np.array(STEP_COST_PRIOR_SHAPE)
 
 
 class StepCost(NamedTuple):
@@ -36,21 +37,18 @@ class StepCost(NamedTuple):
         return self.fixed_s + self.per_token_s * tokens + self.per_output_s * outputs
 
 
-class StepCostModel:
-    """Fed by the engine core after every completed step; read by the scheduling policy."""
+class StepCostModel(SingleWriter):
+    """Fed by the engine core after every completed step; read by the scheduling policy. Engine
+    thread only."""
 
     def __init__(self) -> None:
-        self._steps: collections.deque[tuple[int, int, float, int]] = collections.deque(maxlen=_WINDOW)
+        self._steps: collections.deque[tuple[int, int, float, int]] = collections.deque(maxlen=STEP_COST_WINDOW)
         self._fits: dict[int | None, StepCost] = {}
         self._expected_threads: int | None = None
 
     def record(self, tokens: int, outputs: int, seconds: float, threads: int = 0) -> None:
         self._steps.append((tokens, outputs, seconds, threads))
         self._fits.clear()  # refitted lazily: only steps that need a prediction pay for it
-
-    @property
-    def n_steps(self) -> int:
-        return len(self._steps)
 
     def expect_threads(self, threads: int) -> None:
         """The thread count the coming steps will normally run with (the thread governor's)."""
@@ -62,7 +60,7 @@ class StepCostModel:
         threads = self._expected_threads if threads is None else threads
         if threads not in self._fits and self._steps:
             same = [s for s in self._steps if s[3] == threads] if threads is not None else []
-            self._fits[threads] = _fit(same if len(same) >= _MIN_STEPS else list(self._steps))
+            self._fits[threads] = _fit(same if len(same) >= STEP_COST_MIN_STEPS else list(self._steps))
         return self._fits.get(threads)
 
 
@@ -70,14 +68,14 @@ def _fit(steps: list[tuple[int, int, float, int]]) -> StepCost:
     data = np.array([s[:3] for s in steps], dtype=np.float64)
     x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])
     y = data[:, 2]
-    w = _DECAY ** np.arange(len(data) - 1, -1, -1, dtype=np.float64)
+    w = STEP_COST_DECAY ** np.arange(len(data) - 1, -1, -1, dtype=np.float64)
     # The prior shape, scaled to fit the measured times as well as one number can.
     shape_pred = x @ _PRIOR_SHAPE
     scale = float(np.sum(w * y * shape_pred) / max(np.sum(w * shape_pred ** 2), 1e-12))
     prior = scale * _PRIOR_SHAPE
     xtw = x.T * w
     gram = xtw @ x
-    pull = _PRIOR_PULL * np.maximum(np.diag(gram), 1e-12)
+    pull = STEP_COST_PRIOR_PULL * np.maximum(np.diag(gram), 1e-12)
     theta = np.linalg.solve(gram + np.diag(pull), xtw @ y + pull * prior)
     # Steps far off the fit (beyond 4 median absolute residuals) count for little in a refit.
     residual = np.abs(y - x @ theta)
@@ -85,7 +83,7 @@ def _fit(steps: list[tuple[int, int, float, int]]) -> StepCost:
     w = w * np.where(residual > 4 * spread, 0.05, 1.0)
     xtw = x.T * w
     gram = xtw @ x
-    pull = _PRIOR_PULL * np.maximum(np.diag(gram), 1e-12)
+    pull = STEP_COST_PRIOR_PULL * np.maximum(np.diag(gram), 1e-12)
     theta = np.linalg.solve(gram + np.diag(pull), xtw @ y + pull * prior)
     # Negative costs are noise, never physics: fall back to the prior's share of that term.
     theta = np.where(theta > 0, theta, 0.1 * np.maximum(prior, 1e-9))

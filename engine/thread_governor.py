@@ -21,33 +21,19 @@ import time
 from collections import deque
 from typing import Callable, Protocol
 
+from engine.ownership import SingleWriter
+from engine.tuning import (
+    GOVERNOR_FIRST_PROBE_S, GOVERNOR_LONG_STEPS_PROBE_S, GOVERNOR_MAX_PROBE_S, GOVERNOR_MAX_PROBE_UP_S,
+    GOVERNOR_QUICK_STEP_S, GOVERNOR_RECENT, GOVERNOR_SEVERE_STALL, GOVERNOR_STALL, GOVERNOR_STALLS_BEFORE_PROBE,
+    GOVERNOR_SWITCH_MARGIN, GOVERNOR_WATCHDOG_IDLE_S,
+)
+
 log = logging.getLogger("cobatch.engine")
 
-_RECENT = 3  # step costs kept per thread count and shape: their median shrugs off one odd step
-_SWITCH_MARGIN = 1.15  # a probe must be this much cheaper than the current count to switch
-_STALL = 2.0  # a step this many times its shape's median counts as stalled
-_STALLS_BEFORE_PROBE = 2  # stalled steps in a row (the median has moved) before probing at once
-# A step this many times its expected cost is cut short and the others probed at once: above an
-# ordinary hiccup's cost, below what a neighbour taking a core does (docs/benchmark-history.md has the figures).
-_SEVERE_STALL = 4.0
-_FIRST_PROBE_S = 2.0  # seconds before the first probe, then between probes while they agree
-_MAX_PROBE_S = 30.0
-# Below the most threads, probes back off only to this: a losing probe with more threads is cut
-# short, so probing often is cheap, while missing a neighbour's departure costs half the speed.
-_MAX_PROBE_UP_S = 8.0
-# A probe costs up to a whole step again, so routine probes skip prompt steps expected to take
-# longer than this (a chunk of a deep prompt, about 1 s, ran 2 s at one thread and held up a chat
-# that arrived during it); decode steps, bounded by their rows, come often enough. With nothing
-# but long prompt steps, a count is still probed once it has gone this long unprobed. A stall
-# probes at once whatever the step.
-_QUICK_STEP_S = 0.25
-_LONG_STEPS_PROBE_S = 60.0
-_WATCHDOG_IDLE_S = 30.0  # the watchdog thread ends after this long without a step
-
-Shape = tuple[bool, int, int]
+StepShape = tuple[bool, int, int]
 
 
-def step_shape(tokens: int, outputs: int, depth: int = 0) -> Shape:
+def step_shape(tokens: int, outputs: int, depth: int = 0) -> StepShape:
     """Steps whose cost per unit of work is comparable. A prompt token costs far less than a
     decode row (which also pays the output projection) and small steps carry more fixed cost, so
     a one-thread probe on a prefill must not be weighed against two-thread decode steps. A prompt
@@ -63,7 +49,7 @@ class Interrupter(Protocol):
     def interrupt(self) -> None: ...
 
 
-class ThreadGovernor:
+class ThreadGovernor(SingleWriter):
     """Engine thread only, except the step watchdog, which only interrupts."""
 
     def __init__(self, max_threads: int, interrupter: Interrupter, adaptive: bool = True,
@@ -74,15 +60,15 @@ class ThreadGovernor:
         self.switches = 0  # times the running thread count changed
         self.steps_cut = 0  # steps aborted by the governor (and redone)
         self._clock = clock
-        self._recent: dict[tuple[int, Shape], deque[float]] = {}  # seconds per unit of work
+        self._recent: dict[tuple[int, StepShape], deque[float]] = {}  # seconds per unit of work
         self._probed_at: dict[int, float] = {}
-        self._probe_every = _FIRST_PROBE_S
+        self._probe_every = GOVERNOR_FIRST_PROBE_S
         self._started = clock()
         self._stalls = 0  # stalled current-count steps in a row
         self._slowdown = 1.0  # how much slower than its medians the current count just ran
         self._watchdog = _Watchdog(interrupter)
         self._threads = max_threads  # of the step in flight
-        self._shape: Shape = (True, 0, 0)
+        self._shape: StepShape = (True, 0, 0)
         self._began = 0.0
         self._work = 0
         self._deadline: float | None = None
@@ -98,12 +84,12 @@ class ThreadGovernor:
             return self._threads  # nothing to compare with yet, or nothing to choose from
         probe = self._due_probe(expected * self._work)
         if probe is None:
-            self._deadline = _SEVERE_STALL * expected * self._work
+            self._deadline = GOVERNOR_SEVERE_STALL * expected * self._work
         else:
             self._threads = probe
             if probe > self.current:
                 # More threads is a gamble under a neighbour: stop once it is clearly losing.
-                self._deadline = _SWITCH_MARGIN * self._slowdown * expected * self._work
+                self._deadline = GOVERNOR_SWITCH_MARGIN * self._slowdown * expected * self._work
         return self._threads
 
     def begin(self) -> None:
@@ -125,10 +111,10 @@ class ThreadGovernor:
             expected = self._expected(self.current)
             ratio = cost / expected if expected is not None else 1.0
             self._record(self.current, cost)
-            if ratio >= _SEVERE_STALL:  # a cut step's cost is a lower bound: enough to act on
-                self._slowdown, self._stalls = ratio, _STALLS_BEFORE_PROBE
+            if ratio >= GOVERNOR_SEVERE_STALL:  # a cut step's cost is a lower bound: enough to act on
+                self._slowdown, self._stalls = ratio, GOVERNOR_STALLS_BEFORE_PROBE
             else:
-                self._stalls = self._stalls + 1 if ratio >= _STALL else 0
+                self._stalls = self._stalls + 1 if ratio >= GOVERNOR_STALL else 0
         else:
             self._judge_probe(self._threads, cost)  # an aborted probe's cost is a lower bound
         return cut
@@ -136,16 +122,16 @@ class ThreadGovernor:
     # ---- decisions ------------------------------------------------------------------------------
     def _expected(self, threads: int) -> float | None:
         recent = self._recent.get((threads, self._shape))
-        return statistics.median(recent) if recent and len(recent) == _RECENT else None
+        return statistics.median(recent) if recent and len(recent) == GOVERNOR_RECENT else None
 
     def _record(self, threads: int, cost: float) -> None:
-        self._recent.setdefault((threads, self._shape), deque(maxlen=_RECENT)).append(cost)
+        self._recent.setdefault((threads, self._shape), deque(maxlen=GOVERNOR_RECENT)).append(cost)
 
     def _due_probe(self, step_s: float) -> int | None:
         now = self._clock()
-        urgent = self._stalls >= _STALLS_BEFORE_PROBE
-        long_prompt_step = not self._shape[0] and step_s > _QUICK_STEP_S
-        every = max(self._probe_every, _LONG_STEPS_PROBE_S) if long_prompt_step else self._probe_every
+        urgent = self._stalls >= GOVERNOR_STALLS_BEFORE_PROBE
+        long_prompt_step = not self._shape[0] and step_s > GOVERNOR_QUICK_STEP_S
+        every = max(self._probe_every, GOVERNOR_LONG_STEPS_PROBE_S) if long_prompt_step else self._probe_every
         stale = [t for t in self.candidates if t != self.current
                  and (urgent or now - self._probed_at.get(t, self._started) >= every)]
         # The nearest count first: one step away from what works.
@@ -157,7 +143,7 @@ class ThreadGovernor:
         expected = None if expected is None else expected * self._slowdown
         self._probed_at[threads] = self._clock()
         self._stalls, self._slowdown = 0, 1.0
-        if expected is not None and cost * _SWITCH_MARGIN < expected:
+        if expected is not None and cost * GOVERNOR_SWITCH_MARGIN < expected:
             log.info("decode threads %d -> %d: %.2f ms against %.2f ms per unit of work",
                      self.current, threads, 1e3 * cost, 1e3 * expected)
             # What the new count cost before describes other conditions: start its record afresh.
@@ -165,9 +151,9 @@ class ThreadGovernor:
             self._record(threads, cost)
             self.current = threads
             self.switches += 1
-            self._probe_every = _FIRST_PROBE_S  # conditions changed: look again soon
+            self._probe_every = GOVERNOR_FIRST_PROBE_S  # conditions changed: look again soon
         else:  # the probe confirmed the current count
-            longest = _MAX_PROBE_S if self.current == self.max_threads else _MAX_PROBE_UP_S
+            longest = GOVERNOR_MAX_PROBE_S if self.current == self.max_threads else GOVERNOR_MAX_PROBE_UP_S
             self._probe_every = min(longest, self._probe_every * 2)
 
 
@@ -203,7 +189,7 @@ class _Watchdog:
                 if self._due is None:
                     self._sleeps_until = None
                     # An engine that stopped stepping (or was dropped) must not keep a thread.
-                    if not self._wake.wait(_WATCHDOG_IDLE_S) and self._due is None:
+                    if not self._wake.wait(GOVERNOR_WATCHDOG_IDLE_S) and self._due is None:
                         self._thread = None
                         return
                     continue

@@ -152,7 +152,7 @@ def _tier_metrics(stats: EngineStats) -> Iterable:
     yield _single(CounterMetricFamily, "cobatch_engine_steps_interrupted",
                   "Batch-only steps aborted for an arriving interactive request", stats.steps_interrupted)
     yield _single(CounterMetricFamily, "cobatch_first_token_lane_requests", "Interactive requests whose first "
-                  "token the first-token lane computed beside the step in flight", stats.first_token_lane)
+                  "token the first-token lane computed beside the step in flight", stats.lane_first_tokens)
     if stats.interactive_token_target_ms is not None:
         yield _single(GaugeMetricFamily, "cobatch_interactive_token_target_seconds",
                       "Per-token latency target of interactive requests while batch work runs",

@@ -1,3 +1,10 @@
+import os
+
+# Before `engine` is imported: every test runs with the engine checking its own rules (which
+# thread writes what, the KV cache's invariants after every step: engine/debug.py), and so do
+# the servers tests start, which inherit the environment.
+os.environ.setdefault("COBATCH_DEBUG_CHECKS", "1")
+
 import pytest
 
 from engine import Engine
@@ -64,3 +71,14 @@ def openai_client(live):
     yield c
     c.close()
     assert_engine_idle(live.engine)
+
+
+@pytest.fixture(autouse=True)
+def no_object_written_by_a_thread_that_does_not_own_it():
+    """Fails the test during which any engine object was written from the wrong thread, even
+    where the engine caught the WrongThreadError and failed only a request."""
+    from engine import ownership
+
+    seen = len(ownership.violations)
+    yield
+    assert ownership.violations[seen:] == []

@@ -12,7 +12,7 @@ from engine.core import EngineCore
 from engine.intake import Intake
 from engine.interrupt_window import InterruptWindow
 from engine.outputs import append_token
-from engine.policy import DEEP_PROMPT_CHUNK, DEEP_PROMPT_FROM
+from engine.tuning import DEEP_PROMPT_CHUNK, DEEP_PROMPT_FROM
 from bindings import DecodeOutcome
 from tests.fake_backend import FakeInterrupter, FakeModel, FakeRunner, expected_tokens
 
@@ -101,7 +101,7 @@ def test_a_sequence_adopted_between_steps_leaves_its_victim_blocks_for_every_tok
         c.core.step()
     lane = c.intake.sequence(prompt(9), dict(max_tokens=3, request_id="i0", priority="interactive", temperature=0.0))
     append_token(lane, expected_tokens(prompt(9), 1)[0], FakeModel.eog_tokens, c.core.n_ctx)
-    lane.first_token_from_lane(time.perf_counter())
+    lane.lane_gave_first_token(time.perf_counter())
     c.core.adopt(lane, bytes(lane.n_prompt), None)
     assert lane in c.core.scheduler.running and [s.request_id for s in c.core.scheduler.waiting[Priority.BATCH]] == ["b3"]
     while c.core.has_work():
@@ -112,7 +112,7 @@ def test_a_sequence_adopted_between_steps_leaves_its_victim_blocks_for_every_tok
     for i, seq in enumerate(batch):
         assert list(seq.handle.result(0).token_ids) == expected_tokens(prompt(i), 6)
     c.core.publish_stats()
-    assert c.core.stats.running == 0 and c.core.stats.kv.blocks_used == 0 and c.core.stats.first_token_lane == 1
+    assert c.core.stats.running == 0 and c.core.stats.kv.blocks_used == 0 and c.core.stats.lane_first_tokens == 1
 
 
 def test_fifo_policy_keeps_arrival_order_and_displaces_nobody():

@@ -78,13 +78,13 @@ def test_imported_cells_continue_like_cells_computed_in_place(model_path):
 
 def test_a_short_interactive_request_on_a_busy_engine_gets_its_first_token_from_the_lane(lane_engine):
     alone = lane_engine.submit(QUESTION, max_tokens=8, priority="interactive").result()
-    assert not alone.metrics.first_token_lane  # an idle engine's own threads are faster
-    served = lane_engine.stats().first_token_lane
+    assert not alone.metrics.first_token_from_lane  # an idle engine's own threads are faster
+    served = lane_engine.stats().lane_first_tokens
     with _beside_a_flood(lane_engine):
         busy = lane_engine.submit(QUESTION, max_tokens=8, priority="interactive").result()
-    assert busy.metrics.first_token_lane and busy.finish_reason.value == "length"
+    assert busy.metrics.first_token_from_lane and busy.finish_reason.value == "length"
     assert busy.metrics.ttft_steps == 0 and busy.metrics.cached_tokens == 0
-    assert lane_engine.stats().first_token_lane == served + 1
+    assert lane_engine.stats().lane_first_tokens == served + 1
     # Greedy: the continuation from imported cells is the one computed in place.
     assert busy.token_ids[:4] == alone.token_ids[:4] and len(busy.token_ids) == 8
 
@@ -92,7 +92,7 @@ def test_a_short_interactive_request_on_a_busy_engine_gets_its_first_token_from_
 def test_a_first_token_that_is_also_the_last_finishes_in_the_lane(lane_engine):
     with _beside_a_flood(lane_engine):
         result = lane_engine.submit(QUESTION, max_tokens=1, priority="interactive").result()
-    assert result.metrics.first_token_lane and len(result.token_ids) == 1 and result.finish_reason.value == "length"
+    assert result.metrics.first_token_from_lane and len(result.token_ids) == 1 and result.finish_reason.value == "length"
 
 
 def test_the_lane_takes_one_request_at_a_time_and_only_what_it_can_serve(lane_engine):
@@ -103,7 +103,7 @@ def test_the_lane_takes_one_request_at_a_time_and_only_what_it_can_serve(lane_en
         long_prompt = lane_engine.submit(QUESTION * 6, max_tokens=6, priority="interactive")
         logprobs = lane_engine.submit(QUESTION, max_tokens=6, priority="interactive", logprobs=2)
         results = [h.result() for h in (first, second, batch, long_prompt, logprobs)]
-    assert [r.metrics.first_token_lane for r in results] == [True, False, False, False, False]
+    assert [r.metrics.first_token_from_lane for r in results] == [True, False, False, False, False]
     assert all(len(r.token_ids) == 6 for r in results) and len(results[-1].logprobs) == 6
 
 
@@ -114,7 +114,7 @@ def test_a_cancel_while_in_the_lane_is_answered_once_the_lane_hands_it_over(lane
         result = handle.result(timeout=30)
         for h in flood:
             h.cancel()
-    assert result.finish_reason.value == "cancelled" and result.metrics.first_token_lane
+    assert result.finish_reason.value == "cancelled" and result.metrics.first_token_from_lane
 
 
 def test_cobatch_serve_gives_an_openai_sdk_chat_beside_batch_work_its_first_token_from_the_lane():
@@ -165,7 +165,7 @@ def test_a_chat_during_a_long_prefill_aborts_its_chunk_and_takes_the_lane(lane_e
     while lane_engine.stats().tokens_prefilled == before.tokens_prefilled:
         time.sleep(0.001)
     chat = lane_engine.submit(QUESTION, max_tokens=4, priority="interactive").result()
-    assert chat.metrics.first_token_lane and len(chat.token_ids) == 4
+    assert chat.metrics.first_token_from_lane and len(chat.token_ids) == 4
     after = lane_engine.stats()
     # The chunk in flight was aborted and redone after (unless the chat came between two steps).
     assert after.steps_interrupted - before.steps_interrupted in (0, 1)
@@ -182,8 +182,8 @@ def test_the_lane_hands_a_request_over_before_it_frees_itself_and_wakes_the_engi
     events = []
     with Model(model_path) as model:
         lane = FirstTokenLane(model, 32, 2048, swa_full=True, flash_attn=True,
-                              hand_over=lambda seq, cells, reason, error=None: events.append(("hand_over", lane.busy, cells is not None)),
-                              wake_engine=lambda: events.append(("wake", lane.busy, None)), published=lambda: None)
+                              hand_over=lambda seq, cells, reason, error=None: events.append(("hand_over", lane.is_busy(), cells is not None)),
+                              wake_engine=lambda: events.append(("wake", lane.is_busy(), None)), published=lambda: None)
         try:
             seq = Intake(model, 2048, canceller=lambda request_id: None).sequence(
                 QUESTION, dict(max_tokens=4, priority="interactive"))
@@ -194,7 +194,27 @@ def test_the_lane_hands_a_request_over_before_it_frees_itself_and_wakes_the_engi
                 assert time.monotonic() < deadline
                 time.sleep(0.001)
             assert events == [("hand_over", True, True), ("wake", False, None)]
-            assert seq.n_generated == 1 and seq.first_token_lane and lane.claim()
+            assert seq.n_generated == 1 and seq.first_token_from_lane and lane.claim()
             lane.unclaim()
         finally:
             lane.close()
+
+
+def test_closing_the_lane_while_a_submit_holds_a_claim_returns_once_the_claim_is_dropped(model_path):
+    # A submit that claimed the lane and then failed (a full queue) unclaims it after close() was
+    # asked: close() must still return.
+    import threading
+
+    from engine.first_token_lane import FirstTokenLane
+
+    with Model(model_path) as model:
+        lane = FirstTokenLane(model, 32, 2048, swa_full=True, flash_attn=True, hand_over=lambda *args: None,
+                              wake_engine=lambda: None, published=lambda: None)
+        assert lane.claim()
+        closer = threading.Thread(target=lane.close)
+        closer.start()
+        time.sleep(0.2)
+        assert closer.is_alive()  # it waits for the claimed request, which may still be started
+        lane.unclaim()
+        closer.join(10)
+        assert not closer.is_alive() and not lane.claim()

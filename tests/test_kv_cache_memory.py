@@ -102,10 +102,19 @@ class KvCacheAgainstLlamaMemory(RuleBasedStateMachine):
             self._compute(seq)
 
     @precondition(lambda self: self.running)
-    @rule(i=st.integers(0, 10), keep=st.booleans())
-    def finish(self, i, keep):
-        seq = self.running.pop(i % len(self.running))
-        self.kv.release(seq, keep_prefix=keep)
+    @rule(i=st.integers(0, 10), n=st.integers(1, 24))
+    def truncate(self, i, n):
+        """Tokens computed tentatively and rejected (speculative drafts): never into the prompt."""
+        seq = self.running[i % len(self.running)]
+        keep = max(seq.n_prompt, len(seq.tokens) - n)
+        self.kv.truncate(seq, keep)
+        del seq.tokens[keep:]
+        assert seq.n_computed == keep
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 10))
+    def finish(self, i):
+        self.kv.release(self.running.pop(i % len(self.running)))
 
     @rule(n=st.integers(1, 4))
     def evict(self, n):
@@ -123,9 +132,8 @@ class KvCacheAgainstLlamaMemory(RuleBasedStateMachine):
             else:
                 assert (lo, hi) == (-1, -1), f"free seq id {sid} still holds cells"
         held: dict[int, list[int]] = {}
-        for b in self.kv.ledger.cached_blocks():
-            entry = self.kv.ledger.cache_entry(b)
-            held.setdefault(int(entry.holder), []).append(entry.start)
+        for entry in self.kv.ledger.cache_entries():
+            held.setdefault(entry.holder, []).append(entry.start)
         for hid in HOLDERS:
             lo, hi = self.ctx.seq_pos_min(hid), self.ctx.seq_pos_max(hid)
             starts = held.get(hid)
@@ -133,6 +141,7 @@ class KvCacheAgainstLlamaMemory(RuleBasedStateMachine):
             assert (lo, hi) == expected, f"holder {hid}"
         s = self.kv.ledger.stats
         assert s.used + s.cached + s.free == s.total
+        self.kv.check()
 
 
 def test_kv_cache_matches_llama_memory(model):

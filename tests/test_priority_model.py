@@ -41,7 +41,7 @@ def test_interactive_first_token_within_two_steps_under_a_batch_flood(model_path
             time.sleep(0.2)
         for result in answers:
             assert result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
-            assert result.metrics.first_token_lane is bool(lane)
+            assert result.metrics.first_token_from_lane is bool(lane)
             assert (result.metrics.ttft_steps == 0) if lane else (1 <= result.metrics.ttft_steps <= 2), result.metrics
         stats = engine.stats()
         assert stats.tiers["batch"].suspensions >= 1  # slots were full: batch made room

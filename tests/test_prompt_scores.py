@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from engine.prompt_scores import finished_scoring, lay_out, record, scored_positions
+from engine.prompt_scores import finished_scoring, map_outputs, record, scored_positions
 from engine.step_plan import Chunk
 
 
@@ -30,12 +30,12 @@ def test_outputs_map_in_batch_row_order():
     flags = np.zeros(8, dtype=np.int8)
     flags[0] = 1  # the runner flags each sampling row itself
     flags[6] = 1
-    layout = lay_out(flags, 7, chunks)
+    layout = map_outputs(flags, 7, chunks)
     assert flags[:7].tolist() == [1, 1, 1, 1, 1, 1, 1]
     assert layout.sampling.tolist() == [0, 6]  # the decode row, then the scored prompt's last row
     (span,) = layout.spans
     assert (span.first_position, span.first_output, span.count) == (4, 1, 5)
-    assert lay_out(np.zeros(4, dtype=np.int8), 1, [(Chunk(decoding, 2, 1), 0)]) is None
+    assert map_outputs(np.zeros(4, dtype=np.int8), 1, [(Chunk(decoding, 2, 1), 0)]) is None
 
 
 def test_record_is_the_log_softmax_at_the_next_token():
@@ -44,7 +44,7 @@ def test_record_is_the_log_softmax_at_the_next_token():
     chunk = Chunk(s, 0, 5)
     flags = np.zeros(5, dtype=np.int8)
     flags[4] = 1
-    layout = lay_out(flags, 5, [(chunk, 0)])
+    layout = map_outputs(flags, 5, [(chunk, 0)])
     logits = rng.normal(size=(5, 8)).astype(np.float32)
     record(logits, layout)
     assert s.prompt_scores[0] is None
@@ -64,10 +64,18 @@ def test_scoring_only_requests_finish_once_the_prompt_is_computed():
     assert not Chunk(only, 0, 3).wants_logits and Chunk(generating, 0, 3).wants_logits
 
 
-def test_a_scored_prompt_is_read_in_chunks_of_bounded_output_rows():
-    from engine.prompt_scores import MAX_SCORED_ROWS_PER_STEP
-    from tests.fake_backend import fake_engine
+def test_the_scored_rows_per_step_keep_the_output_buffer_within_its_bound():
+    from engine.prompt_scores import max_scored_rows
 
+    assert max_scored_rows(262_144) == 64  # Gemma 3's vocabulary: 67 MB of float32 logits
+    assert max_scored_rows(32_000) == 524 and max_scored_rows(10**9) == 1
+
+
+def test_a_scored_prompt_is_read_in_chunks_of_bounded_output_rows(monkeypatch):
+    from engine import prompt_scores
+    from tests.fake_backend import N_VOCAB, fake_engine
+
+    monkeypatch.setattr(prompt_scores, "SCORED_OUTPUT_BYTES", 48 * N_VOCAB * 4)  # 48 rows of the fake vocabulary
     engine, runner = fake_engine(step_token_budget=256, n_ctx=2048)
     try:
         scored = [3 + i % 50 for i in range(300)]
@@ -77,5 +85,5 @@ def test_a_scored_prompt_is_read_in_chunks_of_bounded_output_rows():
         engine.close()
     lengths = {rid: [r.length for step in runner.decoded for r in step if r.request_id == rid]
                for rid in ("scored", "plain")}
-    assert sum(lengths["scored"]) == 300 and max(lengths["scored"]) == MAX_SCORED_ROWS_PER_STEP
+    assert sum(lengths["scored"]) == 300 and max(lengths["scored"]) == 48
     assert max(lengths["plain"]) == 256  # only scored prompts pay for the bound

@@ -129,7 +129,7 @@ def test_the_watchdog_cuts_a_late_step_and_leaves_no_thread_behind(monkeypatch):
 
     from engine import thread_governor
 
-    monkeypatch.setattr(thread_governor, "_WATCHDOG_IDLE_S", 0.2)
+    monkeypatch.setattr(thread_governor, "GOVERNOR_WATCHDOG_IDLE_S", 0.2)
     interrupter = FakeInterrupter()
     watchdog = thread_governor._Watchdog(interrupter)
     watchdog.arm(0.05)

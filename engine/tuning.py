@@ -1,0 +1,108 @@
+"""Every number that shapes scheduling and is not a user's setting, with why it has its value.
+
+Settings a user may change live in EngineConfig (engine/config.py, docs/configuration.md);
+these are the engine's internal constants. Each says in one line why it has its value and
+where that was measured (a stored run under bench/results/, a docs section, a commit), or says
+"judgement" where it was chosen, not measured: those are the first to question.
+"""
+from __future__ import annotations
+
+# ---- the per-token latency target (engine/policy.py, docs/scheduling.md) ------------------------
+# How much longer an interactive token's interval runs than the step-cost model predicts (the
+# loop around the decode, noise), tracked at its 95th percentile: an interval over the estimate
+# raises it by UP, one under lowers it by DOWN, which balance where one interval in twenty is over.
+# Start: judgement (70e6efb); the engine learns 1.00-1.52, median 1.21, over 44 floods in 16 runs
+# (e.g. bench/results/20261127T085514Z-mixed-priority).
+CALIBRATION_START = 1.25
+CALIBRATION_RANGE = (0.5, 4.0)  # judgement: no run of misses drives the plan to no rows or to any number
+# Judgement (70e6efb): fast enough to follow a slower minute within a few tokens; inter-token p95
+# 124-148 ms against the 150 ms target (bench/results/20261127T013157Z-mixed-priority).
+CALIBRATION_UP = 0.05
+CALIBRATION_DOWN = CALIBRATION_UP * 0.05 / 0.95
+
+# ---- deep batch prompts (engine/policy.py) -----------------------------------------------------
+# Past this many cells a prompt chunk's attention makes long graph nodes, and an abort lands only
+# between nodes: chunks of DEEP_PROMPT_CHUNK halve that wait (p90 38-61 ms against 69-123 at 20k
+# cells) at no prefill cost past 10k cells; 64, 96 and 192 did worse (8dcf099, docs/scheduling.md,
+# bench/results/20261127T072550Z-long-prompt).
+DEEP_PROMPT_FROM = 8192
+DEEP_PROMPT_CHUNK = 128
+
+# ---- the interrupt window (engine/interrupt_window.py) -----------------------------------------
+# A step of prompt chunks alone ends in one output row, not an unabortable projection, so an
+# arrival may abort it until this fraction of a typical one (5ae9be1: chats during a long
+# prefill from up to 3.40x idle TTFT to a median 1.37-1.43x, bench/results/20261127T020505Z-long-prompt).
+PROMPT_ONLY_INTERRUPT_FRACTION = 0.9
+# Weight of the newest step in the moving average of a typical step: judgement (b3d95f5), follows
+# a change within about five steps without letting one odd step move the window.
+TYPICAL_STEP_NEWEST_WEIGHT = 0.2
+
+# ---- the first-token lane (engine/first_token_lane.py) -----------------------------------------
+# A second lane thread contends with the engine's for the same cores; on one thread a 32-token
+# prompt takes 65 ms against 36 on two (66a3cd9, docs/scheduling.md, "The first-token lane";
+# bench/results/20261127T042334Z-mixed-priority).
+LANE_THREADS = 1
+LANE_MIN_CELLS = 256  # llama.cpp pads a context to a multiple of 256 cells anyway
+
+# ---- the engine loop (engine/loop.py) ----------------------------------------------------------
+IDLE_WAIT_S = 0.05  # judgement: only deadlines need the poll; every arrival wakes the thread at once
+# Judgement: a cancellation is answered within one step, so the drain's wait for the cancelled
+# ends long before this unless the engine thread is stuck.
+CANCELS_ANSWERED_BACKSTOP_S = 30.0
+
+# ---- the thread governor (engine/thread_governor.py, docs/threads.md) --------------------------
+# Step costs kept per thread count and shape: their median shrugs off one odd step, which moved
+# a moving average into 2 spurious switches (9efcd55, bench/results/20261124T231556Z-shared-cpu).
+GOVERNOR_RECENT = 3
+# Judgement (cd248dd): a probe must be this much cheaper to switch, so noise does not flip-flop
+# it; no switch in quiet runs (bench/results/20261124T234830Z-shared-cpu).
+GOVERNOR_SWITCH_MARGIN = 1.15
+GOVERNOR_STALL = 2.0  # judgement (9efcd55): a step this many times its shape's median counts as stalled
+GOVERNOR_STALLS_BEFORE_PROBE = 2  # judgement (9efcd55): one stall is a hiccup, two in a row a moved median
+# A step this many times its expected cost is cut short and the others probed at once: above an
+# ordinary hiccup (3x), below a neighbour taking a core (5-20x) (d8ab4eb, docs/benchmark-history.md,
+# bench/results/20261124T234830Z-shared-cpu).
+GOVERNOR_SEVERE_STALL = 4.0
+GOVERNOR_FIRST_PROBE_S = 2.0  # judgement (cd248dd): the first probe, and the next ones while they agree
+GOVERNOR_MAX_PROBE_S = 30.0  # judgement (cd248dd): the longest gap while the most threads keep winning
+# Below the most threads, probes back off only to this: a losing probe with more threads is cut
+# short, while missing a neighbour's departure costs half the speed (6b28036: 0.81 of fixed
+# threads at 30 s, bench/results/20261125T004801Z-shared-cpu; 0.99 at 8 s, bench/results/20261125T011125Z-shared-cpu).
+GOVERNOR_MAX_PROBE_UP_S = 8.0
+# Routine probes skip prompt steps expected to take longer than this: a one-thread probe of a
+# deep chunk ran 2 s and held up a chat (62c3477: worst chat 6.63x idle, bench/results/20261127T014232Z-long-prompt,
+# to 2.68x, bench/results/20261127T020505Z-long-prompt). With nothing but long prompt steps, a
+# count is still probed once it has gone GOVERNOR_LONG_STEPS_PROBE_S unprobed (judgement).
+GOVERNOR_QUICK_STEP_S = 0.25
+GOVERNOR_LONG_STEPS_PROBE_S = 60.0
+GOVERNOR_WATCHDOG_IDLE_S = 30.0  # judgement: a stopped engine leaves no watchdog thread behind
+
+# ---- the step-cost model (engine/step_cost.py); all judgement (b4fa271, 9303920) -----------------
+STEP_COST_WINDOW = 128  # steps remembered: enough shapes for a stable fit, recent enough to follow the machine
+STEP_COST_DECAY = 0.97  # weight of a step one step older: half after 23 steps
+STEP_COST_PRIOR_SHAPE = (1.0, 0.5, 0.5)  # fixed cost about one row's, a row's cost split evenly token / output
+STEP_COST_PRIOR_PULL = 0.05  # ridge strength, relative to the data's own curvature: gone once shapes vary
+STEP_COST_MIN_STEPS = 8  # steps at one thread count before they are fitted alone (probes beside a neighbour run slow)
+
+# ---- prompt logprobs (engine/prompt_scores.py) -------------------------------------------------
+SCORED_ROWS_AT_ONCE = 16  # judgement: float64 copies of this many vocabulary-wide rows at a time (34 MB at 262k)
+# llama.cpp keeps its output buffer as large as the most output rows a step ever had, a
+# vocabulary-wide float32 row each: a scored prompt's rows per step keep it within this
+# (64 rows at Gemma 3's 262,144-token vocabulary; a whole 256-token chunk would keep 268 MB;
+# a6a007d, docs/evaluation.md).
+SCORED_OUTPUT_BYTES = 64 * 262_144 * 4
+
+# ---- idle cached prefixes (engine/prefix_reuse.py, docs/kv-cache.md) ---------------------------
+# Prefilling one prompt token costs about what this many idle cached cells add to one prompt row:
+# 27k and 41k in two measurements on Gemma 3 270M with flash attention (e6ff379, docs/kv-cache.md,
+# "What idle cached cells cost"). The default of the setting `idle_cells_per_prompt_token`;
+# `cobatch bench idle-cells` measures it for another model or attention setting.
+IDLE_CELLS_PER_PROMPT_TOKEN_MEASURED = 30_000
+# Judgement (e6ff379): recent prompts count most, the counts halve every this many prompt tokens,
+# short enough that a second distinct long prompt in a row drops the idle cells
+# (bench/results/20261126T231700Z-long-prompt).
+REUSE_HALF_LIFE_TOKENS = 8_192
+# Judgement (dc319f5, e6ff379): before anything is measured, half of the prompt tokens are assumed
+# to come from the cache, worth a short history: a new server's first miss does not throw the
+# first conversation away, and a second one in a row (a stream of distinct documents) does.
+REUSE_PRIOR_SHARE, REUSE_PRIOR_TOKENS = 0.5, 1_024
