@@ -44,12 +44,12 @@ class ReferenceScorer:
     prompt at a time in a fresh cache. The tests check the engine's prompt logprobs against it."""
 
     def __init__(self, model_path: str | Path, n_ctx: int = 1024, n_threads: int = 2,
-                 flash_attn: bool = False) -> None:
+                 flash_attn: bool = False, n_batch: int = 512) -> None:
         # scores holds n_ctx rows of the whole vocabulary: keep n_ctx no larger than the prompts need.
         with mock.patch.object(llama_c_api, "llama_model_default_params", model_params):
             self._llama = llama_cpp.Llama(
                 model_path=str(model_path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                logits_all=True, flash_attn=flash_attn, verbose=False,
+                logits_all=True, flash_attn=flash_attn, n_batch=n_batch, n_ubatch=n_batch, verbose=False,
             )
 
     def prompt_logits(self, tokens: list[int]) -> np.ndarray:

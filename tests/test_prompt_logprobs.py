@@ -1,6 +1,7 @@
 """Prompt logprobs from the engine equal llama-cpp-python's own `Llama(logits_all=True)` on the
-same model, prompts long enough to be prefilled over several steps included; a scored prompt is
-computed in full whatever the prefix cache holds."""
+same model and the same flash-attention setting (off, the Python Engine's default, and on,
+`cobatch serve`'s), prompts long enough to be prefilled over several steps included; a scored
+prompt is computed in full whatever the prefix cache holds."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,12 +30,20 @@ def reference_logprobs(scorer: ReferenceScorer, ids: list[int]) -> np.ndarray:
     return np.array([logits[i, ids[i + 1]] - log_z[i] for i in range(len(ids) - 1)])
 
 
-@pytest.fixture(scope="module")
-def scored(model_path):
-    """Each prompt scored alone on an idle engine (prefix cache on), and the reference's values."""
-    with Engine(model_path, n_ctx=2048, max_running=8, step_token_budget=STEP_BUDGET, flash_attn=False) as eng:
+@pytest.fixture(scope="module", params=[False, True], ids=["flash-attn-off", "flash-attn-on"])
+def scored(model_path, request):
+    """Each prompt scored alone on an idle engine, and the reference's values, both with the same
+    flash-attention setting. With it off (the Python Engine's default), cached prefixes and how
+    the prompt is split into steps change nothing, so the prefix cache is on. With it on
+    (`cobatch serve`'s default), llama.cpp's kernel sums over tiles of the cells present, so the
+    reference reads the prompt in the engine's chunks (at most max_scored_rows per step) and the
+    engine holds nothing cached."""
+    flash_attn = request.param
+    with Engine(model_path, n_ctx=2048, max_running=8, step_token_budget=STEP_BUDGET, flash_attn=flash_attn,
+                prefix_cache=not flash_attn) as eng:
         results = [eng.submit(Request(prompt=p, max_tokens=0, prompt_logprobs=3)).result() for p in PROMPTS]
-    scorer = ReferenceScorer(model_path, n_ctx=512)
+        chunk = eng.core.scheduler.max_scored_rows
+    scorer = ReferenceScorer(model_path, n_ctx=512, flash_attn=flash_attn, n_batch=chunk if flash_attn else 512)
     try:
         references = [reference_logprobs(scorer, list(r.prompt_token_ids)) for r in results]
     finally:
