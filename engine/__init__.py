@@ -5,14 +5,8 @@ from engine.handle import RequestHandle
 from engine.policy import FifoPolicy, SchedulingPolicy, TwoTierPolicy
 from engine.request import FinishReason, GenerationResult, Priority, Request, RequestMetrics
 from engine.stats import EngineStats, TierStats
-from sampling.errors import (
-    REFUSALS,
-    EngineClosedError,
-    InvalidParameterError,
-    PromptTooLongError,
-    QueueFullError,
-    RequestError,
-)
+from engine.errors import REFUSALS, EngineClosedError, PromptTooLongError, QueueFullError
+from sampling.errors import InvalidParameterError, RequestError
 from sampling.params import SamplingParams
 
 __all__ = [

@@ -17,7 +17,8 @@ from engine.ownership import claim
 from engine.request import Priority
 from engine.sequence import Sequence
 from engine.stats import EngineStats, StatsBoard
-from sampling.errors import EngineClosedError, InvalidParameterError, QueueFullError
+from engine.errors import EngineClosedError, QueueFullError
+from sampling.errors import InvalidParameterError
 
 
 # ---- what client threads send ---------------------------------------------------------------

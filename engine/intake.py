@@ -12,7 +12,8 @@ import numpy as np
 from engine.handle import LoopWaker, RequestHandle
 from engine.request import Request
 from engine.sequence import Sequence
-from sampling.errors import InvalidParameterError, PromptTooLongError
+from engine.errors import PromptTooLongError
+from sampling.errors import InvalidParameterError
 from sampling.grammar import SchemaError, compile_grammar
 from sampling.grammar.trigger import TriggeredMatcher
 from sampling.params import SamplingParams

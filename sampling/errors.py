@@ -1,9 +1,9 @@
-"""Every way a request can be refused, under one base: `RequestError`.
+"""The base of every refusal, `RequestError`, and the one sampling raises: a bad parameter.
 
-A refusal is raised before anything is queued, so it changes nothing else. The classes live
-here, in sampling/, because sampling is the lowest layer that refuses requests (SamplingParams
-validates itself) and engine/ imports sampling/, never the other way round. `engine` re-exports
-them all; import them from there.
+A refusal is raised before anything is queued, so it changes nothing else. The base lives here,
+in sampling/, because sampling is the lowest layer that refuses requests (SamplingParams
+validates itself) and engine/ imports sampling/, never the other way round; the engine's own
+refusals are in engine/errors.py. `engine` re-exports them all; import them from there.
 """
 from __future__ import annotations
 
@@ -24,22 +24,3 @@ class InvalidParameterError(RequestError, ValueError):
 
     def __reduce__(self) -> tuple:  # keep the fields across pickling (Ray, multiprocessing)
         return (type(self), (str(self), self.field, self.needed_tokens))
-
-
-class PromptTooLongError(RequestError, ValueError):
-    """The prompt does not fit the context with room for one generated token."""
-
-
-class QueueFullError(RequestError):
-    """The request's priority tier already has as many requests waiting as it may."""
-
-
-class EngineClosedError(RequestError):
-    """The engine is shutting down (or gone) and takes nothing new."""
-
-
-# Every refusal class, by name: the one list the cluster sends across Ray and the server maps
-# to HTTP statuses. A test checks it holds every RequestError subclass.
-REFUSALS: dict[str, type[RequestError]] = {
-    cls.__name__: cls for cls in (InvalidParameterError, PromptTooLongError, QueueFullError, EngineClosedError)
-}
