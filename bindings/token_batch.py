@@ -48,8 +48,10 @@ class TokenBatch:
     def free_rows(self) -> int:
         return self.capacity - self.n_tokens
 
-    def add_run(self, tokens: np.ndarray | list[int], start_pos: int, seq_id: int, logits_last: bool) -> int:
-        """Append consecutive tokens of one sequence; returns the row of the last token."""
+    def add_run(self, tokens: np.ndarray | list[int], start_pos: int, seq_id: int, logits_last: bool,
+                n_logits: int = 1) -> int:
+        """Append consecutive tokens of one sequence, the last `n_logits` rows with logits when
+        `logits_last`; returns the row of the last token."""
         n = len(tokens)
         if n == 0:
             raise ValueError("a run needs at least one token")
@@ -61,7 +63,8 @@ class TokenBatch:
         self.n_seq_id[lo:hi] = 1
         self.seq_ids[lo:hi, 0] = seq_id
         self.logits[lo:hi] = 0
-        self.logits[hi - 1] = 1 if logits_last else 0
+        if logits_last:
+            self.logits[hi - n_logits:hi] = 1
         self.n_tokens = hi
         return hi - 1
 

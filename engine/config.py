@@ -85,6 +85,12 @@ class EngineConfig:
         "idle cached KV cells that cost a prefill as much as one more prompt token; past that, weighed "
         "against the measured cache hit share, idle cached prefixes are dropped before a long prefill "
         "(measured on Gemma 3 270M: docs/kv-cache.md says how to measure it for another model)")
+    # Drafts cost batch rows: they are verified only where the step-cost model says they pay.
+    speculative: bool = setting(
+        True, "speculative decoding without a draft model: tokens guessed from the sequence's own earlier text and "
+              "recent outputs are verified in the step, where the step-cost model says they pay (greedy outputs "
+              "unchanged, sampled ones in distribution)", on_off=True, words=("auto", "off"))
+    speculative_max_draft: int = setting(8, "drafted tokens per sequence and step at most")
     jump_forward: bool = setting(
         True, "where a JSON schema allows one continuation only, append its tokens unsampled")
 
@@ -113,6 +119,9 @@ class EngineConfig:
             raise ValueError(f"cache_max_fraction must be between 0 and 1, got {self.cache_max_fraction}")
         if not self.idle_cells_per_prompt_token > 0:
             raise ValueError(f"idle_cells_per_prompt_token must be positive, got {self.idle_cells_per_prompt_token}")
+        if not 1 <= self.speculative_max_draft < self.step_token_budget:
+            raise ValueError(f"speculative_max_draft must be between 1 and step_token_budget - 1, "
+                             f"got {self.speculative_max_draft}")
         if self.max_waiting < 1 or self.max_waiting_interactive < 1:
             raise ValueError("max_waiting and max_waiting_interactive must be >= 1")
         self.scheduling_policy()  # the policy checks its own settings

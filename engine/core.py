@@ -1,8 +1,10 @@
 """The engine core: KV cache, scheduler, runner and sampler, advanced one step at a time.
 
 No threads here: engine/loop.py drives it, and the engine thread alone writes the core and
-everything it holds (`claim_for_this_thread`). One step reads top to bottom: schedule, build
-the batch (the runner returns which sequence owns each output row), decode, sample, apply outputs.
+everything it holds (`claim_for_this_thread`). One step reads top to bottom: schedule, draft
+(tokens guessed ahead for decoding sequences, where they pay: engine/speculation.py), build the
+batch (the runner returns which sequence owns each output row), decode, sample, apply outputs
+(verifying drafts: engine/verify.py).
 """
 from __future__ import annotations
 
@@ -23,9 +25,11 @@ from engine.request import FinishReason, Priority
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.step_cost import StepCostModel
-from engine.step_plan import StepPlan
+from engine.speculation import Speculator
+from engine.step_plan import Chunk, StepPlan
 from engine.stats import EngineStats, StatsBoard, StepProfile, TierStats
 from engine.thread_governor import ThreadGovernor
+from engine.verify import verify
 from sampling.sampler import BatchSampler
 
 log = logging.getLogger("cobatch.engine")
@@ -76,6 +80,7 @@ class EngineCore(SingleWriter):
         self.jump = JumpForward(lambda text: model.tokenize(text, add_bos=False), model.token_bytes) \
             if cfg.jump_forward else None
         self.tokens_forced = 0  # appended by jump-forward, unsampled
+        self.speculator = Speculator(cfg.speculative_max_draft) if cfg.speculative else None
         self.thread_governor = ThreadGovernor(cfg.n_threads, runner.interrupter, adaptive=cfg.adaptive_threads)
         self.profiles = {"decode": StepProfile(), "mixed": StepProfile()}
         self.steps_run = 0  # llama_decode calls, interrupted ones included
@@ -134,12 +139,16 @@ class EngineCore(SingleWriter):
         t0 = clock()
         self.step_cost.expect_threads(self.thread_governor.current)
         plan = self.scheduler.schedule()
-        t1 = clock()
         if not plan.chunks:
             return False
+        if self.speculator is not None:
+            self.speculator.draft(plan, self.kv_cache, self.step_cost.estimate(),
+                                  self.scheduler.step_token_budget - plan.n_tokens, self.n_ctx,
+                                  self.scheduler.policy.draft_limit_s)
+        t1 = clock()
         rows = self.runner.build_batch(plan)
         kind = _step_kind(plan)
-        depth = max(c.start + c.length for c in plan.chunks)
+        depth = max(c.start + c.n_rows for c in plan.chunks)
         threads = self.thread_governor.choose(plan.n_tokens, self.runner.n_outputs, depth)
         self.runner.set_threads(threads)
         self.publish_stats()  # readers see this step's admissions while it decodes
@@ -153,13 +162,19 @@ class EngineCore(SingleWriter):
         self.runner.record_prompt_scores()
         for seq in finished_scoring(plan.chunks):  # max_tokens 0: scored, nothing to generate
             self.finish(seq, FinishReason.LENGTH)
-        sampled = sample_rows(self.sampler, self.runner.output_logits(), rows, self.n_ctx) if rows else None
+        logits = self.runner.output_logits()
+        # A sequence with a draft owns consecutive rows: the first is sampled with everyone's.
+        firsts = [i for i in range(len(rows)) if i == 0 or rows[i] is not rows[i - 1]]
+        seqs = [rows[i] for i in firsts]
+        first_logits = logits if len(firsts) == len(rows) else logits[firsts]
+        sampled = sample_rows(self.sampler, first_logits, seqs, self.n_ctx) if rows else None
         t4 = clock()
-        forced_before = self.tokens_forced
+        produced_before = sum(len(seq.tokens) for seq in seqs)
         if sampled is not None:
-            self._apply(rows, sampled)
+            drafts = {c.seq: c for c in plan.chunks if c.draft}
+            self._apply(seqs, sampled, lambda i: logits[firsts[i]:firsts[i] + 1 + len(drafts[seqs[i]].draft)], drafts)
         t5 = clock()
-        produced = len(rows) + self.tokens_forced - forced_before
+        produced = sum(len(seq.tokens) for seq in seqs) - produced_before
         profile = self.profiles["decode" if kind == "decode" else "mixed"]
         profile.record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, produced)
         self.step_cost.record(plan.n_tokens, self.runner.n_outputs, t5 - t0, threads)
@@ -172,6 +187,8 @@ class EngineCore(SingleWriter):
         try:
             flush_text(seq)
             self.scheduler.finish(seq)
+            if self.speculator is not None:
+                self.speculator.finished(seq)
         finally:  # a bookkeeping bug fails the step, but the client still gets its answer
             self._finished[seq.request.priority] += 1
             self._on_finished(seq)
@@ -211,7 +228,8 @@ class EngineCore(SingleWriter):
             self.steps_run += 1
         return outcome
 
-    def _apply(self, rows: list[Sequence], sampled: SampledRows) -> None:
+    def _apply(self, rows: list[Sequence], sampled: SampledRows, draft_rows: Callable[[int], Any],
+               drafts: dict[Sequence, Chunk]) -> None:
         now = time.perf_counter()
         interactive_intervals = []
         for i, (seq, token) in enumerate(zip(rows, sampled.tokens)):
@@ -223,17 +241,31 @@ class EngineCore(SingleWriter):
             # out (another's prompt alone, an aborted step) says nothing about it.
             if interval is not None and interval.back_to_back and seq.request.priority is Priority.INTERACTIVE:
                 interactive_intervals.append(interval.seconds)
+            error = None
             try:
-                reason = append_token(seq, token, self.model.eog_tokens, self.n_ctx)
+                if seq in drafts:
+                    reason, error = self._verify(seq, token, draft_rows(i), drafts[seq])
+                else:
+                    reason = append_token(seq, token, self.model.eog_tokens, self.n_ctx)
                 if reason is None:
                     reason = self._jump_forward(seq)
             except Exception as exc:
                 self.finish(seq, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
                 continue
             if reason is not None:
-                self.finish(seq, reason)
+                self.finish(seq, reason, error)
         if interactive_intervals:
             self.scheduler.interactive_intervals(interactive_intervals)
+
+    def _verify(self, seq: Sequence, first: int, logits: Any, chunk: Chunk) -> tuple[FinishReason | None, str | None]:
+        """Keep the drafted tokens the model confirms (engine/verify.py); their cells stay, the
+        rejected ones' go."""
+        verified = verify(self.sampler, logits, seq, first, chunk.draft, self.model.eog_tokens, self.n_ctx)
+        self.kv_cache.computed(seq, verified.accepted)
+        self.kv_cache.drop_uncomputed(seq)
+        assert self.speculator is not None and chunk.draft_source is not None
+        self.speculator.verified(seq, chunk.draft_source, len(chunk.draft), verified.accepted)
+        return verified.reason, verified.error
 
     def _jump_forward(self, seq: Sequence) -> FinishReason | None:
         """Append the tokens the grammar forces next, and those a tight budget leaves no choice
@@ -315,6 +347,7 @@ class EngineCore(SingleWriter):
             batch_rows_granted=scheduler.policy.batch_rows_granted,
             latency_calibration=scheduler.policy.calibration,
             lane_first_tokens=self.lane_first_tokens,
+            speculation=None if self.speculator is None else self.speculator.stats(),
         )
 
 

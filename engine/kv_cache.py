@@ -186,19 +186,13 @@ class KvCache(SingleWriter):
         if self.prefix_cache and seq.n_computed - n_tokens < seq.n_prompt <= seq.n_computed:
             self._publish_prompt(seq)
 
-    def truncate(self, seq: Sequence, n_tokens: int) -> None:
-        """Keep seq's first n_tokens only: later cells leave llama.cpp's memory and the blocks
-        beyond them return to the ledger (tokens computed tentatively, then rejected). The
-        caller shortens seq.tokens to match."""
+    def drop_uncomputed(self, seq: Sequence) -> None:
+        """Cells past seq's computed tokens (drafted tokens the model did not confirm) leave
+        llama.cpp's memory, and the blocks reserved past its tokens return to the ledger."""
         record = self._record(seq)
-        if n_tokens < record.shared_tokens + record.borrowed or n_tokens < seq.n_prompt:
-            raise ValueError(f"cannot truncate {seq.request_id} to {n_tokens} tokens: its first "
-                             f"{max(record.shared_tokens + record.borrowed, seq.n_prompt)} are its prompt or shared")
-        if n_tokens < seq.n_computed:
-            self._memory.seq_rm(record.seq_id, n_tokens, -1)
-            seq.n_computed = n_tokens
-        if n_tokens < self.ledger.n_tokens(record.seq_id):
-            self.ledger.shrink(record.seq_id, n_tokens)
+        self._memory.seq_rm(record.seq_id, seq.n_computed, -1)
+        if len(seq.tokens) < self.ledger.n_tokens(record.seq_id):
+            self.ledger.shrink(record.seq_id, len(seq.tokens))
 
     def release(self, seq: Sequence) -> None:
         """Free seq's id and blocks; its computed full blocks may stay behind as cached prefix.

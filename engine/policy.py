@@ -95,6 +95,9 @@ class SchedulingPolicy(SingleWriter):
     batch_rows_granted = 0  # batch rows those steps carried
     calibration: float | None = None  # how much longer intervals run than predicted steps (p95)
     token_target_s: float | None = None  # the per-token target steps are planned for
+    # The longest a step laid out by the last lay_out may be predicted to take once drafts are
+    # added to it (engine/speculation.py): None, any; 0, no drafts at all.
+    draft_limit_s: float | None = None
 
     def next_candidate(self, view: QueueView, blocked: set[Priority]) -> Sequence | None:
         """The waiting sequence to try next; `blocked` holds the tiers whose head could not start."""
@@ -220,6 +223,7 @@ class TwoTierPolicy(SchedulingPolicy):
         # Stable sort: admission order within a tier.
         order = sorted(view.running, key=lambda s: 0 if s.request.priority is INTERACTIVE else 1)
         now = self._clock()
+        self.draft_limit_s = None
         if self._interactive_prefilling(view) and self._batch_may_wait(self._steps_without_batch):
             # Interactive work alone: a short step, as on an idle engine. Interactive sequences
             # already decoding ride along only when waiting out the step would make them miss
@@ -230,6 +234,7 @@ class TwoTierPolicy(SchedulingPolicy):
             decoding = [s for s in order if s.request.priority is INTERACTIVE and s.is_decoding]
             riders = decoding if self._must_ride_along(view, prompts, decoding, now) else []
             order = prompts + riders
+            self.draft_limit_s = 0.0  # the arrival's first token waits for this step: nothing more in it
         wants = any(s.request.priority is BATCH and not s.is_decoding for s in order)
         # A deep batch prompt's chunk is what an interactive arrival may have to abort.
         layout = StepLayout(order, self.batch_tokens if wants else 0,
@@ -281,6 +286,7 @@ class TwoTierPolicy(SchedulingPolicy):
         if cost is None:
             return cap, None
         budget = (self.token_target_s - waited) / self.calibration
+        self.draft_limit_s = budget  # drafts get what the target leaves of the step
         tokens = sum(s.n_pending for s in interactive)
         spare = budget - cost.seconds(tokens, len(interactive))
         row_s = cost.per_token_s + cost.per_output_s

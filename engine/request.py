@@ -57,6 +57,12 @@ class Request:
     # state (waiting, prefilling, decoding, preempted), keeping what it has generated.
     timeout: float | None = None
     request_id: str = field(default_factory=lambda: f"req-{next(_request_ids)}")
+    # False: never verify drafted tokens for it (engine/speculation.py); its output is the same
+    # either way, token for token under greedy decoding, in distribution when sampling.
+    speculative: bool = True
+    # Whose finished outputs may propose drafts for it (engine/drafts.py): requests of one
+    # scope only, so one client's text is never guessed for another's (the server sets the key).
+    draft_scope: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt, str):
@@ -112,6 +118,11 @@ class Request:
                 0 < self.timeout < float("inf")
             ):
                 raise InvalidParameterError(f"timeout must be a positive number of seconds, got {self.timeout!r}", field="timeout")
+        if not isinstance(self.speculative, bool):
+            raise InvalidParameterError(f"speculative must be true or false, got {self.speculative!r}",
+                                        field="speculative")
+        if not isinstance(self.draft_scope, str):
+            raise InvalidParameterError("draft_scope must be a string", field="draft_scope")
         try:
             object.__setattr__(self, "priority", Priority(self.priority))
         except ValueError:
@@ -146,6 +157,8 @@ class RequestMetrics:
     # Between consecutive steps that gave it tokens (the first token's wait is ttft_ms).
     inter_token_ms: tuple[float, ...] = ()
     first_token_from_lane: bool = False  # its first token came from the first-token lane, beside the step in flight
+    drafted_tokens: int = 0  # tokens guessed ahead for it and checked by the model (speculative decoding)
+    accepted_tokens: int = 0  # of those, the ones the model agreed with: each saved it a step
 
 
 @dataclass(frozen=True)

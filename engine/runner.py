@@ -48,10 +48,11 @@ class ModelRunner(SingleWriter):
         return self.context.n_ctx
 
     def build_batch(self, plan: StepPlan) -> list[Sequence]:
-        """Fill the batch; returns the sequence owning each output row, in row order."""
+        """Fill the batch; returns the sequence owning each sampling row, in row order (a chunk
+        with a draft owns one row more per drafted token, consecutive)."""
         batch = self.batch
         batch.clear()
-        single = [c for c in plan.chunks if c.length == 1]
+        single = [c for c in plan.chunks if c.n_rows == 1]
         if single:
             # Decode rows, one per generating sequence, filled in one vectorised write.
             n = len(single)
@@ -63,12 +64,13 @@ class ModelRunner(SingleWriter):
             batch.n_tokens = n
         placed = [(c, i) for i, c in enumerate(single)]
         for c in plan.chunks:
-            if c.length > 1:
-                tokens = np.asarray(c.seq.tokens[c.start : c.start + c.length], dtype=np.int32)
-                placed.append((c, batch.add_run(tokens, c.start, c.seq.seq_id, c.wants_logits) - c.length + 1))
+            if c.n_rows > 1:
+                tokens = np.asarray([*c.seq.tokens[c.start : c.start + c.length], *c.draft], dtype=np.int32)
+                last = batch.add_run(tokens, c.start, c.seq.seq_id, c.wants_logits, n_logits=1 + len(c.draft))
+                placed.append((c, last - c.n_rows + 1))
         self._layout = prompt_scores.map_outputs(batch.logits, batch.n_tokens, placed)
         self._n_outputs = batch.n_outputs
-        return [c.seq for c, _ in placed if c.wants_logits]
+        return [c.seq for c, _ in placed if c.wants_logits for _ in range(1 + len(c.draft))]
 
     @property
     def n_outputs(self) -> int:

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from engine.drafts import NgramIndex
 from engine.handle import RequestHandle
 from engine.ownership import SingleWriter
 from engine.request import FinishReason, GenerationResult, Request, RequestMetrics
@@ -70,6 +71,10 @@ class Sequence(SingleWriter):
         self.suspensions = 0  # times it gave up its slot for an interactive request, keeping its KV
         self.forced_tokens = 0  # output tokens appended by jump-forward, unsampled
         self.first_token_from_lane = False  # its first token came from engine/first_token_lane.py
+        self.ngrams: NgramIndex | None = None  # its own n-grams, built when it first drafts (engine/drafts.py)
+        self.draft_acceptance: float | None = None  # moving average of its drafted tokens' outcomes
+        self.drafted_tokens = 0
+        self.accepted_tokens = 0
         self.arrival_order = 0  # when the scheduler got it, relative to the others (FIFO)
         self.deadline = None if request.timeout is None else self.submitted_at + request.timeout
         self.added_at_step: int | None = None  # engine step count when the scheduler got it
@@ -161,6 +166,8 @@ class Sequence(SingleWriter):
             forced_tokens=self.forced_tokens,
             inter_token_ms=tuple(ms(s) for s in self.token_intervals),
             first_token_from_lane=self.first_token_from_lane,
+            drafted_tokens=self.drafted_tokens,
+            accepted_tokens=self.accepted_tokens,
         )
         assert self.finish_reason is not None
         return GenerationResult(

@@ -41,6 +41,16 @@ class EngineStats:
     batch_rows_granted: int = 0  # batch rows those steps carried
     latency_calibration: float | None = None  # the plan's interval / predicted step seconds (p95)
     lane_first_tokens: int = 0  # requests whose first token the first-token lane gave (counted when handed back)
+    speculation: SpeculationStats | None = None  # None: speculative decoding is off
+
+
+@dataclass(frozen=True)
+class SpeculationStats:
+    drafted: dict[str, int]  # drafted tokens the model checked, by source (engine/drafts.py)
+    accepted: dict[str, int]  # of those, the ones it kept
+    acceptance: dict[str, float]  # each source's recent acceptance rate (moving average)
+    steps_with_drafts: int
+    verified_rows: int  # output rows of drafted sequences: one per drafted token plus their sampling rows
 
 
 class StatsBoard:

@@ -10,7 +10,15 @@ from engine.sequence import Sequence
 class Chunk:
     seq: Sequence
     start: int  # index into seq.tokens, equal to the KV position of its first token
-    length: int
+    length: int  # tokens of seq.tokens it feeds
+    # Tokens guessed to follow seq.tokens (engine/drafts.py), fed after them with logits on
+    # every row: the model verifies them in this step (engine/verify.py).
+    draft: tuple[int, ...] = ()
+    draft_source: str | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return self.length + len(self.draft)
 
     @property
     def wants_logits(self) -> bool:
@@ -26,4 +34,4 @@ class StepPlan:
 
     @property
     def n_tokens(self) -> int:
-        return sum(c.length for c in self.chunks)
+        return sum(c.n_rows for c in self.chunks)

@@ -106,3 +106,16 @@ REUSE_HALF_LIFE_TOKENS = 8_192
 # to come from the cache, worth a short history: a new server's first miss does not throw the
 # first conversation away, and a second one in a row (a stream of distinct documents) does.
 REUSE_PRIOR_SHARE, REUSE_PRIOR_TOKENS = 0.5, 1_024
+
+# ---- speculative decoding (engine/drafts.py, engine/speculation.py) ----------------------------
+# Prompt lookup matches the sequence's last 4, 3 or 2 tokens (the longest found wins): single
+# tokens recur too often to predict what follows (judgement, after prompt-lookup decoding's n <= 3).
+DRAFT_NGRAM_MIN, DRAFT_NGRAM_MAX = 2, 4
+# Other requests' outputs need a longer match before their continuation is trusted (judgement).
+RECENT_OUTPUTS_NGRAM_MIN = 3
+RECENT_OUTPUT_NGRAMS = 65_536  # n-grams kept of recent outputs, all scopes together: about 20 MB
+# A sequence's first drafts are tried at no less than this acceptance rate, whatever its source
+# did for others lately: a few wasted rows, then its own rate decides (judgement).
+ACCEPTANCE_EXPLORE = 0.35
+ACCEPTANCE_PRIOR = 0.5  # a source's rate before any of its drafts was checked (judgement)
+ACCEPTANCE_WEIGHT = 0.2  # weight of each drafted token's outcome in the moving averages (judgement)

@@ -108,7 +108,8 @@ def add_engine_flags(group: Any) -> None:
         flag = engine_flag(f)
         default = meta.get("serve_default", f.default)
         if f.type == "bool" and meta.get("on_off"):
-            group.add_argument(flag, dest=f.name, choices=["on", "off"], default="on" if default else "off",
+            on, off = meta.get("words", ("on", "off"))
+            group.add_argument(flag, dest=f.name, choices=[on, off], default=on if default else off,
                                help=f"{meta['help']} (default: %(default)s)")
         elif f.type == "bool":
             group.add_argument(flag, dest=f.name, action="store_true", default=default,
@@ -153,7 +154,7 @@ def engine_options_from(options: argparse.Namespace) -> dict[str, Any]:
     for f in fields(EngineConfig):
         value = getattr(options, f.name)
         if f.metadata.get("on_off"):
-            value = value == "on"
+            value = value == f.metadata.get("words", ("on", "off"))[0]
         elif f.metadata.get("zero_is_none") and value == 0:
             value = None
         elif value is None:

@@ -40,12 +40,13 @@ def engine_table() -> str:
         elif serve_default is None:
             serve_shown = _code(0)
         elif isinstance(serve_default, bool):
-            serve_shown = _code("on" if serve_default else "off")
+            serve_shown = _code(meta.get("words", ("on", "off"))[0 if serve_default else 1])
         else:
             serve_shown = _code(serve_default)
         flag = engine_flag(f)
         if f.type == "bool" and meta.get("on_off"):
-            flag_shown = f"`{flag} on\\|off`"
+            on, off = meta.get("words", ("on", "off"))
+            flag_shown = f"`{flag} {on}\\|{off}`"
         elif f.type == "bool":
             flag_shown = f"`{flag}` / `--no-{flag[2:]}`"
         else:

@@ -83,6 +83,7 @@ class Row:
     request_id: str
     start: int
     length: int
+    drafted: int = 0  # draft rows after the sequence's own tokens
 
 
 class StepGate:
@@ -141,13 +142,16 @@ class FakeRunner:
         self.decoded: list[list[Row]] = []  # every step that completed
         self.aborted: list[list[Row]] = []
         self.history: list[tuple[bool, list[Row]]] = []  # (completed?, rows) for every decode call
-        self._sampled: list = []
+        self._row_sums: list[int] = []
 
     def build_batch(self, plan) -> list:
-        self._chunks = [c for c in plan.chunks if c.length == 1] + [c for c in plan.chunks if c.length > 1]
-        self.current = [Row(c.seq.request_id, c.start, c.length) for c in self._chunks]
-        self.n_outputs = sum(1 for c in self._chunks if c.wants_logits)
-        return [c.seq for c in self._chunks if c.wants_logits]
+        self._chunks = [c for c in plan.chunks if c.n_rows == 1] + [c for c in plan.chunks if c.n_rows > 1]
+        self.current = [Row(c.seq.request_id, c.start, c.length, len(c.draft)) for c in self._chunks]
+        self.n_outputs = sum(1 + len(c.draft) for c in self._chunks if c.wants_logits)
+        # Each output row sees its sequence's tokens and the drafted tokens before it.
+        self._row_sums = [sum(c.seq.tokens) + sum(c.draft[:i]) for c in self._chunks if c.wants_logits
+                          for i in range(1 + len(c.draft))]
+        return [c.seq for c in self._chunks if c.wants_logits for _ in range(1 + len(c.draft))]
 
     def set_threads(self, n_threads: int) -> None:
         self.threads = n_threads
@@ -161,17 +165,16 @@ class FakeRunner:
             return DecodeOutcome.ABORTED
         for c in self._chunks:
             cells = self.context.cells.setdefault(c.seq.seq_id, set())
-            assert not cells.intersection(range(c.start, c.start + c.length)), "position decoded twice"
-            cells.update(range(c.start, c.start + c.length))
+            assert not cells.intersection(range(c.start, c.start + c.n_rows)), "position decoded twice"
+            cells.update(range(c.start, c.start + c.n_rows))
         self.decoded.append(self.current)
         self.history.append((True, self.current))
-        self._sampled = [c.seq for c in self._chunks if c.wants_logits]
         return DecodeOutcome.OK
 
     def output_logits(self) -> np.ndarray:
-        logits = np.zeros((len(self._sampled), N_VOCAB), dtype=np.float32)
-        for i, seq in enumerate(self._sampled):
-            logits[i, 2 + sum(seq.tokens) % 60] = 30.0
+        logits = np.zeros((len(self._row_sums), N_VOCAB), dtype=np.float32)
+        for i, total in enumerate(self._row_sums):
+            logits[i, 2 + total % 60] = 30.0
         return logits
 
     def record_prompt_scores(self) -> None:
@@ -187,8 +190,9 @@ class FakeRunner:
 
 
 def fake_engine(gate: StepGate | None = None, **overrides) -> tuple[Engine, FakeRunner]:
+    # Speculation off unless a test asks for it: most tests assert the exact rows of each step.
     settings = dict(n_ctx=1024, max_running=4, step_token_budget=64, n_threads=1, prefix_cache=False,
-                    block_size=16)
+                    block_size=16, speculative=False)
     settings.update(overrides)
     config = EngineConfig(**settings)
     runner = FakeRunner(config.n_ctx, gate)

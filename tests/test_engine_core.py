@@ -23,7 +23,8 @@ def prompt(i: int, n: int = 8) -> list[int]:
 
 class Core:
     def __init__(self, **overrides) -> None:
-        settings = dict(n_ctx=1024, max_running=4, step_token_budget=64, n_threads=1, prefix_cache=False)
+        settings = dict(n_ctx=1024, max_running=4, step_token_budget=64, n_threads=1, prefix_cache=False,
+                        speculative=False)
         settings.update(overrides)
         config = EngineConfig(**settings)
         self.runner = FakeRunner(config.n_ctx)

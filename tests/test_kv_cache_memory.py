@@ -102,14 +102,24 @@ class KvCacheAgainstLlamaMemory(RuleBasedStateMachine):
             self._compute(seq)
 
     @precondition(lambda self: self.running)
-    @rule(i=st.integers(0, 10), n=st.integers(1, 24))
-    def truncate(self, i, n):
-        """Tokens computed tentatively and rejected (speculative drafts): never into the prompt."""
+    @rule(i=st.integers(0, 10), k=st.integers(1, 12), data=st.data())
+    def speculate(self, i, k, data):
+        """k drafted tokens are computed after the sequence's tokens, the model keeps the first j
+        and appends one token of its own (pending): the other drafted cells must go."""
         seq = self.running[i % len(self.running)]
-        keep = max(seq.n_prompt, len(seq.tokens) - n)
-        self.kv.truncate(seq, keep)
-        del seq.tokens[keep:]
-        assert seq.n_computed == keep
+        self._compute(seq)  # a token left pending by an earlier draft's verification
+        if not self.kv.try_reserve(seq, len(seq.tokens) + k):
+            return
+        draft = list(range(600, 600 + k))
+        self.batch.clear()
+        self.batch.add_run(np.asarray(draft, dtype=np.int32), len(seq.tokens), seq.seq_id, True, n_logits=k)
+        assert self.ctx.decode(self.batch) is DecodeOutcome.OK
+        j = data.draw(st.integers(0, k))
+        seq.tokens += draft[:j]
+        self.kv.computed(seq, j)
+        seq.tokens.append(700)
+        self.kv.drop_uncomputed(seq)
+        assert self.kv.ledger.n_tokens(seq.seq_id) == len(seq.tokens)
 
     @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 10))

@@ -1,6 +1,8 @@
 """GrammarMatcher: one request's position in a compiled grammar."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from . import distance, unique
@@ -111,6 +113,11 @@ class GrammarMatcher:
         """(the next bytes the grammar allows as the only continuation, b"" when there is a
         choice or the document may end here; whether those bytes finish the document)."""
         return (b"", False) if self._ended else self._g.forced_bytes(self._S, limit)
+
+    def fork(self) -> "GrammarMatcher":
+        """An independent matcher at the same position (to try tokens ahead without moving this
+        one): every update replaces the state rather than editing it, so a shallow copy is one."""
+        return copy.copy(self)
 
     # ------------------------------------------------------------ updates
     def advance(self, token: int) -> None:

@@ -9,6 +9,8 @@ that is started is always finished in time.
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from .matcher import GrammarMatcher
@@ -93,6 +95,12 @@ class TriggeredMatcher:
     def forced_bytes(self, limit: int = 64) -> tuple[bytes, bool]:
         # Undecided, there is always a choice (text or a document); text forces nothing.
         return self._inner.forced_bytes(limit) if self.mode == "document" else (b"", False)
+
+    def fork(self) -> "TriggeredMatcher":
+        """An independent matcher at the same position (GrammarMatcher.fork)."""
+        twin = copy.copy(self)
+        twin._inner = self._inner.fork()
+        return twin
 
     # ------------------------------------------------------------ updates
     def advance(self, token: int) -> None:

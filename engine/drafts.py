@@ -1,0 +1,112 @@
+"""Draft tokens without a draft model: what followed the sequence's latest n-gram before, in its
+own prompt and output, or in recent outputs of other requests of the same scope.
+
+A draft is a guess of the next few tokens; the model verifies it in the next step (one row per
+drafted token, engine/verify.py), so a wrong guess costs rows, never output. Two sources, tried
+in this order:
+
+- prompt lookup: the longest of the sequence's last `n` tokens (n from NGRAM_MAX down to
+  NGRAM_MIN) seen earlier in its own tokens proposes the tokens that followed it there
+  (repeated passages, code being edited, tool results echoed back, a model repeating itself);
+- recent outputs: the same lookup over the outputs of requests that finished recently with the
+  same draft scope (a batch job's answers share structure). Scopes keep one client's text from
+  ever being proposed for another's request: a draft never reaches a client unless the model
+  computes the same tokens itself, but how fast it does could tell one client what another wrote.
+
+Each sequence's index is built incrementally as tokens are appended, so a lookup costs a few
+dictionary reads per step.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Sequence as Seq
+
+from engine.tuning import DRAFT_NGRAM_MAX, DRAFT_NGRAM_MIN, RECENT_OUTPUT_NGRAMS, RECENT_OUTPUTS_NGRAM_MIN
+
+PROMPT_LOOKUP, RECENT_OUTPUTS = "prompt_lookup", "recent_outputs"
+SOURCES = (PROMPT_LOOKUP, RECENT_OUTPUTS)
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: tuple[int, ...]
+    source: str
+
+
+class NgramIndex:
+    """Where each n-gram (n in [n_min, n_max]) of a growing token list last occurred, as the
+    index of the token that followed it. Owned by its sequence's holder, like its tokens."""
+
+    def __init__(self, n_min: int = DRAFT_NGRAM_MIN, n_max: int = DRAFT_NGRAM_MAX) -> None:
+        self.n_min, self.n_max = n_min, n_max
+        self._after: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # positions below this have their preceding n-grams indexed
+
+    def update(self, tokens: Seq[int]) -> None:
+        # Position i is indexed once it exists: the n-grams ending just before it point at it.
+        for i in range(max(self._indexed, self.n_min), len(tokens)):
+            for n in range(self.n_min, min(self.n_max, i) + 1):
+                self._after[tuple(tokens[i - n:i])] = i
+        self._indexed = max(self._indexed, len(tokens))
+
+    def continuation(self, tokens: Seq[int], limit: int) -> tuple[int, ...]:
+        """The tokens that followed the longest earlier occurrence of the list's last n-gram."""
+        self.update(tokens)
+        end = len(tokens)
+        for n in range(min(self.n_max, end), self.n_min - 1, -1):
+            start = self._after.get(tuple(tokens[end - n:end]))
+            if start is not None:
+                return tuple(tokens[start:start + limit])
+        return ()
+
+
+class RecentOutputs:
+    """N-grams of recently finished outputs, per draft scope, bounded by RECENT_OUTPUT_NGRAMS
+    entries in all (the oldest go first). Engine thread only."""
+
+    def __init__(self, n_min: int = RECENT_OUTPUTS_NGRAM_MIN, n_max: int = DRAFT_NGRAM_MAX,
+                 capacity: int = RECENT_OUTPUT_NGRAMS) -> None:
+        self.n_min, self.n_max, self.capacity = n_min, n_max, capacity
+        # (scope, n-gram) -> (the output it came from, where its continuation starts)
+        self._after: collections.OrderedDict[tuple, tuple[tuple[int, ...], int]] = collections.OrderedDict()
+
+    def add(self, scope: str, output: Seq[int]) -> None:
+        output = tuple(output)
+        for i in range(self.n_min, len(output)):
+            for n in range(self.n_min, min(self.n_max, i) + 1):
+                key = (scope, output[i - n:i])
+                self._after.pop(key, None)  # the newest occurrence wins, and is evicted last
+                self._after[key] = (output, i)
+        while len(self._after) > self.capacity:
+            self._after.popitem(last=False)
+
+    def continuation(self, scope: str, tokens: Seq[int], limit: int) -> tuple[int, ...]:
+        end = len(tokens)
+        for n in range(min(self.n_max, end), self.n_min - 1, -1):
+            found = self._after.get((scope, tuple(tokens[end - n:end])))
+            if found is not None:
+                output, start = found
+                return output[start:start + limit]
+        return ()
+
+    def __len__(self) -> int:
+        return len(self._after)
+
+
+class Drafter:
+    """Proposes drafts for a sequence from its own tokens, then from recent outputs of its scope."""
+
+    def __init__(self, recent: RecentOutputs | None = None) -> None:
+        self.recent = recent or RecentOutputs()
+
+    def propose(self, index: NgramIndex, tokens: Seq[int], scope: str, limit: int) -> Draft | None:
+        own = index.continuation(tokens, limit)
+        if own:
+            return Draft(own, PROMPT_LOOKUP)
+        other = self.recent.continuation(scope, tokens, limit)
+        return Draft(other, RECENT_OUTPUTS) if other else None
+
+    def finished(self, scope: str, output: Seq[int]) -> None:
+        if output:
+            self.recent.add(scope, output)

@@ -1,0 +1,159 @@
+"""Speculative decoding's step: which decoding sequences get draft rows, and how many, so that
+only drafts that pay for themselves are verified.
+
+A drafted token costs one more batch row with logits (its share of the weights' pass and one
+output projection over the vocabulary) and gains a token when the model agrees with it. With
+acceptance rate `a` per drafted token (the i-th is kept only if all before it were, so it is
+worth a^i tokens) and the step-cost model's price `c` of one more output row, a step producing
+E tokens in T seconds gains from one more draft row worth g tokens exactly when
+(E + g) / (T + c) > E / T, that is g > c x E / T. Rows are handed out greedily, interactive
+sequences first, then by gain, while that holds: at one or a few streams the step's fixed cost
+dominates and drafts run; when the batch is compute-bound c x E / T nears one token and no
+draft pays. A policy may bound the step's predicted time (the per-token latency target).
+
+Acceptance is tracked per source (engine/drafts.py) and per sequence, as moving averages of the
+drafted tokens' outcomes; a sequence starts from its source's rate, or a little above when the
+source has done badly lately, so that each sequence tries a draft or two before it is judged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from engine.drafts import SOURCES, Draft, Drafter, NgramIndex
+from engine.kv_cache import KvCache
+from engine.ownership import SingleWriter
+from engine.request import Priority
+from engine.sequence import Sequence
+from engine.stats import SpeculationStats
+from engine.step_cost import StepCost
+from engine.step_plan import Chunk, StepPlan
+from engine.tuning import ACCEPTANCE_EXPLORE, ACCEPTANCE_PRIOR, ACCEPTANCE_WEIGHT
+
+
+@dataclass
+class SourceCounts(SingleWriter):
+    drafted: int = 0  # drafted tokens checked by the model
+    accepted: int = 0
+    rate: float = ACCEPTANCE_PRIOR  # moving average of its drafted tokens' outcomes
+
+
+@dataclass
+class Speculator(SingleWriter):
+    """Engine thread only: proposes and allots drafts, and learns from their verification."""
+
+    max_draft: int
+    drafter: Drafter = field(default_factory=Drafter)
+    sources: dict[str, SourceCounts] = field(default_factory=lambda: {s: SourceCounts() for s in SOURCES})
+    steps_with_drafts: int = 0
+    verified_rows: int = 0  # output rows of drafted sequences: their sampling rows plus one per drafted token
+
+    def draft(self, plan: StepPlan, kv: KvCache, cost: StepCost | None, room: int, n_ctx: int,
+              limit_s: float | None) -> None:
+        """Attach drafts to the plan's decoding chunks that pay for them, within `room` more rows
+        and `limit_s` predicted seconds, with KV blocks reserved for every drafted token."""
+        if cost is None or room <= 0 or limit_s == 0.0:
+            return
+        proposals: dict[Sequence, Draft] = {}
+        for chunk in plan.chunks:
+            draft = self._proposal(chunk, n_ctx)
+            if draft is not None:
+                proposals[chunk.seq] = draft
+        if not proposals:
+            return
+        outputs = sum(1 for c in plan.chunks if c.wants_logits)
+        granted = self.allot(proposals, cost, plan.n_tokens, outputs, float(outputs), limit_s, room)
+        drafted = False
+        for i, chunk in enumerate(plan.chunks):
+            k = granted.get(chunk.seq, 0)
+            if k and kv.try_reserve(chunk.seq, len(chunk.seq.tokens) + k):
+                proposal = proposals[chunk.seq]
+                plan.chunks[i] = replace(chunk, draft=proposal.tokens[:k], draft_source=proposal.source)
+                drafted = True
+        self.steps_with_drafts += drafted
+
+    def allot(self, proposals: dict[Sequence, Draft], cost: StepCost, tokens: int, outputs: int,
+              expected_tokens: float, limit_s: float | None = None, room: int | None = None) -> dict[Sequence, int]:
+        """Draft rows per sequence (the rule in the module docstring). The planned step feeds
+        `tokens` rows, `outputs` of them with logits, and is expected to produce
+        `expected_tokens`; `limit_s` bounds its predicted seconds, `room` its extra rows."""
+        row_s = cost.per_token_s + cost.per_output_s
+        step_s = cost.seconds(tokens, outputs)
+        rates = {seq: self.rate(seq, draft.source) for seq, draft in proposals.items()}
+        granted = dict.fromkeys(proposals, 0)
+        left = float("inf") if room is None else room
+        while left > 0:
+            open_ = [seq for seq, draft in proposals.items() if granted[seq] < min(len(draft.tokens), self.max_draft)]
+            if not open_:
+                break
+            best = max(open_, key=lambda s: (s.request.priority is Priority.INTERACTIVE, rates[s] ** (granted[s] + 1)))
+            gain = rates[best] ** (granted[best] + 1)
+            if gain * step_s <= row_s * expected_tokens or (limit_s is not None and step_s + row_s > limit_s):
+                break
+            granted[best] += 1
+            expected_tokens += gain
+            step_s += row_s
+            left -= 1
+        return {seq: k for seq, k in granted.items() if k}
+
+    def stats(self) -> SpeculationStats:
+        return SpeculationStats(
+            drafted={s: c.drafted for s, c in self.sources.items()},
+            accepted={s: c.accepted for s, c in self.sources.items()},
+            acceptance={s: round(c.rate, 4) for s, c in self.sources.items()},
+            steps_with_drafts=self.steps_with_drafts, verified_rows=self.verified_rows)
+
+    def rate(self, seq: Sequence, source: str) -> float:
+        own = seq.draft_acceptance
+        return own if own is not None else max(self.sources[source].rate, ACCEPTANCE_EXPLORE)
+
+    def verified(self, seq: Sequence, source: str, drafted: int, accepted: int) -> None:
+        """A draft of `drafted` tokens was checked and its first `accepted` kept."""
+        counts = self.sources[source]
+        counts.drafted += drafted
+        counts.accepted += accepted
+        self.verified_rows += drafted + 1
+        rate = self.rate(seq, source)
+        # Each kept token is a success, the first rejected one (if any) a failure; the rest unseen.
+        for outcome in [1.0] * accepted + ([0.0] if accepted < drafted else []):
+            rate += ACCEPTANCE_WEIGHT * (outcome - rate)
+            counts.rate += ACCEPTANCE_WEIGHT * (outcome - counts.rate)
+        seq.draft_acceptance = rate
+        seq.drafted_tokens += drafted
+        seq.accepted_tokens += accepted
+
+    def finished(self, seq: Sequence) -> None:
+        """Its output may propose drafts for later requests of its scope."""
+        if seq.request.speculative and seq.n_generated:
+            self.drafter.finished(seq.request.draft_scope, seq.tokens[seq.n_prompt:])
+
+    def _proposal(self, chunk: Chunk, n_ctx: int) -> Draft | None:
+        seq = chunk.seq
+        if (not seq.request.speculative or not chunk.wants_logits or not seq.is_decoding
+                or seq.scores_prompt or chunk.draft):
+            return None
+        # Drafted tokens and the one sampled after them must fit max_tokens and the context.
+        limit = min(self.max_draft, seq.token_budget(n_ctx) - 1)
+        if limit <= 0:
+            return None
+        if seq.ngrams is None:
+            seq.ngrams = NgramIndex()
+        draft = self.drafter.propose(seq.ngrams, seq.tokens, seq.request.draft_scope, limit)
+        if draft is not None and seq.matcher is not None:
+            draft = _within_grammar(seq, draft, n_ctx)
+        return draft
+
+
+def _within_grammar(seq: Sequence, draft: Draft, n_ctx: int) -> Draft | None:
+    """The draft cut before the first token the sequence's grammar would refuse."""
+    matcher = seq.matcher.fork()
+    budget = seq.token_budget(n_ctx)
+    kept = 0
+    for token in draft.tokens:
+        if not matcher.is_allowed(token, budget) or getattr(matcher, "released", False):
+            break
+        matcher.advance(token)
+        kept += 1
+        budget -= 1
+        if matcher.is_finished:
+            break
+    return Draft(draft.tokens[:kept], draft.source) if kept else None

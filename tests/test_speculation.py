@@ -1,0 +1,233 @@
+"""Speculative decoding without a model: draft sources, the rule that allots draft rows, the
+verification's output distribution, and the engine loop with drafts over the fake backend
+(outputs exactly those without drafts, KV invariants checked after every step in debug mode)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+import math
+
+from engine import FinishReason, Priority, Request
+from engine.drafts import PROMPT_LOOKUP, RECENT_OUTPUTS, Draft, Drafter, NgramIndex, RecentOutputs
+from engine.speculation import Speculator
+from engine.step_cost import StepCost, StepCostModel
+from engine.verify import verify
+from sampling.params import SamplingParams
+from sampling.sampler import BatchSampler
+from tests.fake_backend import N_VOCAB, expected_tokens, fake_engine
+
+# A small model on a CPU: the step's fixed cost (the weights' pass) dwarfs one more row's.
+FIXED_HEAVY = StepCost(fixed_s=0.030, per_token_s=0.0005, per_output_s=0.0015)
+# A batch that is compute-bound: rows are what a step costs.
+ROW_HEAVY = StepCost(fixed_s=0.002, per_token_s=0.004, per_output_s=0.004)
+
+
+class _Seq:
+    """What the allotment reads of a sequence."""
+
+    def __init__(self, priority: Priority = Priority.BATCH, acceptance: float | None = None) -> None:
+        self.request = Request([1], priority=priority)
+        self.draft_acceptance = acceptance
+
+
+# ---- draft sources ---------------------------------------------------------------------------
+def test_prompt_lookup_proposes_what_followed_the_longest_earlier_match():
+    tokens = [5, 6, 7, 8, 9, 1, 2, 6, 7, 3, 4, 6, 7]
+    index = NgramIndex(n_min=2, n_max=4)
+    assert index.continuation(tokens, 3) == (3, 4, 6)  # (6, 7) last seen at 7-8, followed by 3
+    tokens += [8]
+    assert index.continuation(tokens, 2) == (9, 1)  # (6, 7, 8) is a longer match, from the start
+    assert index.continuation([1, 2, 3], 4) == ()  # nothing repeats
+    assert NgramIndex().continuation([4, 4, 4, 4], 3) == (4,)  # self-overlap stops at the end
+
+
+def test_recent_outputs_keep_scopes_apart_and_forget_the_oldest():
+    recent = RecentOutputs(n_min=3, n_max=3, capacity=3)
+    recent.add("alice", [1, 2, 3, 4, 5])
+    assert recent.continuation("alice", [9, 1, 2, 3], 2) == (4, 5)
+    assert recent.continuation("bob", [9, 1, 2, 3], 2) == ()
+    recent.add("alice", [7, 8, 9, 10, 11])
+    assert len(recent) == 3 and recent.continuation("alice", [1, 2, 3], 2) == ()  # evicted
+    drafter = Drafter(recent)
+    own = drafter.propose(NgramIndex(), [7, 8, 9, 5, 7, 8, 9], "alice", 2)
+    assert own == Draft((5, 7), PROMPT_LOOKUP)
+    assert drafter.propose(NgramIndex(), [0, 7, 8, 9], "alice", 2) == Draft((10, 11), RECENT_OUTPUTS)
+
+
+# ---- the allotment ---------------------------------------------------------------------------
+def _allot(seqs, cost, offered=8, max_draft=8, **kw):
+    spec = Speculator(max_draft)
+    proposals = {s: Draft(tuple(range(offered)), PROMPT_LOOKUP) for s in seqs}
+    return spec.allot(proposals, cost, tokens=len(seqs), outputs=len(seqs), expected_tokens=float(len(seqs)), **kw)
+
+
+def test_drafts_pay_at_one_stream_and_not_in_a_compute_bound_batch():
+    alone = _Seq(acceptance=0.9)
+    assert _allot([alone], FIXED_HEAVY)[alone] == 8
+    crowd = [_Seq(acceptance=0.9) for _ in range(16)]
+    assert _allot(crowd, ROW_HEAVY) == {}
+    assert _allot([_Seq(acceptance=0.02)], FIXED_HEAVY) == {}  # a sequence whose drafts miss gets none
+
+
+def test_the_allotment_follows_the_break_even_rule():
+    # One more row is worth its gain g exactly when g > c x E / T.
+    seq = _Seq(acceptance=0.5)
+    granted = _allot([seq], FIXED_HEAVY)[seq]
+    row_s = FIXED_HEAVY.per_token_s + FIXED_HEAVY.per_output_s
+    tokens, seconds = 1.0 + sum(0.5 ** i for i in range(1, granted + 1)), FIXED_HEAVY.seconds(1, 1) + granted * row_s
+    assert 0.5 ** granted * (seconds - row_s) > row_s * (tokens - 0.5 ** granted)  # the last row paid
+    assert not 0.5 ** (granted + 1) * seconds > row_s * tokens  # the next would not have
+
+
+def test_interactive_sequences_draft_first_and_a_limit_or_no_room_stops_drafts():
+    chat, job = _Seq(Priority.INTERACTIVE, acceptance=0.6), _Seq(acceptance=0.95)
+    assert _allot([chat, job], FIXED_HEAVY, room=3) == {chat: 3}
+    row_s = FIXED_HEAVY.per_token_s + FIXED_HEAVY.per_output_s
+    limit = FIXED_HEAVY.seconds(2, 2) + 2.5 * row_s
+    assert sum(_allot([chat, job], FIXED_HEAVY, limit_s=limit).values()) == 2
+    assert _allot([chat], FIXED_HEAVY, room=0) == {}
+
+
+# ---- verification's distribution -------------------------------------------------------------
+ALPHA = 1e-3  # each chi-square test's false-alarm rate
+
+
+def chi_square_p(observed: np.ndarray, expected: np.ndarray) -> float:
+    """P(a chi-square with len - 1 degrees of freedom exceeds the statistic), by the
+    Wilson-Hilferty approximation (a few percent of alpha at these sizes)."""
+    stat, k = float(((observed - expected) ** 2 / expected).sum()), len(observed) - 1
+    z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def _target(logits: np.ndarray, temperature: float) -> np.ndarray:
+    z = logits / temperature
+    p = np.exp(z - z.max())
+    return p / p.sum()
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), temperature=st.sampled_from([0.7, 1.0, 1.5]), drafted_rank=st.integers(0, 5))
+def test_verification_keeps_the_models_distribution_at_the_first_drafted_position(seed, temperature, drafted_rank):
+    # Over many runs, the token a sampled request gets where a draft stood (the draft itself,
+    # or the model's own choice when it refused it) follows the model's distribution exactly.
+    rng = np.random.default_rng(seed)
+    vocab = 16
+    row = rng.normal(0, 1.5, vocab).astype(np.float32)
+    draft_token = int(np.argsort(-row)[drafted_rank])
+    p = _target(row.astype(np.float64), temperature)
+    sampler = BatchSampler(vocab)
+    counts = np.zeros(vocab)
+    runs = 2000
+    engine_rng = np.random.default_rng(seed + 1)
+    for _ in range(runs):
+        seq = _verifiable(vocab, temperature, engine_rng)
+        logits = np.stack([row, rng.normal(0, 1, vocab).astype(np.float32)])
+        first = int(sampler.sample_rows(logits[:1].copy(), [_row(seq)])[0])
+        verify(sampler, logits, seq, first, (draft_token,), frozenset(), 1024)
+        counts[seq.tokens[seq.n_prompt]] += 1
+    expected = p * runs
+    keep = expected >= 5  # chi-square needs enough expected counts per cell
+    observed, wanted = counts[keep], expected[keep]
+    if (~keep).any():  # the rare tokens together, as one cell
+        observed, wanted = np.append(observed, counts[~keep].sum()), np.append(wanted, expected[~keep].sum())
+    assert chi_square_p(observed, wanted) > ALPHA
+
+
+def _verifiable(vocab: int, temperature: float, rng: np.random.Generator):
+    from engine.handle import RequestHandle
+    from engine.sequence import Sequence
+
+    request = Request([0], max_tokens=4, sampling=SamplingParams(temperature=temperature))
+    return Sequence(request, [0], RequestHandle(request.request_id, 1, lambda _: None), (b"",) * vocab, rng)
+
+
+def _row(seq):
+    from sampling.sampler import RowContext
+
+    return RowContext(seq.request.sampling, seq.rng)
+
+
+# ---- the engine with drafts, over the fake backend -------------------------------------------
+@pytest.fixture
+def drafting(monkeypatch):
+    monkeypatch.setattr(StepCostModel, "estimate", lambda self, threads=None: FIXED_HEAVY)
+    engine, runner = fake_engine(speculative=True, max_running=4, step_token_budget=64)
+    yield engine, runner
+    engine.close()
+
+
+def _repetitive(i: int) -> list[int]:
+    return [0] + [2 + (i * 5 + k) % 9 for k in range(30)]
+
+
+def test_greedy_outputs_are_exactly_those_without_drafts(drafting):
+    engine, runner = drafting
+    prompts = [_repetitive(i) for i in range(6)]
+    results = engine.generate(prompts, max_tokens=40, temperature=0.0)
+    for prompt, result in zip(prompts, results):
+        assert list(result.token_ids) == expected_tokens(prompt, 40) and result.finish_reason is FinishReason.LENGTH
+    engine.inspect(lambda runner: None)  # the turn that answered them has published its stats
+    stats = engine.stats()
+    assert stats.speculation.drafted[PROMPT_LOOKUP] > 0 and stats.speculation.accepted[PROMPT_LOOKUP] > 0
+    assert any(row.drafted for step in runner.decoded for row in step)
+    assert sum(r.metrics.accepted_tokens for r in results) == sum(stats.speculation.accepted.values())
+    assert all(r.metrics.accepted_tokens <= r.metrics.drafted_tokens for r in results)
+    assert stats.running == 0 and stats.kv.blocks_used == 0
+
+
+def test_drafts_save_steps(drafting, monkeypatch):
+    engine, runner = drafting
+    prompt = _repetitive(3)
+    engine.generate([prompt], max_tokens=60, temperature=0.0)
+    with_drafts = len(runner.decoded)
+    engine2, runner2 = fake_engine(speculative=False)
+    try:
+        engine2.generate([prompt], max_tokens=60, temperature=0.0)
+    finally:
+        engine2.close()
+    assert with_drafts < len(runner2.decoded)
+
+
+def test_max_tokens_and_stop_hold_with_drafts(drafting):
+    engine, _ = drafting
+    prompt = _repetitive(1)
+    for n in (1, 2, 7, 13):
+        result = engine.generate([prompt], max_tokens=n, temperature=0.0)[0]
+        assert list(result.token_ids) == expected_tokens(prompt, n) and result.finish_reason is FinishReason.LENGTH
+    text = engine.generate([prompt], max_tokens=40, temperature=0.0)[0].text
+    stop = text[9:11]
+    stopped = engine.generate([prompt], max_tokens=40, temperature=0.0, stop=[stop])[0]
+    assert stopped.text == text[: text.index(stop)] and stopped.finish_reason is FinishReason.STOP
+
+
+def test_a_request_may_opt_out(drafting):
+    engine, runner = drafting
+    result = engine.submit(Request(_repetitive(2), max_tokens=30, speculative=False,
+                                   sampling=SamplingParams(temperature=0.0))).result(10)
+    assert result.metrics.drafted_tokens == 0 and not any(row.drafted for step in runner.decoded for row in step)
+
+
+def test_sampled_requests_keep_their_random_stream_with_drafts(monkeypatch):
+    # One draw per token kept, drafts or not: the same seed gives the same tokens.
+    monkeypatch.setattr(StepCostModel, "estimate", lambda self, threads=None: FIXED_HEAVY)
+    outputs = []
+    for speculative in (False, True):
+        engine, _ = fake_engine(speculative=speculative)
+        try:
+            outputs.append(engine.generate([_repetitive(4)], max_tokens=40, temperature=0.9, seed=7)[0].token_ids)
+        finally:
+            engine.close()
+    assert outputs[0] == outputs[1]
+
+
+def test_finished_outputs_draft_for_later_requests_of_their_scope(drafting):
+    engine, _ = drafting
+    first = [0, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31]
+    engine.submit(Request(first, max_tokens=30, draft_scope="job-1", sampling=SamplingParams(temperature=0.0))).result(10)
+    again = engine.submit(Request(first, max_tokens=30, draft_scope="job-1",
+                                  sampling=SamplingParams(temperature=0.0))).result(10)
+    assert list(again.token_ids) == expected_tokens(first, 30)
+    assert engine.stats().speculation.drafted[RECENT_OUTPUTS] > 0
