@@ -99,7 +99,6 @@ class Speculator(SingleWriter):
         return SpeculationStats(
             drafted={s: c.drafted for s, c in self.sources.items()},
             accepted={s: c.accepted for s, c in self.sources.items()},
-            acceptance={s: round(c.rate, 4) for s, c in self.sources.items()},
             steps_with_drafts=self.steps_with_drafts, verified_rows=self.verified_rows)
 
     def rate(self, seq: Sequence, source: str) -> float:

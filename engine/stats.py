@@ -48,7 +48,6 @@ class EngineStats:
 class SpeculationStats:
     drafted: dict[str, int]  # drafted tokens the model checked, by source (engine/drafts.py)
     accepted: dict[str, int]  # of those, the ones it kept
-    acceptance: dict[str, float]  # each source's recent acceptance rate (moving average)
     steps_with_drafts: int
     verified_rows: int  # output rows of drafted sequences: one per drafted token plus their sampling rows
 

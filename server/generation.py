@@ -218,4 +218,6 @@ def metrics_payload(result: GenerationResult) -> dict[str, Any]:
         "tokens_generated": m.tokens_generated,
         "cached_tokens": m.cached_tokens,
         "forced_tokens": m.forced_tokens,
+        "drafted_tokens": m.drafted_tokens,
+        "accepted_tokens": m.accepted_tokens,
     }

@@ -61,4 +61,8 @@ def health_payload(state: ServingState) -> dict[str, Any]:
         payload["tokens_forced"] = stats.tokens_forced
         payload["decode_threads"] = stats.decode_threads
         payload["thread_switches"] = stats.thread_switches
+        spec = stats.speculation
+        if spec is not None:
+            payload["speculation"] = {"drafted": dict(spec.drafted), "accepted": dict(spec.accepted),
+                                      "steps_with_drafts": spec.steps_with_drafts, "verified_rows": spec.verified_rows}
     return payload

@@ -132,6 +132,7 @@ class _EngineCollector(Collector):
                       "the decode thread count", stats.thread_switches)
         yield from _tier_metrics(stats)
         yield from _kv_block_metrics(stats)
+        yield from _speculation_metrics(stats)
 
 
 def _tier_metrics(stats: EngineStats) -> Iterable:
@@ -161,6 +162,24 @@ def _tier_metrics(stats: EngineStats) -> Iterable:
                   "target chose (interactive requests decoding beside batch work)", stats.latency_bounded_steps)
     yield _single(CounterMetricFamily, "cobatch_batch_rows_granted", "Batch rows carried by latency-bounded steps "
                   "(divided by cobatch_latency_bounded_steps_total: rows per step)", stats.batch_rows_granted)
+
+
+def _speculation_metrics(stats: EngineStats) -> Iterable:
+    spec = stats.speculation
+    if spec is None:
+        return
+    drafted = CounterMetricFamily("cobatch_draft_tokens", "Drafted tokens the model checked (speculative "
+                                  "decoding), by source", labels=["source"])
+    accepted = CounterMetricFamily("cobatch_draft_tokens_accepted", "Drafted tokens the model kept, by source "
+                                   "(divided by cobatch_draft_tokens_total: the acceptance rate)", labels=["source"])
+    for source in sorted(spec.drafted):
+        drafted.add_metric([source], spec.drafted[source])
+        accepted.add_metric([source], spec.accepted[source])
+    yield from (drafted, accepted)
+    yield _single(CounterMetricFamily, "cobatch_draft_steps", "Engine steps that verified drafts", spec.steps_with_drafts)
+    yield _single(CounterMetricFamily, "cobatch_draft_verification_rows", "Output rows of drafted sequences: one per "
+                  "drafted token plus their sampling rows (tokens per verification row = (accepted + rows - "
+                  "drafted) / rows)", spec.verified_rows)
 
 
 def _single(kind: type, name: str, help_text: str, value: float) -> Any:
