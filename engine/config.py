@@ -15,7 +15,7 @@ from typing import Any
 from bindings import LLAMA_MAX_SEQ
 from engine.policy import FifoPolicy, SchedulingPolicy, TwoTierPolicy
 from engine.step_cost import StepCostModel
-from engine.tuning import IDLE_CELLS_PER_PROMPT_TOKEN_MEASURED
+from engine.tuning import IDLE_CELLS_PER_PROMPT_TOKEN_FLASH, IDLE_CELLS_PER_PROMPT_TOKEN_NO_FLASH
 
 
 def setting(default: Any, help: str, **cli: Any) -> Any:
@@ -80,11 +80,12 @@ class EngineConfig:
             "tokens, gets its first token from a small one-thread context beside the main one (0: off)")
     # Idle cached cells slow every prompt row a little (attention reads their mask); this is the
     # exchange rate that decides when they are dropped before a long prefill (engine/prefix_reuse.py).
-    idle_cells_per_prompt_token: float = setting(
-        IDLE_CELLS_PER_PROMPT_TOKEN_MEASURED,
-        "idle cached KV cells that cost a prefill as much as one more prompt token; past that, weighed "
-        "against the measured cache hit share, idle cached prefixes are dropped before a long prefill "
-        "(measured on Gemma 3 270M: docs/kv-cache.md says how to measure it for another model)")
+    idle_cells_per_prompt_token: float | None = setting(
+        None, "idle cached KV cells that cost a prefill as much as one more prompt token; past that, weighed "
+              "against the measured cache hit share, idle cached prefixes are dropped before a long prefill "
+              f"(0: what Gemma 3 270M measures, {IDLE_CELLS_PER_PROMPT_TOKEN_FLASH:,} with flash attention, "
+              f"{IDLE_CELLS_PER_PROMPT_TOKEN_NO_FLASH:,} without; `cobatch bench idle-cells` measures another model)",
+        zero_is_none=True)
     # Drafts cost batch rows: they are verified only where the step-cost model says they pay.
     speculative: bool = setting(
         True, "speculative decoding without a draft model: tokens guessed from the sequence's own earlier text and "
@@ -117,7 +118,7 @@ class EngineConfig:
             raise ValueError(f"first_token_lane_tokens must be between 0 and n_ctx, got {self.first_token_lane_tokens}")
         if not 0.0 <= self.cache_max_fraction <= 1.0:
             raise ValueError(f"cache_max_fraction must be between 0 and 1, got {self.cache_max_fraction}")
-        if not self.idle_cells_per_prompt_token > 0:
+        if self.idle_cells_per_prompt_token is not None and not self.idle_cells_per_prompt_token > 0:
             raise ValueError(f"idle_cells_per_prompt_token must be positive, got {self.idle_cells_per_prompt_token}")
         if not 1 <= self.speculative_max_draft < self.step_token_budget:
             raise ValueError(f"speculative_max_draft must be between 1 and step_token_budget - 1, "
@@ -125,6 +126,13 @@ class EngineConfig:
         if self.max_waiting < 1 or self.max_waiting_interactive < 1:
             raise ValueError("max_waiting and max_waiting_interactive must be >= 1")
         self.scheduling_policy()  # the policy checks its own settings
+
+    @property
+    def idle_cells_rate(self) -> float:
+        """idle_cells_per_prompt_token, or the measured rate for this attention setting."""
+        if self.idle_cells_per_prompt_token is not None:
+            return self.idle_cells_per_prompt_token
+        return IDLE_CELLS_PER_PROMPT_TOKEN_FLASH if self.flash_attn else IDLE_CELLS_PER_PROMPT_TOKEN_NO_FLASH
 
     @property
     def sequence_ids(self) -> int:

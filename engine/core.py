@@ -71,7 +71,7 @@ class EngineCore(SingleWriter):
             runner.context, self.n_ctx, cfg.block_size, running_ids=range(cfg.sequence_ids),
             holder_ids=range(cfg.sequence_ids, cfg.sequence_ids + holders), prefix_cache=cfg.prefix_cache,
             max_cached_blocks=int(cfg.cache_max_fraction * (self.n_ctx // cfg.block_size)),
-            reuse=PrefixReuse(cfg.idle_cells_per_prompt_token),
+            reuse=PrefixReuse(cfg.idle_cells_rate),
         )
         self.step_cost = StepCostModel()
         self.scheduler = Scheduler(self.kv_cache, cfg.max_running, cfg.step_token_budget,

@@ -30,7 +30,7 @@ from typing import Callable, Protocol
 from engine.ownership import SingleWriter
 from engine.kv_blocks import BlockLedger, CachedBlock, LedgerStats, PrefixMatch
 from engine.prefix_reuse import PrefixReuse
-from engine.tuning import IDLE_CELLS_PER_PROMPT_TOKEN_MEASURED
+from engine.tuning import IDLE_CELLS_PER_PROMPT_TOKEN_FLASH
 from engine.sequence import Sequence
 
 
@@ -105,7 +105,7 @@ class KvCache(SingleWriter):
         # Idle cached blocks still hold cells, and llama.cpp's attention spans the used cells
         # of the whole unified cache: past this many, the least recently used are dropped.
         self.max_cached_blocks = max_cached_blocks
-        self.reuse = reuse or PrefixReuse(IDLE_CELLS_PER_PROMPT_TOKEN_MEASURED)
+        self.reuse = reuse or PrefixReuse(IDLE_CELLS_PER_PROMPT_TOKEN_FLASH)
         self.idle_drops = 0
         self.block_size = block_size
         self.prefix_cache = prefix_cache and len(holder_ids) > 0

@@ -93,11 +93,13 @@ SCORED_ROWS_AT_ONCE = 16  # judgement: float64 copies of this many vocabulary-wi
 SCORED_OUTPUT_BYTES = 64 * 262_144 * 4
 
 # ---- idle cached prefixes (engine/prefix_reuse.py, docs/kv-cache.md) ---------------------------
-# Prefilling one prompt token costs about what this many idle cached cells add to one prompt row:
-# 27k and 41k in two measurements on Gemma 3 270M with flash attention (e6ff379, docs/kv-cache.md,
-# "What idle cached cells cost"). The default of the setting `idle_cells_per_prompt_token`;
-# `cobatch bench idle-cells` measures it for another model or attention setting.
-IDLE_CELLS_PER_PROMPT_TOKEN_MEASURED = 30_000
+# Prefilling one prompt token costs about what this many idle cached cells add to one prompt row,
+# on Gemma 3 270M: with flash attention the kernel skips their tiles after reading the mask (27k
+# and 41k in e6ff379, 28.3k in bench/results/20261127T142136Z-idle-cells); without it they are
+# attended over like any cell (6.1k in the same run). The defaults of `idle_cells_per_prompt_token`;
+# `cobatch bench idle-cells` measures them for another model.
+IDLE_CELLS_PER_PROMPT_TOKEN_FLASH = 30_000
+IDLE_CELLS_PER_PROMPT_TOKEN_NO_FLASH = 6_000
 # Judgement (e6ff379): recent prompts count most, the counts halve every this many prompt tokens,
 # short enough that a second distinct long prompt in a row drops the idle cells
 # (bench/results/20261126T231700Z-long-prompt).

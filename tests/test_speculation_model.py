@@ -1,0 +1,51 @@
+"""Speculative decoding on the real model: drafted tokens are verified in the same llama_batch,
+greedy outputs equal those without drafts, and a paragraph the model repeats is mostly drafted."""
+from __future__ import annotations
+
+import pytest
+
+from engine import Engine, Request
+
+pytestmark = pytest.mark.model
+
+PARAGRAPH = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a small "
+             "can of oil and a cloth for the great lens. ")
+PROMPTS = [
+    f"Repeat the paragraph exactly.\n\nParagraph: {PARAGRAPH}\nRepeated: {PARAGRAPH[:40]}",
+    "def add(a, b):\n    return a + b\n\n\ndef add_three(a, b, c):\n    return a + b + c\n\n\ndef add_four(",
+    "Once upon a time",
+]
+
+
+@pytest.fixture(scope="module")
+def outputs(model_path):
+    """Each prompt alone, greedy, with and without drafts (one engine each, same settings)."""
+    results = {}
+    for speculative in (False, True):
+        with Engine(model_path, n_ctx=2048, max_running=4, speculative=speculative, prefix_cache=False) as engine:
+            results[speculative] = [engine.generate([p], max_tokens=48, temperature=0.0)[0] for p in PROMPTS]
+            engine.inspect(lambda runner: None)  # the turn that answered them has published its stats
+            results[(speculative, "stats")] = engine.stats()
+    return results
+
+
+def test_greedy_outputs_are_the_same_with_drafts(outputs):
+    for off, on in zip(outputs[False], outputs[True]):
+        assert on.token_ids == off.token_ids and on.finish_reason == off.finish_reason
+
+
+def test_a_repeated_paragraph_is_mostly_drafted_and_kept(outputs):
+    repeated = outputs[True][0]
+    assert repeated.metrics.drafted_tokens > 0
+    assert repeated.metrics.accepted_tokens >= 0.5 * repeated.metrics.tokens_generated
+    spec = outputs[(True, "stats")].speculation
+    assert sum(spec.accepted.values()) == sum(r.metrics.accepted_tokens for r in outputs[True])
+    assert outputs[(False, "stats")].speculation is None
+
+
+def test_requests_that_opt_out_are_never_drafted(model_path):
+    with Engine(model_path, n_ctx=2048, max_running=4) as engine:
+        result = engine.submit(Request(PROMPTS[0], max_tokens=24, speculative=False)).result(120)
+        assert result.metrics.drafted_tokens == 0
+        engine.inspect(lambda runner: None)
+        assert sum(engine.stats().speculation.drafted.values()) == 0
