@@ -35,8 +35,11 @@ def engine(model_path):
     Its prefix cache is off: cached cells change where llama.cpp places new tokens, and its sums
     then round differently, so golden and same-seed tests would depend on which tests ran
     before. The prefix cache has its own tests (test_prefix_cache.py, test_kv_cache_memory.py).
+    So is speculative decoding, for the same reason: draft rows change a step's shape, and
+    earlier tests' outputs propose drafts (test_speculation_model.py tests it).
     """
-    with Engine(model_path, n_ctx=4096, max_running=32, step_token_budget=512, prefix_cache=False) as eng:
+    with Engine(model_path, n_ctx=4096, max_running=32, step_token_budget=512, prefix_cache=False,
+                speculative=False) as eng:
         yield eng
 
 

@@ -1,5 +1,6 @@
 """Speculative decoding on the real model: drafted tokens are verified in the same llama_batch,
-greedy outputs equal those without drafts, and a paragraph the model repeats is mostly drafted."""
+greedy outputs equal those without drafts but where a near-tie flips, and a paragraph the model
+repeats is mostly drafted."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +11,11 @@ pytestmark = pytest.mark.model
 
 PARAGRAPH = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a small "
              "can of oil and a cloth for the great lens. ")
+# A step with draft rows has another shape than one without, and no llama.cpp setting is batch
+# invariant: prefilling in steps of 1, 4 or 5 rows moved scores by 0.14 to 0.46 nats
+# (docs/evaluation.md). Only where the model's top two tokens lie closer than this may a greedy
+# choice differ.
+NEAR_TIE_NATS = 0.5
 PROMPTS = [
     f"Repeat the paragraph exactly.\n\nParagraph: {PARAGRAPH}\nRepeated: {PARAGRAPH[:40]}",
     "def add(a, b):\n    return a + b\n\n\ndef add_three(a, b, c):\n    return a + b + c\n\n\ndef add_four(",
@@ -22,16 +28,27 @@ def outputs(model_path):
     """Each prompt alone, greedy, with and without drafts (one engine each, same settings)."""
     results = {}
     for speculative in (False, True):
+        # Without drafts, with the top two alternatives, to see how close a differing choice was.
+        options = {} if speculative else {"logprobs": 2}
         with Engine(model_path, n_ctx=2048, max_running=4, speculative=speculative, prefix_cache=False) as engine:
-            results[speculative] = [engine.generate([p], max_tokens=48, temperature=0.0)[0] for p in PROMPTS]
+            results[speculative] = [engine.generate([p], max_tokens=48, temperature=0.0, **options)[0]
+                                    for p in PROMPTS]
             engine.inspect(lambda runner: None)  # the turn that answered them has published its stats
             results[(speculative, "stats")] = engine.stats()
     return results
 
 
-def test_greedy_outputs_are_the_same_with_drafts(outputs):
+def test_greedy_outputs_are_the_same_with_drafts_but_at_a_near_tie(outputs):
+    same = 0
     for off, on in zip(outputs[False], outputs[True]):
-        assert on.token_ids == off.token_ids and on.finish_reason == off.finish_reason
+        first = next((i for i, (a, b) in enumerate(zip(off.token_ids, on.token_ids)) if a != b), None)
+        if first is None:
+            assert on.token_ids == off.token_ids and on.finish_reason == off.finish_reason
+            same += 1
+            continue
+        (_, best), (_, second) = off.logprobs[first].top[:2]
+        assert best - second < NEAR_TIE_NATS, f"token {first} differs with a gap of {best - second:.3f} nats"
+    assert same >= len(PROMPTS) - 1
 
 
 def test_a_repeated_paragraph_is_mostly_drafted_and_kept(outputs):
