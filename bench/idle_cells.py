@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
             figures = measure(model, fa, args.idle, args.prompt, args.trials, args.threads, chunk, record)
             rows.append([setting, args.idle, args.prompt, figures["without_tok_s"], figures["with_tok_s"],
                          figures["with_tok_s"] / figures["without_tok_s"], figures["cells_per_token"]])
-            headline[f"cells_per_token_fa_{setting}"] = round(figures["cells_per_token"])
+            rate = figures["cells_per_token"]
+            # No slowdown measured (a run too small to see one): no rate to report.
+            headline[f"cells_per_token_fa_{setting}"] = round(rate) if rate != float("inf") else None
     table = markdown_table(["flash attention", "idle cells", "prompt tokens", "tok/s without", "tok/s with",
                             "with / without", "idle cells per prompt token"], rows)
     publish(record, table + f"\n\n{args.trials} alternating rounds; medians. The last column is the rate to "

@@ -120,9 +120,8 @@ class EngineConfig:
             raise ValueError(f"cache_max_fraction must be between 0 and 1, got {self.cache_max_fraction}")
         if self.idle_cells_per_prompt_token is not None and not self.idle_cells_per_prompt_token > 0:
             raise ValueError(f"idle_cells_per_prompt_token must be positive, got {self.idle_cells_per_prompt_token}")
-        if not 1 <= self.speculative_max_draft < self.step_token_budget:
-            raise ValueError(f"speculative_max_draft must be between 1 and step_token_budget - 1, "
-                             f"got {self.speculative_max_draft}")
+        if self.speculative_max_draft < 1:
+            raise ValueError(f"speculative_max_draft must be >= 1, got {self.speculative_max_draft}")
         if self.max_waiting < 1 or self.max_waiting_interactive < 1:
             raise ValueError("max_waiting and max_waiting_interactive must be >= 1")
         self.scheduling_policy()  # the policy checks its own settings

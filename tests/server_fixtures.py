@@ -24,7 +24,10 @@ from engine.model_source import default_model_path
 from server.app import create_app
 from server.context import ServerSettings
 
-SMALL_ENGINE = dict(n_ctx=4096, max_running=16, step_token_budget=256)
+# Without speculative decoding, like the shared engine of tests/conftest.py: draft rows change a
+# step's shape and earlier requests' outputs propose drafts, so a request's greedy tokens could
+# depend on what other tests sent before (tests/test_speculation_model.py tests it).
+SMALL_ENGINE = dict(n_ctx=4096, max_running=16, step_token_budget=256, speculative=False)
 
 
 def make_engine(**overrides: Any) -> Engine:

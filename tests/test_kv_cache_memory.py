@@ -119,7 +119,7 @@ class KvCacheAgainstLlamaMemory(RuleBasedStateMachine):
         self.kv.computed(seq, j)
         seq.tokens.append(700)
         self.kv.drop_uncomputed(seq)
-        assert self.kv.ledger.n_tokens(seq.seq_id) == len(seq.tokens)
+        assert seq.n_computed <= self.kv.ledger.n_tokens(seq.seq_id) <= len(seq.tokens)  # no block beyond its tokens
 
     @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 10))

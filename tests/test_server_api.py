@@ -13,7 +13,7 @@ pytestmark = pytest.mark.model
 
 METRIC_KEYS = {
     "latency_ms", "tokens_per_second", "queue_time_ms", "ttft_ms", "generation_time_ms",
-    "prompt_tokens", "tokens_generated", "cached_tokens", "forced_tokens",
+    "prompt_tokens", "tokens_generated", "cached_tokens", "forced_tokens", "drafted_tokens", "accepted_tokens",
 }
 
 
