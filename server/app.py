@@ -42,8 +42,11 @@ def create_app(
     settings: ServerSettings = ServerSettings(),
     *,
     on_load_failure: Callable[[BaseException], None] | None = None,
+    admin_api_keys: tuple[str, ...] = (),
 ) -> Starlette:
-    """`loader` builds (or returns) the Engine; it runs once, on a background thread."""
+    """`loader` builds (or returns) the Engine; it runs once, on a background thread. An admin key
+    is accepted as any key is, and sees every key's files and batches. With a data directory,
+    raises server.jobs.data_dir_lock.DataDirInUse if another process holds it."""
     state = ServingState(
         loader,
         owns_engine=settings.owns_engine,
@@ -62,15 +65,20 @@ def create_app(
 
     jobs: Jobs | None = None
 
+    def begin_drain() -> None:
+        """Shutdown's first step (on SIGTERM, or when the lifespan ends): the job runner stops
+        sending before admission closes, so its requests are not refused and resent meanwhile."""
+        if jobs is not None:
+            jobs.runner.begin_stop()
+        state.begin_shutdown()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.start_loading()
         if jobs is not None:
             jobs.runner.start()
         yield
-        if jobs is not None:
-            jobs.runner.begin_stop()  # no new job requests; those in flight drain with the rest
-        state.begin_shutdown()
+        begin_drain()
         await run_in_threadpool(state.wait_stopped, settings.drain_timeout + SHUTDOWN_BACKSTOP_S)
         if jobs is not None:
             await jobs.close()
@@ -92,8 +100,8 @@ def create_app(
         ),
     ]
     middleware, own_headers = [], {}
-    if settings.api_keys:
-        check = KeyCheck(settings.api_keys)
+    if settings.api_keys or admin_api_keys:
+        check = KeyCheck(settings.api_keys, admin_api_keys)
         open_paths = OPEN_PATHS if settings.protect_metrics else OPEN_PATHS | {"/metrics"}
         middleware.append(Middleware(RequireKeys, check=check, open_paths=open_paths))
         own_headers = {"Authorization": f"Bearer {check.internal_key}"}
@@ -102,9 +110,11 @@ def create_app(
     app.state.ctx = ctx
     if settings.data_dir is not None:
         # Batch jobs run through this app's own routes, so they are answered as HTTP requests are.
-        jobs = Jobs.open(settings.data_dir, app, settings.jobs_in_flight, settings.max_upload_bytes, own_headers)
+        jobs = Jobs.open(settings.data_dir, app, settings.jobs_in_flight, settings.max_upload_bytes, own_headers,
+                         can_submit=lambda: state.status == OK)
         app.router.routes.extend(job_routes(jobs, lambda handler, name: _api(lambda r, c: handler(r), ctx, name)))
     app.state.jobs = jobs
+    app.state.begin_drain = begin_drain
     return app
 
 
@@ -140,7 +150,8 @@ def _plain(handler: Handler, ctx: ServerContext) -> Callable[[Request], Awaitabl
 
 
 async def health(request: Request, ctx: ServerContext) -> Response:
-    payload = health_payload(ctx.state)
+    jobs = request.app.state.jobs
+    payload = health_payload(ctx.state, None if jobs is None else jobs.runner.health())
     return JSONResponse(payload, status_code=200 if ctx.state.status == OK else 503)
 
 

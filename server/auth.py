@@ -4,6 +4,10 @@ Keys are kept only as SHA-256 digests and a presented key is compared with every
 constant time, so neither the answer's timing nor a memory dump gives a key away; no key, right
 or wrong, is ever logged. A refusal is a 401 in OpenAI's error shape, which its clients raise as
 AuthenticationError.
+
+A request that passes carries its Caller: the owner id of its key (what files and batches are
+filed under; `owner_for_key`, a digest, never the key), and whether it may see every owner's (an
+admin key, or the server's own job requests). Without keys every request is the anonymous owner.
 """
 from __future__ import annotations
 
@@ -11,10 +15,12 @@ import hashlib
 import hmac
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable
 
 from server.errors import APIError
+from server.jobs.store import ANONYMOUS
 
 ENV_VAR = "COBATCH_API_KEY"  # one key, or several separated by commas
 OPEN_PATHS = frozenset({"/health"})  # and /metrics unless it is protected too
@@ -43,22 +49,51 @@ def read_keys(keys: Iterable[str] = (), key_file: Path | None = None, environ: d
     return tuple(dict.fromkeys(found))
 
 
-class KeyCheck:
-    def __init__(self, keys: Iterable[str]) -> None:
-        self._digests = [_digest(k) for k in keys]
-        # The server's own calls (batch jobs through its routes) carry this one.
-        self.internal_key = secrets.token_urlsafe(32)
-        self._digests.append(_digest(self.internal_key))
+@dataclass(frozen=True)
+class Caller:
+    owner: str  # files and batches are filed under this
+    sees_all: bool = False  # an admin key or the server itself: every owner's files and batches
 
-    def allows(self, authorization: str | None) -> bool:
+    @property
+    def scope(self) -> str | None:
+        """The owner whose rows a lookup may see; None: all of them."""
+        return None if self.sees_all else self.owner
+
+
+ANONYMOUS_CALLER = Caller(ANONYMOUS)
+
+
+def owner_for_key(key: str) -> str:
+    """The owner id of a key: stable across restarts, and no way back to the key. Named tenants
+    (issue 47) replace this one function."""
+    return "key-" + hashlib.sha256(b"cobatch-owner\0" + key.encode("utf-8")).hexdigest()[:32]
+
+
+def caller_of(request: Any) -> Caller:
+    """Who sent `request` (a Starlette request): set by RequireKeys, anonymous without keys."""
+    return request.scope.get("state", {}).get("caller", ANONYMOUS_CALLER)
+
+
+class KeyCheck:
+    def __init__(self, keys: Iterable[str], admin_keys: Iterable[str] = ()) -> None:
+        # (digest, is admin); the server's own calls (batch jobs through its routes) carry internal_key.
+        self.internal_key = secrets.token_urlsafe(32)
+        self._digests = [(_digest(k), False) for k in keys] + [(_digest(k), True) for k in admin_keys]
+        self._digests.append((_digest(self.internal_key), True))
+
+    def identify(self, authorization: str | None) -> Caller | None:
+        """The caller a bearer key names, or None if it names no configured key."""
         scheme, _, presented = (authorization or "").partition(" ")
+        presented = presented.strip()
         if scheme.lower() != "bearer" or not presented:
-            return False
-        candidate = _digest(presented.strip())
-        matched = False
-        for digest in self._digests:  # no early exit: the time taken says nothing of which matched
-            matched |= hmac.compare_digest(candidate, digest)
-        return matched
+            return None
+        candidate = _digest(presented)
+        matched = admin = False
+        for digest, is_admin in self._digests:  # no early exit: the time taken says nothing of which matched
+            hit = hmac.compare_digest(candidate, digest)
+            matched |= hit
+            admin |= hit and is_admin
+        return Caller(owner_for_key(presented), sees_all=admin) if matched else None
 
 
 def _digest(key: str) -> bytes:
@@ -78,7 +113,9 @@ class RequireKeys:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         authorization = headers.get(b"authorization", b"").decode("latin-1")
-        if self.check.allows(authorization):
+        caller = self.check.identify(authorization)
+        if caller is not None:
+            scope.setdefault("state", {})["caller"] = caller
             return await self.app(scope, receive, send)
         message = ("this server needs an API key: send Authorization: Bearer <key>" if not authorization
                    else "the API key is not valid")

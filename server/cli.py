@@ -28,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(problem)
     if options.command == "serve":
         options.api_keys = _api_keys(parser, options)
+        options.admin_api_keys = _admin_keys(parser, options)
     if options.command == "batch":
         return run_batch(parser, options)
     if options.replicas is not None or options.ray_address is not None:
@@ -57,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     keys.add_argument("--api-key", action="append", default=[], metavar="KEY", help="an accepted key (repeatable)")
     keys.add_argument("--api-key-file", type=Path, default=None,
                       help="a file of accepted keys, one per line (# starts a comment)")
+    keys.add_argument("--admin-api-key", action="append", default=[], metavar="KEY",
+                      help="an accepted key that also sees every key's files and batches (repeatable); "
+                           "any other key sees only its own")
     keys.add_argument("--protect-metrics", action="store_true", help="/metrics needs a key too")
     add_engine_flags(serve_cmd.add_argument_group("engine (engine/config.py's EngineConfig, one flag per field)"))
     cluster = serve_cmd.add_argument_group("several engines (Ray Serve; needs the extra: pip install 'cobatch[ray]')")
@@ -145,6 +149,18 @@ def _api_keys(parser: argparse.ArgumentParser, options: argparse.Namespace) -> t
         parser.error(f"API keys: {exc}")
 
 
+def _admin_keys(parser: argparse.ArgumentParser, options: argparse.Namespace) -> tuple[str, ...]:
+    from server.auth import read_keys
+
+    try:
+        keys = read_keys(options.admin_api_key, None, environ={})
+    except ValueError as exc:
+        parser.error(f"admin API keys: {exc}")
+    if keys and (options.replicas is not None or options.ray_address is not None):
+        parser.error("--admin-api-key is not available with --replicas yet")
+    return keys
+
+
 def engine_options_from(options: argparse.Namespace) -> dict[str, Any]:
     """The Engine keyword arguments that `cobatch serve`'s flags select (a flag left at None
     leaves the setting to the Engine)."""
@@ -198,6 +214,7 @@ def serve(options: argparse.Namespace) -> int:
     from server.app import create_app
     from server.context import HTTP_SHUTDOWN_BACKSTOP_S, ServerSettings
     from server.draining_server import DrainingServer
+    from server.jobs.data_dir_lock import DataDirInUse
     from server.jobs.runner import in_flight_for
 
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -220,7 +237,11 @@ def serve(options: argparse.Namespace) -> int:
                               data_dir=options.data_dir, max_upload_bytes=options.max_upload_bytes,
                               jobs_in_flight=in_flight_for(EngineConfig(**engine_options).max_running),
                               api_keys=options.api_keys, protect_metrics=options.protect_metrics)
-    app = create_app(load_engine, settings, on_load_failure=on_load_failure)
+    try:
+        app = create_app(load_engine, settings, on_load_failure=on_load_failure, admin_api_keys=options.admin_api_keys)
+    except DataDirInUse as exc:
+        print(f"cobatch serve: {exc}", file=sys.stderr)
+        return 1
     config = uvicorn.Config(
         app,
         host=options.host,
@@ -230,7 +251,7 @@ def serve(options: argparse.Namespace) -> int:
         # Backstop only: the app's own drain finishes or cancels requests within drain_timeout.
         timeout_graceful_shutdown=int(options.drain_timeout + HTTP_SHUTDOWN_BACKSTOP_S),
     )
-    server = DrainingServer(config, on_signal=app.state.ctx.state.begin_shutdown)
+    server = DrainingServer(config, on_signal=app.state.begin_drain)
     server_box.append(server)
     server.run()
     return 1 if failed else 0

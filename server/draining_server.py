@@ -10,8 +10,8 @@ import uvicorn
 
 class DrainingServer(uvicorn.Server):
     """On SIGINT/SIGTERM uvicorn stops listening and waits for open connections; calling
-    `on_signal` first makes requests still arriving on those connections get 503, and starts
-    the bounded wait after which running requests are cancelled.
+    `on_signal` first stops the batch job runner sending, makes requests still arriving on those
+    connections get 503, and starts the bounded wait after which running requests are cancelled.
 
     uvicorn's own handler also records the signal and re-raises it once shutdown is done, so
     the process would die of SIGTERM (or raise KeyboardInterrupt) after draining perfectly well.

@@ -24,7 +24,9 @@ def process_rss_bytes() -> int:
         return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
-def health_payload(state: ServingState) -> dict[str, Any]:
+def health_payload(state: ServingState, jobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The /health body; `jobs` is the job runner's own account (server/jobs/runner.py's health),
+    shown as is: a paused store says so here with its reason."""
     payload: dict[str, Any] = {
         "status": state.status,
         "model": None,
@@ -34,6 +36,8 @@ def health_payload(state: ServingState) -> dict[str, Any]:
     }
     if state.error:
         payload["error"] = state.error
+    if jobs is not None:
+        payload["jobs"] = jobs
     if state.model is not None:
         payload["model"] = {
             "id": state.model.model_id,

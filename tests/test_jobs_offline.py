@@ -66,6 +66,7 @@ def test_an_interrupted_run_resumes_and_each_request_is_answered_once(tmp_path):
     assert f"resuming: {len(done_first)} of {n + 1}" in err and f"{n + 1}/{n + 1} (100%)" in err
     lines = [json.loads(x) for x in output.read_text().splitlines()]
     assert sorted(x["custom_id"] for x in lines) == sorted([f"r{i}" for i in range(n)] + ["refused"])
+    assert len({x["id"] for x in lines}) == len(lines)  # ids do not repeat across the resume
     by_id = {x["custom_id"]: x for x in lines}
     assert by_id["refused"]["response"]["status_code"] == 400
     assert by_id["r0"]["response"]["body"]["object"] == "chat.completion"

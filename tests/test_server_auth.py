@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from server.auth import KeyCheck, read_keys
+from server.auth import KeyCheck, owner_for_key, read_keys
 from tests.server_fixtures import running_server, shared_engine
 
 KEYS = ("sk-first-key", "sk-second-key")
@@ -27,12 +27,16 @@ def test_keys_come_from_flags_a_file_and_the_environment(tmp_path):
     assert read_keys([], None, {}) == ()
 
 
-def test_only_a_configured_key_as_a_bearer_token_passes():
-    check = KeyCheck(KEYS)
-    assert check.allows("Bearer sk-first-key") and check.allows("bearer sk-second-key")
-    assert check.allows(f"Bearer {check.internal_key}")
+def test_only_a_configured_key_as_a_bearer_token_passes_and_names_its_caller():
+    check = KeyCheck(KEYS, admin_keys=["sk-admin"])
+    first, second = check.identify("Bearer sk-first-key"), check.identify("bearer sk-second-key")
+    assert first.owner == owner_for_key("sk-first-key") != second.owner == owner_for_key("sk-second-key")
+    assert not first.sees_all and first.scope == first.owner
+    assert "sk-first-key" not in first.owner and owner_for_key("sk-first-key") == first.owner  # stable, not the key
+    assert check.identify("Bearer sk-admin").sees_all and check.identify("Bearer sk-admin").scope is None
+    assert check.identify(f"Bearer {check.internal_key}").sees_all
     for header in (None, "", "Bearer", "Bearer ", "Basic sk-first-key", "Bearer sk-first-keyX", "sk-first-key"):
-        assert not check.allows(header), header
+        assert check.identify(header) is None, header
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,9 @@
 
 The same line format and the same request handling as a batch job on the server (each line
 goes to its route in process; a body without "model" gets the loaded one), with every answer,
-success or error, written to OUTPUT as soon as it arrives. Rerunning the same command after an interruption skips the custom_ids OUTPUT
-already holds, so nothing is lost and nothing runs twice.
+success or error, written to OUTPUT as soon as it arrives. Rerunning the same command after an
+interruption skips the custom_ids OUTPUT already holds, so nothing is lost and nothing runs twice;
+each line's id comes from its place in INPUT, so it is the same in every run.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any, Callable, TextIO
 
 from server.jobs.input_file import InputRequest, read_requests
 from server.jobs.in_process import InProcessRoutes
-from server.jobs.output_file import output_line
+from server.jobs.output_file import outcome_line
 from server.state import FAILED, OK, STOPPED
 
 _PROGRESS_EVERY_S = 0.5
@@ -56,17 +57,16 @@ async def _run(todo: list[InputRequest], total: int, done: int, output_path: Pat
         meter = _Progress(total, done, progress)  # from here: model loading is not the batch's speed
         routes = InProcessRoutes(app)
         model_id = app.state.ctx.state.model.model_id  # a line that names no model means this one
-        queue = iter(enumerate(todo))
-        with open(output_path, "a", encoding="utf-8") as out:
+        queue = iter(todo)
+        with open(output_path, "ab") as out:
             async def worker() -> None:
-                for line, request in queue:
+                for request in queue:
                     outcome = None
                     while outcome is None:  # "not now" (a full queue) cannot last: retry
                         outcome = await routes(request.url, {"model": model_id, **request.body})
                         if outcome is None:
                             await asyncio.sleep(0.1)
-                    out.write(json.dumps(output_line("offline", request.custom_id, line, outcome),
-                                         ensure_ascii=False) + "\n")
+                    out.write(outcome_line("offline", request.custom_id, request.index, outcome))
                     out.flush()  # in the OS's hands: survives the process being killed
                     usage = (outcome.response or {}).get("usage") or {}
                     meter.advance(usage.get("completion_tokens", 0))

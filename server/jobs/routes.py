@@ -9,9 +9,15 @@
     GET    /v1/batches/{id}
     GET    /v1/batches               ?limit=20&after=<batch id>, newest first
     POST   /v1/batches/{id}/cancel
+
+Files and batches belong to the caller that made them (server/auth.py's Caller): another caller's
+are answered 404, as if they did not exist; an admin key sees all. Every store call runs on the
+store thread.
 """
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -22,12 +28,18 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from server.auth import caller_of
 from server.errors import BadRequest, NotFound, PayloadTooLarge
+from server.jobs.data_dir_lock import DataDirLock
+from server.jobs.disk import write_whole
 from server.jobs.in_process import InProcessRoutes
 from server.jobs.input_file import ENDPOINTS
 from server.jobs.runner import JobRunner
-from server.jobs.store import CANCELLING, IN_PROGRESS, VALIDATING, JobStore
+from server.jobs.store import CANCELLING, IN_PROGRESS, VALIDATING, JobStore, StoredFile, new_id
+from server.jobs.store_thread import StoreThread
 from server.validation import read_json_object
+
+log = logging.getLogger("cobatch.jobs")
 
 COMPLETION_WINDOWS = {"24h": 24 * 3600}  # the only window OpenAI accepts
 _FORM_OVERHEAD = 64 * 1024  # multipart boundaries and headers around the file
@@ -37,21 +49,37 @@ _READ_CHUNK = 1 << 20
 @dataclass
 class Jobs:
     store: JobStore
+    db: StoreThread
     runner: JobRunner
     routes: InProcessRoutes
     max_upload_bytes: int
+    data_dir_lock: DataDirLock
 
     @classmethod
     def open(cls, data_dir: Path, app: Any, in_flight: int, max_upload_bytes: int,
-             headers: dict[str, str] | None = None) -> "Jobs":
-        store = JobStore(data_dir)
+             headers: dict[str, str] | None = None, can_submit: Callable[[], bool] = lambda: True) -> "Jobs":
+        """Take the data directory (DataDirInUse if another process holds it), sweep what a crash
+        left in it, and set up the store, its thread and the runner."""
+        lock = DataDirLock(data_dir)
+        try:
+            store = JobStore(data_dir)
+        except BaseException:
+            lock.release()
+            raise
+        swept = store.sweep_files()
+        if swept:
+            log.info("removed %d file(s) no batch or upload owns: %s", len(swept), ", ".join(sorted(swept)[:10]))
+        db = StoreThread()
         routes = InProcessRoutes(app, headers)
-        return cls(store, JobRunner(store, routes, lambda: in_flight), routes, max_upload_bytes)
+        runner = JobRunner(store, routes, lambda: in_flight, db=db, can_submit=can_submit)
+        return cls(store, db, runner, routes, max_upload_bytes, lock)
 
     async def close(self) -> None:
         await self.runner.stop()
         await self.routes.close()
-        self.store.close()
+        await self.db(self.store.close)
+        self.db.close()
+        self.data_dir_lock.release()
 
 
 def job_routes(jobs: Jobs, wrap: Callable[[Callable[[Request], Awaitable[Response]], str], Any]) -> list[Route]:
@@ -98,10 +126,15 @@ async def upload_file(jobs: Jobs, request: Request) -> Response:
         if upload.size is not None and upload.size > limit:
             raise PayloadTooLarge(f"the file is {upload.size} bytes; files may hold at most {limit}", param="file",
                                   code="file_too_large")
-        stored = await run_in_threadpool(jobs.store.add_file, "batch", upload.filename or "upload.jsonl",
-                                         _read_all(upload.file, limit))
+        file_id = new_id("file")
+        # The bytes are copied on a worker thread of their own, the row is added on the store thread:
+        # a large upload never holds up the jobs' results.
+        size = await run_in_threadpool(write_whole, jobs.store.file_path(file_id), _read_all(upload.file, limit))
     finally:
         await form.close()
+    stored = StoredFile(file_id, "batch", upload.filename or "upload.jsonl", size, int(time.time()),
+                        caller_of(request).owner)
+    await jobs.db(jobs.store.add_file_row, stored)
     return JSONResponse(stored.as_openai())
 
 
@@ -116,30 +149,30 @@ def _read_all(handle: Any, limit: int) -> Any:
 
 async def list_files(jobs: Jobs, request: Request) -> Response:
     purpose = request.query_params.get("purpose")
-    files = [f.as_openai() for f in jobs.store.files(purpose)]
-    return JSONResponse({"object": "list", "data": files, "has_more": False})
+    files = await jobs.db(jobs.store.files, purpose, owner=caller_of(request).scope)
+    return JSONResponse({"object": "list", "data": [f.as_openai() for f in files], "has_more": False})
 
 
-def _file_or_404(jobs: Jobs, file_id: str) -> Any:
-    stored = jobs.store.file(file_id)
+async def _file_or_404(jobs: Jobs, request: Request, file_id: str) -> StoredFile:
+    stored = await jobs.db(jobs.store.file, file_id, owner=caller_of(request).scope)
     if stored is None:
         raise NotFound(f"no file with id {file_id!r}", param="file_id", code="file_not_found")
     return stored
 
 
 async def get_file(jobs: Jobs, request: Request) -> Response:
-    return JSONResponse(_file_or_404(jobs, request.path_params["file_id"]).as_openai())
+    return JSONResponse((await _file_or_404(jobs, request, request.path_params["file_id"])).as_openai())
 
 
 async def file_content(jobs: Jobs, request: Request) -> Response:
-    stored = _file_or_404(jobs, request.path_params["file_id"])
+    stored = await _file_or_404(jobs, request, request.path_params["file_id"])
     return FileResponse(jobs.store.file_path(stored.id), media_type="application/jsonl", filename=stored.filename)
 
 
 async def delete_file(jobs: Jobs, request: Request) -> Response:
     file_id = request.path_params["file_id"]
-    _file_or_404(jobs, file_id)
-    await run_in_threadpool(jobs.store.delete_file, file_id)
+    if not await jobs.db(jobs.store.delete_file, file_id, owner=caller_of(request).scope):
+        raise NotFound(f"no file with id {file_id!r}", param="file_id", code="file_not_found")
     return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
 
@@ -152,7 +185,7 @@ async def create_batch(jobs: Jobs, request: Request) -> Response:
     file_id = body.get("input_file_id")
     if not isinstance(file_id, str):
         raise BadRequest("input_file_id is required: the id of an uploaded file", param="input_file_id")
-    stored = _file_or_404(jobs, file_id)
+    stored = await _file_or_404(jobs, request, file_id)
     if stored.purpose != "batch":
         raise BadRequest(f"file {file_id!r} has purpose {stored.purpose!r}; a batch reads a file uploaded with "
                          "purpose 'batch'", param="input_file_id")
@@ -163,10 +196,10 @@ async def create_batch(jobs: Jobs, request: Request) -> Response:
     if window not in COMPLETION_WINDOWS:
         raise BadRequest(f"completion_window must be '24h', got {window!r}", param="completion_window")
     metadata = _metadata(body.get("metadata"))
-    batch_id = await run_in_threadpool(jobs.store.add_batch, endpoint, file_id, COMPLETION_WINDOWS[window], window,
-                                       metadata)
+    batch_id = await jobs.db(jobs.store.add_batch, endpoint, file_id, COMPLETION_WINDOWS[window], window, metadata,
+                             owner=caller_of(request).owner)
     jobs.runner.wake()
-    return JSONResponse(jobs.store.batch(batch_id))
+    return JSONResponse(await _batch_or_404(jobs, request, batch_id))
 
 
 def _metadata(value: Any) -> dict[str, str] | None:
@@ -180,15 +213,23 @@ def _metadata(value: Any) -> dict[str, str] | None:
     return value
 
 
-def _batch_or_404(jobs: Jobs, batch_id: str) -> dict[str, Any]:
-    batch = jobs.store.batch(batch_id)
-    if batch is None:
-        raise NotFound(f"no batch with id {batch_id!r}", param="batch_id", code="batch_not_found")
+def _shown(jobs: Jobs, batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch with the runner's notes (a paused store, a finalize being retried) as its errors."""
+    notes = jobs.runner.notes(batch)
+    if notes and batch["errors"] is None:
+        batch["errors"] = {"object": "list", "data": notes}
     return batch
 
 
+async def _batch_or_404(jobs: Jobs, request: Request, batch_id: str) -> dict[str, Any]:
+    batch = await jobs.db(jobs.store.batch, batch_id, owner=caller_of(request).scope)
+    if batch is None:
+        raise NotFound(f"no batch with id {batch_id!r}", param="batch_id", code="batch_not_found")
+    return _shown(jobs, batch)
+
+
 async def get_batch(jobs: Jobs, request: Request) -> Response:
-    return JSONResponse(_batch_or_404(jobs, request.path_params["batch_id"]))
+    return JSONResponse(await _batch_or_404(jobs, request, request.path_params["batch_id"]))
 
 
 async def list_batches(jobs: Jobs, request: Request) -> Response:
@@ -197,19 +238,20 @@ async def list_batches(jobs: Jobs, request: Request) -> Response:
         raise BadRequest(f"limit must be an integer from 1 to 100, got {raw_limit!r}", param="limit")
     after = request.query_params.get("after")
     if after is not None:
-        _batch_or_404(jobs, after)
-    batches, more = jobs.store.batches(int(raw_limit), after)
+        await _batch_or_404(jobs, request, after)
+    batches, more = await jobs.db(jobs.store.batches, int(raw_limit), after, owner=caller_of(request).scope)
+    batches = [_shown(jobs, b) for b in batches]
     return JSONResponse({"object": "list", "data": batches, "first_id": batches[0]["id"] if batches else None,
                          "last_id": batches[-1]["id"] if batches else None, "has_more": more})
 
 
 async def cancel_batch(jobs: Jobs, request: Request) -> Response:
     batch_id = request.path_params["batch_id"]
-    _batch_or_404(jobs, batch_id)
-    if not jobs.store.set_status(batch_id, CANCELLING, only_from=(VALIDATING, IN_PROGRESS)):
-        batch = _batch_or_404(jobs, batch_id)
+    await _batch_or_404(jobs, request, batch_id)
+    if not await jobs.db(jobs.store.set_status, batch_id, CANCELLING, only_from=(VALIDATING, IN_PROGRESS)):
+        batch = await _batch_or_404(jobs, request, batch_id)
         if batch["status"] != CANCELLING:  # cancelling twice is no error
             raise BadRequest(f"batch {batch_id!r} is {batch['status']} and cannot be cancelled", param="batch_id",
                              code="batch_not_cancellable")
     jobs.runner.wake()
-    return JSONResponse(_batch_or_404(jobs, batch_id))
+    return JSONResponse(await _batch_or_404(jobs, request, batch_id))

@@ -3,11 +3,14 @@ database (WAL, one connection, one writer) with the files' bytes beside it.
 
 A result is committed the moment it arrives, in the same row as its request, so a restart
 finds exactly which requests are still to run: a request is done if and only if its row has a
-status code. Nothing here knows about HTTP or the engine.
+status code or an error. Every file and batch names its owner (server/auth.py's owner id); a
+lookup given an owner sees only that owner's rows. Nothing here knows about HTTP or the engine.
+Every call may block on the disk: the server makes them on its store thread (store_thread.py).
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import sqlite3
@@ -15,7 +18,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
+
+from server.jobs.disk import PART_SUFFIX, UNWRITABLE_ERRNOS, write_whole
+
+log = logging.getLogger("cobatch.jobs")
 
 # Statuses as OpenAI names them. A batch moves validating -> in_progress -> finalizing ->
 # completed, or ends failed (validation), expired (past its window) or cancelled.
@@ -25,23 +32,26 @@ ACTIVE = (VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING)
 ENDED = (COMPLETED, FAILED, EXPIRED, CANCELLED)
 _STAMP = {IN_PROGRESS: "in_progress_at", FINALIZING: "finalizing_at", COMPLETED: "completed_at",
           FAILED: "failed_at", EXPIRED: "expired_at", CANCELLING: "cancelling_at", CANCELLED: "cancelled_at"}
+ANONYMOUS = "anonymous"  # the owner of everything on a server without keys
+_FILE_COLUMNS = ("id", "purpose", "filename", "bytes", "created_at", "owner")
 
-_SCHEMA = """
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
-    created_at INTEGER NOT NULL);
+    created_at INTEGER NOT NULL, owner TEXT NOT NULL DEFAULT '{ANONYMOUS}');
 CREATE TABLE IF NOT EXISTS batches (
     id TEXT PRIMARY KEY, created_seq INTEGER NOT NULL UNIQUE, endpoint TEXT NOT NULL,
     input_file_id TEXT NOT NULL, completion_window TEXT NOT NULL, status TEXT NOT NULL,
     created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, in_progress_at INTEGER,
     finalizing_at INTEGER, completed_at INTEGER, failed_at INTEGER, expired_at INTEGER,
     cancelling_at INTEGER, cancelled_at INTEGER, output_file_id TEXT, error_file_id TEXT,
-    errors TEXT, metadata TEXT);
+    errors TEXT, metadata TEXT, owner TEXT NOT NULL DEFAULT '{ANONYMOUS}');
 CREATE TABLE IF NOT EXISTS requests (
     batch_id TEXT NOT NULL, line INTEGER NOT NULL, custom_id TEXT NOT NULL, body TEXT NOT NULL,
     status_code INTEGER, request_id TEXT, response TEXT, error TEXT,
     PRIMARY KEY (batch_id, line), UNIQUE (batch_id, custom_id));
 CREATE INDEX IF NOT EXISTS requests_pending ON requests (batch_id, status_code, line);
+CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL);
 """
 
 
@@ -55,6 +65,10 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
+def to_json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
 @dataclass(frozen=True)
 class StoredFile:
     id: str
@@ -62,6 +76,7 @@ class StoredFile:
     filename: str
     bytes: int
     created_at: int
+    owner: str = ANONYMOUS
 
     def as_openai(self) -> dict[str, Any]:
         return {"id": self.id, "object": "file", "bytes": self.bytes, "created_at": self.created_at,
@@ -80,7 +95,7 @@ class PendingRequest:
 @dataclass(frozen=True)
 class Outcome:
     """What one request came to: an HTTP answer (status and body), or an error with no answer
-    (the batch expired or was cancelled before the request ran)."""
+    (the batch expired or was cancelled before the request ran, or its result could not be stored)."""
 
     status_code: int | None
     request_id: str | None = None
@@ -88,58 +103,70 @@ class Outcome:
     error: dict[str, str] | None = None
 
 
+@dataclass(frozen=True)
+class StoredOutcome:
+    """A finished request as stored: its response and error still JSON text, as the output files
+    take them (no parsing of large bodies while finalizing)."""
+
+    line: int
+    custom_id: str
+    status_code: int | None
+    request_id: str | None
+    response_json: str | None
+    error_json: str | None
+
+
 class JobStore:
-    def __init__(self, data_dir: str | Path) -> None:
+    def __init__(self, data_dir: str | Path, busy_timeout_s: float = 5.0) -> None:
         self.data_dir = Path(data_dir).expanduser()
         self.files_dir = self.data_dir / "files"
         self.files_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.data_dir / "jobs.sqlite3", check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(self.data_dir / "jobs.sqlite3", timeout=busy_timeout_s, check_same_thread=False,
+                                   isolation_level=None)
         self._db.row_factory = sqlite3.Row
         # WAL: a committed row survives the process being killed; readers never block the writer.
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        for table in ("files", "batches"):  # a store made before files and batches had owners
+            if "owner" not in {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT NOT NULL DEFAULT '{ANONYMOUS}'")
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    # ---- files --------------------------------------------------------------------------------
-    def add_file(self, purpose: str, filename: str, chunks: Iterable[bytes], file_id: str | None = None) -> StoredFile:
-        """Store a file; a given id replaces any file of that id (a batch's output, rewritten
-        whole if finalizing was interrupted)."""
-        file_id = file_id or new_id("file")
-        path = self.file_path(file_id)
-        size = 0
-        part = path.with_suffix(".part")
-        try:
-            with open(part, "wb") as out:
-                for chunk in chunks:  # may raise (an upload over its limit): nothing is left behind
-                    out.write(chunk)
-                    size += len(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-        except BaseException:
-            part.unlink(missing_ok=True)
-            raise
-        os.replace(part, path)  # a file is whole or absent, never partial
-        stored = StoredFile(file_id, purpose, filename, size, int(time.time()))
+    def check_writable(self) -> None:
+        """A small write that raises if the database cannot take writes now (full, read-only, locked)."""
         with self._write() as db:
-            db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)",
-                       (stored.id, stored.purpose, stored.filename, stored.bytes, stored.created_at))
+            db.execute("INSERT OR REPLACE INTO probe (id, at) VALUES (1, ?)", (time.time(),))
+
+    # ---- files --------------------------------------------------------------------------------
+    def add_file(self, purpose: str, filename: str, chunks: Iterable[bytes], *, owner: str = ANONYMOUS,
+                 file_id: str | None = None) -> StoredFile:
+        """Store a file whole (a given id replaces any file of that id). Whatever `chunks` raises
+        (an upload over its limit) leaves nothing behind."""
+        file_id = file_id or new_id("file")
+        size = write_whole(self.file_path(file_id), chunks)
+        return self.add_file_row(StoredFile(file_id, purpose, filename, size, int(time.time()), owner))
+
+    def add_file_row(self, stored: StoredFile) -> StoredFile:
+        """Record a file already written whole at file_path(stored.id)."""
+        with self._write() as db:
+            db.execute(f"INSERT OR REPLACE INTO files ({', '.join(_FILE_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)",
+                       (stored.id, stored.purpose, stored.filename, stored.bytes, stored.created_at, stored.owner))
         return stored
 
-    def file(self, file_id: str) -> StoredFile | None:
-        row = self._one("SELECT * FROM files WHERE id = ?", (file_id,))
+    def file(self, file_id: str, *, owner: str | None = None) -> StoredFile | None:
+        """The file, if it exists and (given an owner) belongs to that owner."""
+        row = self._one("SELECT * FROM files WHERE id = ? AND (? IS NULL OR owner = ?)", (file_id, owner, owner))
         return None if row is None else StoredFile(**dict(row))
 
-    def files(self, purpose: str | None) -> list[StoredFile]:
-        """Every file (of one purpose), newest first."""
-        if purpose is None:
-            rows = self._all("SELECT * FROM files ORDER BY created_at DESC, id", ())
-        else:
-            rows = self._all("SELECT * FROM files WHERE purpose = ? ORDER BY created_at DESC, id", (purpose,))
+    def files(self, purpose: str | None, *, owner: str | None = None) -> list[StoredFile]:
+        """Every file (of one purpose, of one owner), newest first."""
+        rows = self._all("SELECT * FROM files WHERE (? IS NULL OR purpose = ?) AND (? IS NULL OR owner = ?) "
+                         "ORDER BY created_at DESC, id", (purpose, purpose, owner, owner))
         return [StoredFile(**dict(r)) for r in rows]
 
     def file_path(self, file_id: str) -> Path:
@@ -147,30 +174,45 @@ class JobStore:
             raise ValueError(f"not a file id: {file_id!r}")  # ids name files on disk
         return self.files_dir / f"{file_id}.jsonl"
 
-    def delete_file(self, file_id: str) -> bool:
+    def delete_file(self, file_id: str, *, owner: str | None = None) -> bool:
         with self._write() as db:
-            deleted = db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount > 0
-        if deleted:
+            deleted = db.execute("DELETE FROM files WHERE id = ? AND (? IS NULL OR owner = ?)",
+                                 (file_id, owner, owner)).rowcount > 0
+        if deleted:  # a crash before this unlink leaves a file no row names: sweep_files removes it
             self.file_path(file_id).unlink(missing_ok=True)
         return deleted
 
+    def sweep_files(self) -> list[str]:
+        """Remove what a crash can leave in the files directory: part files, and files no row names
+        (written but never recorded, or deleted before the unlink). Call it only while no upload or
+        finalize runs (at start). Returns the names removed."""
+        known = {r["id"] for r in self._all("SELECT id FROM files", ())}
+        removed = []
+        for path in self.files_dir.iterdir():
+            if path.name.endswith(PART_SUFFIX) or (path.suffix == ".jsonl" and path.stem not in known):
+                path.unlink(missing_ok=True)
+                removed.append(path.name)
+        return removed
+
     # ---- batches ------------------------------------------------------------------------------
     def add_batch(self, endpoint: str, input_file_id: str, completion_window_s: int, window: str,
-                  metadata: dict[str, str] | None) -> str:
+                  metadata: dict[str, str] | None, *, owner: str = ANONYMOUS) -> str:
         batch_id = new_id("batch")
         now = int(time.time())
         with self._write() as db:
             seq = db.execute("SELECT COALESCE(MAX(created_seq), 0) + 1 FROM batches").fetchone()[0]
             db.execute(
                 "INSERT INTO batches (id, created_seq, endpoint, input_file_id, completion_window, status, "
-                "created_at, expires_at, metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "created_at, expires_at, metadata, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (batch_id, seq, endpoint, input_file_id, window, VALIDATING, now, now + completion_window_s,
-                 None if metadata is None else json.dumps(metadata)),
+                 to_json(metadata), owner),
             )
         return batch_id
 
-    def batch(self, batch_id: str) -> dict[str, Any] | None:
-        row = self._one("SELECT * FROM batches WHERE id = ?", (batch_id,))
+    def batch(self, batch_id: str, *, owner: str | None = None) -> dict[str, Any] | None:
+        """The batch as OpenAI shows it (request counts included), if it exists and (given an owner)
+        belongs to that owner."""
+        row = self._one("SELECT * FROM batches WHERE id = ? AND (? IS NULL OR owner = ?)", (batch_id, owner, owner))
         return None if row is None else self._batch_object(row)
 
     def batch_row(self, batch_id: str) -> dict[str, Any] | None:
@@ -178,13 +220,13 @@ class JobStore:
         row = self._one("SELECT * FROM batches WHERE id = ?", (batch_id,))
         return None if row is None else dict(row)
 
-    def batches(self, limit: int, after: str | None) -> tuple[list[dict[str, Any]], bool]:
+    def batches(self, limit: int, after: str | None, *, owner: str | None = None) -> tuple[list[dict[str, Any]], bool]:
         """Newest first, up to `limit` after the batch `after`; and whether more follow."""
-        if after is None:
-            rows = self._all("SELECT * FROM batches ORDER BY created_seq DESC LIMIT ?", (limit + 1,))
-        else:
-            rows = self._all("SELECT * FROM batches WHERE created_seq < (SELECT created_seq FROM batches "
-                             "WHERE id = ?) ORDER BY created_seq DESC LIMIT ?", (after, limit + 1))
+        sql, args = "SELECT * FROM batches WHERE (? IS NULL OR owner = ?)", [owner, owner]
+        if after is not None:
+            sql += " AND created_seq < (SELECT created_seq FROM batches WHERE id = ?)"
+            args.append(after)
+        rows = self._all(sql + " ORDER BY created_seq DESC LIMIT ?", (*args, limit + 1))
         return [self._batch_object(r) for r in rows[:limit]], len(rows) > limit
 
     def batch_ids(self, statuses: Iterable[str]) -> list[str]:
@@ -195,6 +237,98 @@ class JobStore:
 
     def set_status(self, batch_id: str, status: str, *, only_from: Iterable[str] | None = None, **columns: Any) -> bool:
         """Move a batch to `status` (stamping its time), if it is in one of `only_from`."""
+        with self._write() as db:
+            return self._set_status(db, batch_id, status, only_from, columns)
+
+    def fail_validation(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
+        self.set_status(batch_id, FAILED, only_from=(VALIDATING,), errors=to_json({"object": "list", "data": errors}))
+
+    def start(self, batch_id: str, requests: Iterable[tuple[str, dict[str, Any]]]) -> bool:
+        """Store a validated batch's requests and move it to in_progress, in one transaction.
+        `requests` may be a generator: it is consumed as the rows go in, never held whole."""
+        with self._write() as db:
+            status = db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if status is None or status[0] != VALIDATING:
+                return False
+            rows = ((batch_id, i, cid, to_json(body)) for i, (cid, body) in enumerate(requests))
+            db.executemany("INSERT INTO requests (batch_id, line, custom_id, body) VALUES (?, ?, ?, ?)", rows)
+            self._set_status(db, batch_id, IN_PROGRESS, None, {})
+        return True
+
+    def finish(self, batch_id: str, final: str, only_from: Iterable[str], output_file_id: str | None,
+               error_file_id: str | None) -> bool:
+        """End a batch with its files. Every request must have its outcome first: a batch with a
+        request still open is never ended (False; a completed batch goes back to in_progress)."""
+        with self._write() as db:
+            if self._unfinished(db, batch_id):
+                if final == COMPLETED:
+                    self._set_status(db, batch_id, IN_PROGRESS, only_from, {})
+                return False
+            return self._set_status(db, batch_id, final, only_from,
+                                    {"output_file_id": output_file_id, "error_file_id": error_file_id})
+
+    # ---- requests -----------------------------------------------------------------------------
+    def pending(self, batch_id: str, after_line: int, limit: int) -> list[PendingRequest]:
+        rows = self._all("SELECT line, custom_id, body FROM requests WHERE batch_id = ? AND status_code IS NULL "
+                         "AND error IS NULL AND line > ? ORDER BY line LIMIT ?", (batch_id, after_line, limit))
+        return [PendingRequest(batch_id, r["line"], r["custom_id"], json.loads(r["body"])) for r in rows]
+
+    def unfinished(self, batch_id: str) -> int:
+        """Requests of the batch still without an outcome."""
+        with self._lock:
+            return self._unfinished(self._db, batch_id)
+
+    def record(self, batch_id: str, line: int, outcome: Outcome) -> bool:
+        """Commit one request's outcome; False if it already had one (it is never overwritten)."""
+        response, error = to_json(outcome.response), to_json(outcome.error)
+        with self._write() as db:
+            return db.execute(
+                "UPDATE requests SET status_code = ?, request_id = ?, response = ?, error = ? "
+                "WHERE batch_id = ? AND line = ? AND status_code IS NULL AND error IS NULL",
+                (outcome.status_code, outcome.request_id, response, error, batch_id, line),
+            ).rowcount > 0
+
+    def end_unfinished(self, batch_id: str, code: str, message: str) -> None:
+        """Give every request still pending an error outcome (the batch expired or was cancelled)."""
+        with self._write() as db:
+            db.execute("UPDATE requests SET error = ? WHERE batch_id = ? AND status_code IS NULL AND error IS NULL",
+                       (to_json({"code": code, "message": message}), batch_id))
+
+    def counts(self, batch_id: str) -> dict[str, int]:
+        row = self._one(
+            "SELECT COUNT(*) AS total, COALESCE(SUM(status_code = 200), 0) AS completed, "
+            "COALESCE(SUM((status_code IS NOT NULL AND status_code != 200) OR error IS NOT NULL), 0) AS failed "
+            "FROM requests WHERE batch_id = ?", (batch_id,))
+        return {"total": row["total"], "completed": row["completed"], "failed": row["failed"]}
+
+    def outcome_page(self, batch_id: str, after_line: int, limit: int) -> list[StoredOutcome]:
+        """Up to `limit` finished requests after `after_line`, in line order: the output files are
+        written a page at a time, never the whole batch in memory."""
+        rows = self._all("SELECT line, custom_id, status_code, request_id, response, error FROM requests "
+                         "WHERE batch_id = ? AND line > ? AND (status_code IS NOT NULL OR error IS NOT NULL) "
+                         "ORDER BY line LIMIT ?", (batch_id, after_line, limit))
+        return [StoredOutcome(r["line"], r["custom_id"], r["status_code"], r["request_id"], r["response"], r["error"])
+                for r in rows]
+
+    # ---- plumbing -----------------------------------------------------------------------------
+    def _batch_object(self, row: sqlite3.Row) -> dict[str, Any]:
+        batch = dict(row)
+        batch.pop("created_seq")
+        batch.pop("owner")
+        batch["object"] = "batch"
+        batch["errors"] = None if batch["errors"] is None else json.loads(batch["errors"])
+        batch["metadata"] = None if batch["metadata"] is None else json.loads(batch["metadata"])
+        batch["request_counts"] = self.counts(batch["id"])
+        return batch
+
+    @staticmethod
+    def _unfinished(db: sqlite3.Connection, batch_id: str) -> int:
+        return db.execute("SELECT COUNT(*) FROM requests WHERE batch_id = ? AND status_code IS NULL AND error IS NULL",
+                          (batch_id,)).fetchone()[0]
+
+    @staticmethod
+    def _set_status(db: sqlite3.Connection, batch_id: str, status: str, only_from: Iterable[str] | None,
+                    columns: dict[str, Any]) -> bool:
         values = dict(columns)
         if status in _STAMP:
             values[_STAMP[status]] = int(time.time())
@@ -205,73 +339,7 @@ class JobStore:
             allowed = tuple(only_from)
             sql += f" AND status IN ({','.join('?' * len(allowed))})"
             args += allowed
-        with self._write() as db:
-            return db.execute(sql, args).rowcount > 0
-
-    def fail_validation(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
-        self.set_status(batch_id, FAILED, only_from=(VALIDATING,),
-                        errors=json.dumps({"object": "list", "data": errors}))
-
-    def start(self, batch_id: str, requests: list[tuple[str, dict[str, Any]]]) -> bool:
-        """Store a validated batch's requests and move it to in_progress, in one transaction."""
-        with self._write() as db:
-            status = db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()
-            if status is None or status[0] != VALIDATING:
-                return False
-            db.executemany("INSERT INTO requests (batch_id, line, custom_id, body) VALUES (?, ?, ?, ?)",
-                           ((batch_id, i, cid, json.dumps(body)) for i, (cid, body) in enumerate(requests)))
-            db.execute("UPDATE batches SET status = ?, in_progress_at = ? WHERE id = ?",
-                       (IN_PROGRESS, int(time.time()), batch_id))
-        return True
-
-    # ---- requests -----------------------------------------------------------------------------
-    def pending(self, batch_id: str, after_line: int, limit: int) -> list[PendingRequest]:
-        rows = self._all("SELECT line, custom_id, body FROM requests WHERE batch_id = ? AND status_code IS NULL "
-                         "AND error IS NULL AND line > ? ORDER BY line LIMIT ?", (batch_id, after_line, limit))
-        return [PendingRequest(batch_id, r["line"], r["custom_id"], json.loads(r["body"])) for r in rows]
-
-    def record(self, batch_id: str, line: int, outcome: Outcome) -> bool:
-        """Commit one request's outcome; False if it already had one (it is never overwritten)."""
-        with self._write() as db:
-            return db.execute(
-                "UPDATE requests SET status_code = ?, request_id = ?, response = ?, error = ? "
-                "WHERE batch_id = ? AND line = ? AND status_code IS NULL AND error IS NULL",
-                (outcome.status_code, outcome.request_id,
-                 None if outcome.response is None else json.dumps(outcome.response),
-                 None if outcome.error is None else json.dumps(outcome.error), batch_id, line),
-            ).rowcount > 0
-
-    def end_unfinished(self, batch_id: str, code: str, message: str) -> None:
-        """Give every request still pending an error outcome (the batch expired or was cancelled)."""
-        with self._write() as db:
-            db.execute("UPDATE requests SET error = ? WHERE batch_id = ? AND status_code IS NULL AND error IS NULL",
-                       (json.dumps({"code": code, "message": message}), batch_id))
-
-    def counts(self, batch_id: str) -> dict[str, int]:
-        row = self._one(
-            "SELECT COUNT(*) AS total, COALESCE(SUM(status_code = 200), 0) AS completed, "
-            "COALESCE(SUM((status_code IS NOT NULL AND status_code != 200) OR error IS NOT NULL), 0) AS failed "
-            "FROM requests WHERE batch_id = ?", (batch_id,))
-        return {"total": row["total"], "completed": row["completed"], "failed": row["failed"]}
-
-    def outcomes(self, batch_id: str) -> Iterator[tuple[str, int, Outcome]]:
-        """(custom_id, line, outcome) of every finished request, in line order."""
-        rows = self._all("SELECT * FROM requests WHERE batch_id = ? AND (status_code IS NOT NULL OR error IS NOT NULL) "
-                         "ORDER BY line", (batch_id,))
-        for r in rows:
-            yield r["custom_id"], r["line"], Outcome(
-                r["status_code"], r["request_id"], None if r["response"] is None else json.loads(r["response"]),
-                None if r["error"] is None else json.loads(r["error"]))
-
-    # ---- plumbing -----------------------------------------------------------------------------
-    def _batch_object(self, row: sqlite3.Row) -> dict[str, Any]:
-        batch = dict(row)
-        batch.pop("created_seq")
-        batch["object"] = "batch"
-        batch["errors"] = None if batch["errors"] is None else json.loads(batch["errors"])
-        batch["metadata"] = None if batch["metadata"] is None else json.loads(batch["metadata"])
-        batch["request_counts"] = self.counts(batch["id"])
-        return batch
+        return db.execute(sql, args).rowcount > 0
 
     def _one(self, sql: str, args: tuple) -> sqlite3.Row | None:
         with self._lock:
@@ -286,7 +354,9 @@ class JobStore:
 
 
 class _Transaction:
-    """One writer at a time, and each write a transaction of its own."""
+    """One writer at a time, and each write a transaction of its own. Whatever fails (BEGIN,
+    the work, COMMIT), the transaction is rolled back and the lock released: a store error never
+    leaves the store locked."""
 
     def __init__(self, db: sqlite3.Connection, lock: threading.Lock) -> None:
         self._db = db
@@ -294,11 +364,39 @@ class _Transaction:
 
     def __enter__(self) -> sqlite3.Connection:
         self._lock.acquire()
-        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._rollback()  # left open only if an earlier ROLLBACK itself failed
+            self._db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._lock.release()
+            raise
         return self._db
 
     def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
         try:
-            self._db.execute("COMMIT" if kind is None else "ROLLBACK")
+            if kind is None:
+                try:
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._rollback()
+                    raise
+            else:
+                self._rollback()
         finally:
             self._lock.release()
+
+    def _rollback(self) -> None:
+        if not self._db.in_transaction:  # SQLite already rolled back (a full disk can do that)
+            return
+        try:
+            self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            log.exception("ROLLBACK failed")
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` means the store cannot take writes for now (a full disk, a read-only or
+    locked database, a failing device), as opposed to a fault of the data being written."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return True
+    return isinstance(exc, OSError) and exc.errno in UNWRITABLE_ERRNOS
