@@ -13,6 +13,7 @@ BENCHMARKS = {
     "http-load": "bench.http_load",
     "idle-cells": "bench.idle_cells",
     "invariance": "bench.invariance",
+    "job-finalize": "bench.job_finalize",
     "jobs": "bench.jobs",
     "long-prompt": "bench.long_prompt",
     "memory": "bench.memory",

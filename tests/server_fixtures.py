@@ -174,27 +174,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def serve_process(*args: str, timeout: float = 180) -> Iterator[tuple[subprocess.Popen, str]]:
-    """`cobatch serve ARGS` in a child process on a free port, once /health says ok; killed at
-    the end if the test left it running. Yields the process and its base URL."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+def spawn_serve(*args: str, launcher: tuple[str, ...] = ("-m", "server.cli"), log: Path | None = None,
+                port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """Start `cobatch serve ARGS` (through `launcher`, a module that ends in server.cli's main) on a
+    free port; its output goes to `log`, or to a pipe. Returns the process and its base URL."""
+    port = port or free_port()
+    out = subprocess.PIPE if log is None else open(log, "a")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--log-level", "warning", *args],
-        cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, *launcher, "serve", "--port", str(port), "--log-level", "warning", *args],
+        cwd=Path(__file__).resolve().parents[1], stdout=out, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+    if log is not None:
+        out.close()
+    return proc, f"http://127.0.0.1:{port}"
 
+
+def wait_serving(proc: subprocess.Popen, url: str, timeout: float = 180) -> None:
+    """Until /health says ok; fails at once if the process ends first."""
     def ready() -> bool:
         try:
             return httpx.get(f"{url}/health", timeout=2).status_code == 200
         except httpx.TransportError:
-            assert proc.poll() is None, proc.stdout.read()
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else f"exited {proc.returncode}"
             return False
 
+    wait_until(ready, timeout, "cobatch serve did not become ready")
+
+
+@contextlib.contextmanager
+def serve_process(*args: str, timeout: float = 180, launcher: tuple[str, ...] = ("-m", "server.cli"),
+                  log: Path | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`cobatch serve ARGS` in a child process on a free port, once /health says ok; killed at
+    the end if the test left it running. Yields the process and its base URL."""
+    proc, url = spawn_serve(*args, launcher=launcher, log=log)
     try:
-        wait_until(ready, timeout, "cobatch serve did not become ready")
+        wait_serving(proc, url, timeout)
         yield proc, url
     finally:
         if proc.poll() is None:
