@@ -79,6 +79,13 @@ class FaultyStore:
             self._plan_stamp = stamp
             self.set_plan(json.loads(self._plan_file.read_text()))
 
+    def _count_raised(self) -> None:
+        with self._lock:
+            self.raised += 1
+            raised = self.raised
+        if self._plan_file is not None:
+            self._plan_file.with_name(self._plan_file.name + ".raised").write_text(str(raised))
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
         if name in UNCOUNTED or name.startswith("_") or not callable(attr):
@@ -94,11 +101,11 @@ class FaultyStore:
             if delay.get(name):
                 time.sleep(delay[name])
             if fails and not after:
-                self.raised += 1
+                self._count_raised()
                 raise make_error(error)
             result = attr(*args, **kwargs)
             if fails:
-                self.raised += 1
+                self._count_raised()
                 raise make_error(error)
             return result
 
