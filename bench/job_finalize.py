@@ -40,6 +40,7 @@ from bench.record import RunRecord, add_common_arguments, publish_report
 from bench.stats import percentile
 from bench.table import markdown_table
 
+_MET = {True: "met", False: "missed"}
 _WORDS = ("the", "batch", "answer", "model", "token", "line", "store", "result", "file", "chat", "server", "kernel")
 
 
@@ -176,25 +177,21 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
          "TTFT p95 during ms", "p50 during ms", "idle chats", "idle TTFT p95 ms", "idle p50 ms",
          "p95 during / idle p95"], rows)
 
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "missed"
-
     summary = (
         f"Finalize of a {args.lines}-line chat-completions batch (results of all but {args.pending} pre-recorded "
         f"in the store, about {args.answer_chars} characters of answer each); interactive chats of "
         f"{args.chat_tokens} tokens one after another during it, then {args.probes} on the idle server; "
         f"server --max-running {args.max_running}, --threads {args.threads}.\n\n{table}\n\n"
         f"Targets: RSS growth while finalizing under {args.memory_bound_mib} MiB: "
-        f"{verdict(worst_growth < args.memory_bound_mib)} (worst {worst_growth:.1f} MiB); chats' TTFT p95 during "
-        f"the finalize within 2x idle p95: {verdict(worst_ratio <= 2.0)} (worst {worst_ratio:.2f}x)."
+        f"{_MET[worst_growth < args.memory_bound_mib]} (worst {worst_growth:.1f} MiB); chats' TTFT p95 during "
+        f"the finalize within 2x idle p95: {_MET[worst_ratio <= 2.0]} (worst {worst_ratio:.2f}x)."
     )
     headline = {"rss_growth_mib": round(worst_growth, 1), "ttft_p95_vs_idle": round(worst_ratio, 2),
                 "lines": args.lines}
     return summary, headline
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cobatch bench job-finalize", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser, trials=1)
@@ -210,11 +207,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.lines, args.pending, args.pending_tokens, args.probes, args.max_running, args.n_ctx = 3000, 4, 4, 4, 4, 1024
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = arguments(argv)
     record = RunRecord("job-finalize", args, args.model, argv)
-    for trial in range(args.trials):
+    for trial in range(args.trials):  # each trial: a fresh data directory and server
         one_trial(args, trial, record)
     publish_report(record, lambda: report(record, args))
-    return 0
+    return 0 if record.trials else 1
 
 
 if __name__ == "__main__":

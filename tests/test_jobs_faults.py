@@ -27,6 +27,12 @@ from tests.test_jobs_runner import ENDPOINT, FakeRoute, _line, _output_lines, _r
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _started(store, route, limit: int = 4, **options) -> JobRunner:
+    runner = JobRunner(store, route, lambda: limit, **options)
+    runner.start()
+    return runner
+
+
 def _answered_ids(store, batch: dict) -> list[str]:
     ok, failed = _output_lines(store, batch["output_file_id"]), _output_lines(store, batch["error_file_id"])
     return sorted(x["custom_id"] for x in ok + failed)
@@ -59,8 +65,7 @@ def test_store_faults_at_any_call_lose_no_line_and_leave_no_lock(tmp_path_factor
         real = JobStore(tmp)
         file_id = _upload(real, [_line(f"c{i}", f"p{i}") for i in range(200)])
         store = FaultyStore(real, {"fail": fail, "error": error, "after": after, "outage": [outage_at, outage_s]})
-        runner = JobRunner(store, FakeRoute(), lambda: 8)
-        runner.start()
+        runner = _started(store, FakeRoute(), 8)
         batch_id = real.add_batch(ENDPOINT, file_id, 3600, "24h", None)
         batch = await _run_until(runner, real, batch_id, {"completed", "failed"}, timeout=120)
         health = runner.health()
@@ -149,8 +154,7 @@ def test_an_expiry_while_another_batch_finalizes_ends_expired_not_completed(tmp_
     async def main():
         store = JobStore(tmp_path)
         route = FakeRoute(delay=0.3)
-        runner = JobRunner(store, route, lambda: 4)
-        runner.start()
+        runner = _started(store, route, 4)
         expiring = store.add_batch(ENDPOINT, _upload(store, [_line(f"e{i}") for i in range(6)]), 3600, "24h", None)
         await _run_until(runner, store, expiring, {"in_progress"})
         while not runner.in_flight:
@@ -204,8 +208,7 @@ def test_a_paused_store_shows_its_reason_and_resumes(tmp_path):
     async def main():
         real = JobStore(tmp_path)
         store = FaultyStore(real)
-        runner = JobRunner(store, FakeRoute(delay=0.01), lambda: 4)
-        runner.start()
+        runner = _started(store, FakeRoute(delay=0.01), 4)
         batch_id = real.add_batch(ENDPOINT, _upload(real, [_line(f"c{i}", f"p{i}") for i in range(40)]), 3600, "24h",
                                   None)
         await _run_until(runner, real, batch_id, {"in_progress"})
@@ -242,8 +245,7 @@ def test_a_failing_finalize_is_retried_and_does_not_stop_other_batches(tmp_path)
     async def main():
         real = JobStore(tmp_path)
         store = OutputFails(real)
-        runner = JobRunner(store, FakeRoute(), lambda: 4)
-        runner.start()
+        runner = _started(store, FakeRoute(), 4)
         first = real.add_batch(ENDPOINT, _upload(real, [_line(f"a{i}") for i in range(5)]), 3600, "24h", None)
         await _run_until(runner, real, first, {"finalizing"})
         await asyncio.sleep(0.2)
@@ -274,8 +276,7 @@ def test_a_drain_sends_nothing_more_and_refusals_stay_bounded(tmp_path):
     async def main():
         store = JobStore(tmp_path)
         route = Draining(delay=0.05)
-        runner = JobRunner(store, route, lambda: 6)
-        runner.start()
+        runner = _started(store, route, 6)
         batch_id = store.add_batch(ENDPOINT, _upload(store, [_line(f"c{i}", f"p{i}") for i in range(60)]), 3600,
                                    "24h", None)
         while store.counts(batch_id)["completed"] < 6:
