@@ -134,7 +134,11 @@ async def upload_file(jobs: Jobs, request: Request) -> Response:
         await form.close()
     stored = StoredFile(file_id, "batch", upload.filename or "upload.jsonl", size, int(time.time()),
                         caller_of(request).owner)
-    await jobs.db(jobs.store.add_file_row, stored)
+    try:
+        await jobs.db(jobs.store.add_file_row, stored)
+    except BaseException:
+        jobs.store.file_path(file_id).unlink(missing_ok=True)  # no row will ever name it
+        raise
     return JSONResponse(stored.as_openai())
 
 
