@@ -201,12 +201,13 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
 def arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cobatch bench job-finalize", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(parser, trials=1)
+    add_common_arguments(parser, trials=3)
     parser.add_argument("--lines", type=int, default=100_000, help="requests in the batch")
     parser.add_argument("--pending", type=int, default=16, help="requests the server runs before finalizing")
     parser.add_argument("--pending-tokens", type=int, default=32, help="tokens each of those generates")
     parser.add_argument("--answer-chars", type=int, default=400, help="characters of each pre-recorded answer")
-    parser.add_argument("--chat-tokens", type=int, default=8, help="tokens of each interactive chat")
+    parser.add_argument("--chat-tokens", type=int, default=2, help="tokens of each interactive chat (few: "
+                        "more chats fit inside a finalize)")
     parser.add_argument("--probes", type=int, default=30, help="interactive chats on the idle server")
     parser.add_argument("--memory-bound-mib", type=float, default=64.0, help="the RSS growth target")
     parser.add_argument("--max-running", "--max-batch", type=int, default=16)
@@ -214,6 +215,7 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.lines, args.pending, args.pending_tokens, args.probes, args.max_running, args.n_ctx = 3000, 4, 4, 4, 4, 1024
+        args.trials = 1
     return args
 
 
