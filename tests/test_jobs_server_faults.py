@@ -168,6 +168,7 @@ def test_sigkill_at_random_moments_then_restart_answers_each_line_once(tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # twenty model loads
 def test_twenty_sigkills_at_random_moments_then_restart_answer_each_line_once(tmp_path):
     _kill_and_restart(tmp_path, kills=20, during_finalize=5, seed=4646)
 
