@@ -67,6 +67,8 @@ class Intake:
         return ids
 
     def _grammar_matcher(self, request: Request) -> Any:
+        # The schema was checked when the Request was made (engine.request.JsonSchema): what the
+        # compiler refuses here is what it cannot express, such as an unsupported keyword.
         schema = None if request.json_schema is None else dict(request.json_schema)
         try:
             matcher = compile_grammar(schema, self.vocabulary, open_objects=request.open_objects).matcher()

@@ -2,9 +2,15 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import itertools
+import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
+
+import jsonschema
 
 from sampling.errors import InvalidParameterError
 from sampling.params import SamplingParams
@@ -28,6 +34,81 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"
 
 
+class JsonSchema(Mapping[str, Any]):
+    """A JSON Schema object that jsonschema's validators accept: the one check of a request's
+    schema, made when the schema becomes a JsonSchema. A Request turns its json_schema into one,
+    and the HTTP routes do it when they read the field, so a schema is checked once on either
+    path and refused with the same message. What the grammar compiler cannot express (an
+    unsupported keyword) is the compiler's to refuse, at submit."""
+
+    def __init__(self, schema: Any, name: str = "json_schema") -> None:
+        """Raises InvalidParameterError (field "json_schema") saying what is wrong; `name` is the
+        field as the caller knows it, for the message."""
+        if isinstance(schema, Mapping) and not isinstance(schema, dict):
+            schema = dict(schema)
+        problem = _schema_problem(schema)
+        if problem is not None:
+            raise InvalidParameterError(f"'{name}' {problem}", field="json_schema")
+        self._schema: dict[str, Any] = schema
+
+    @classmethod
+    def assembled(cls, schema: dict[str, Any]) -> "JsonSchema":
+        """A schema the caller built around JsonSchemas it made, in a frame valid by construction
+        (tool calls: server/tools.py, whose tests check the frame): not checked again."""
+        made = cls.__new__(cls)
+        made._schema = schema
+        return made
+
+    def __getitem__(self, key: str) -> Any:
+        return self._schema[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._schema)
+
+    def __len__(self) -> int:
+        return len(self._schema)
+
+    def __repr__(self) -> str:
+        return f"JsonSchema({self._schema!r})"
+
+
+# Digests of the schemas found valid most recently: the check takes milliseconds (tens for a
+# large schema; measured with jsonschema 4 on this machine), and clients send the same schema
+# again and again.
+_VALID_SCHEMAS: OrderedDict[bytes, None] = OrderedDict()
+_VALID_SCHEMAS_KEPT = 1024
+_valid_schemas_lock = threading.Lock()
+
+
+def _schema_problem(schema: Any) -> str | None:
+    """What makes `schema` no JSON Schema object, said after the field's name; None if nothing."""
+    if isinstance(schema, bool):
+        return "must be a JSON Schema object (boolean schemas are not supported)"
+    if not isinstance(schema, dict):
+        return "must be a JSON Schema object"
+    try:
+        digest: bytes | None = hashlib.sha256(json.dumps(schema, separators=(",", ":")).encode()).digest()
+    except (TypeError, ValueError):  # not JSON: checked every time (and the compiler refuses it)
+        digest = None
+    with _valid_schemas_lock:
+        if digest in _VALID_SCHEMAS:
+            _VALID_SCHEMAS.move_to_end(digest)
+            return None
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        return f"is not a valid JSON Schema at {where}: {exc.message}"
+    except Exception as exc:  # e.g. an unknown $schema dialect URI
+        return f"is not a valid JSON Schema: {exc}"
+    if digest is not None:
+        with _valid_schemas_lock:
+            _VALID_SCHEMAS[digest] = None
+            if len(_VALID_SCHEMAS) > _VALID_SCHEMAS_KEPT:
+                _VALID_SCHEMAS.popitem(last=False)
+    return None
+
+
 @dataclass(frozen=True)
 class Request:
     """One generation request. `prompt` is text, or token ids used as they are."""
@@ -41,7 +122,7 @@ class Request:
     ignore_eos: bool = False  # keep going past end-of-generation tokens (benchmarks)
     # "json" constrains the output to JSON: to `json_schema` when given, else to any object.
     format: str = "raw"
-    json_schema: Mapping[str, Any] | None = None
+    json_schema: Mapping[str, Any] | None = None  # checked once: held as a JsonSchema
     # What an absent `additionalProperties` means in json_schema: False (the default, as in
     # OpenAI's strict mode) allows no members beyond the named ones; True follows JSON Schema.
     open_objects: bool = False
@@ -98,8 +179,8 @@ class Request:
         if self.format not in ("raw", "json"):
             raise InvalidParameterError(f"format must be 'raw' or 'json', got {self.format!r}", field="format")
         if self.json_schema is not None:
-            if not isinstance(self.json_schema, Mapping):
-                raise InvalidParameterError("json_schema must be a JSON object", field="json_schema")
+            if not isinstance(self.json_schema, JsonSchema):
+                object.__setattr__(self, "json_schema", JsonSchema(self.json_schema))
             object.__setattr__(self, "format", "json")
         if not isinstance(self.open_objects, bool):
             raise InvalidParameterError(f"open_objects must be true or false, got {self.open_objects!r}",

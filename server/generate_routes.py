@@ -21,8 +21,7 @@ from engine import GenerationResult, RequestHandle
 from server import logprobs, structured
 from server.context import ServerContext
 from server.engine_protocol import ServedEngine
-from server.generation import error_for_result, metrics_payload
-from server.replies import merged_deltas, reply
+from server.replies import error_for_result, merged_deltas, metrics_payload, reply
 from server.schemas import parse_generate
 from server.spec import GenerationSpec
 from server.sse import encode_event
@@ -35,20 +34,21 @@ async def generate(request: Request, ctx: ServerContext) -> Response:
     body = await read_json_object(request, ctx.settings.max_body_bytes)
     engine = ctx.require_engine()
     specs = parse_generate(body, n_ctx=engine.n_ctx)
-    submitted = await ctx.service.submit(lambda: specs, ENDPOINT, "gen")
-    handles = [h for h, _ in submitted]
+    handles = (await ctx.service.submit(specs, ENDPOINT, "gen")).handles
+    # Its id is the engine's id of the (first) choice, as /generate has always given it.
+    request_id = handles[0].request_id
     if len(handles) == 1:
         return await reply(
-            request, ctx, handles, endpoint=ENDPOINT, priority=specs[0].priority, stream=specs[0].stream,
-            events=lambda: _events(handles[0], specs[0], engine),
+            request, ctx, handles, request_id=request_id, endpoint=ENDPOINT, priority=specs[0].priority,
+            stream=specs[0].stream, events=lambda: _events(handles[0], specs[0], engine),
             error_event=lambda err: encode_event(err.body(), event="error"),
             payload=lambda results: _final_payload(results[0], specs[0], engine),
         )
     return await reply(
-        request, ctx, handles, endpoint=ENDPOINT, priority=specs[0].priority, stream=specs[0].stream,
-        events=lambda: _choice_events(handles, specs, engine),
+        request, ctx, handles, request_id=request_id, endpoint=ENDPOINT, priority=specs[0].priority,
+        stream=specs[0].stream, events=lambda: _choice_events(handles, specs, engine),
         error_event=lambda err: encode_event(err.body(), event="error"),
-        payload=lambda results: {"id": handles[0].request_id,
+        payload=lambda results: {"id": request_id,
                                  "choices": [_choice(i, r, specs[i], engine) for i, r in enumerate(results)]},
     )
 

@@ -1,8 +1,9 @@
 """Submitting a validated request to the engine and following it to the end from asyncio.
 
-Shared by every generation route: admission, engine errors → HTTP errors, accounting of each
-finished request (metrics, drain tracking), and waiting for a result while watching the ASGI
-receive channel, so a client that hangs up cancels its request instead of leaving it running.
+Shared by every generation route: admission, turning the specs into the engine's Requests (chats
+rendered) under one id, engine refusals → HTTP errors, accounting of each finished request
+(metrics, drain tracking), and waiting for the results while watching the ASGI receive channel,
+so a client that hangs up cancels its requests instead of leaving them running.
 """
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ import asyncio
 import logging
 import re
 import uuid
-from typing import Any, Awaitable, Callable
+from dataclasses import dataclass
 
 from engine import (
     EngineClosedError,
-    FinishReason,
     GenerationResult,
     InvalidParameterError,
     PromptTooLongError,
@@ -23,25 +23,26 @@ from engine import (
     RequestError,
     RequestHandle,
 )
-from server.errors import (
-    APIError,
-    BadRequest,
-    GatewayTimeout,
-    InternalError,
-    ServiceUnavailable,
-    TooManyRequests,
-)
+from server.errors import APIError, BadRequest, ServiceUnavailable, TooManyRequests
 from server.engine_protocol import ServedEngine
+from server.hangup import Receive, wait_for_disconnect
 from server.metrics import ServerMetrics
-from server.spec import GenerationSpec
+from server.spec import GenerationSpec, engine_requests
 from server.state import ServingState
 
 log = logging.getLogger("cobatch.server")
 
-Receive = Callable[[], Awaitable[dict]]
-
 # Seconds a client should wait before retrying a full queue: about one short request's worth.
 QUEUE_FULL_RETRY_AFTER_S = 1
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """One HTTP request's choices, queued: `id` names the whole request (an answer's id); choice
+    i's engine request is `id` itself when it is the only one, else `id-i`."""
+
+    id: str
+    handles: list[RequestHandle]
 
 
 class GenerationService:
@@ -50,19 +51,18 @@ class GenerationService:
         self.metrics = metrics
         self._accounting: set[asyncio.Task] = set()
 
-    async def submit(
-        self, prepare: Callable[[], list[GenerationSpec]], endpoint: str, id_prefix: str
-    ) -> list[tuple[RequestHandle, GenerationSpec]]:
-        """Build the specs (one per choice) and queue them all, or raise the APIError that says
-        why not (nothing is queued then). Runs on a worker thread: tokenizing a long prompt takes
-        milliseconds per 10 kB and must not stall the event loop that streams everyone else's tokens."""
-        future = asyncio.get_running_loop().run_in_executor(None, self._submit_blocking, prepare, id_prefix)
+    async def submit(self, specs: list[GenerationSpec], endpoint: str, id_prefix: str) -> Submitted:
+        """Queue the specs (one per choice) as the engine's Requests, all of them, under one id
+        `{id_prefix}-{random}`, or raise the APIError that says why not (nothing is queued then).
+        Runs on a worker thread: rendering a chat and tokenizing a long prompt take milliseconds
+        per 10 kB and must not stall the event loop that streams everyone else's tokens."""
+        future = asyncio.get_running_loop().run_in_executor(None, self._submit_blocking, specs, id_prefix)
         try:
             submitted = await asyncio.shield(future)
         except asyncio.CancelledError:
             future.add_done_callback(self._abandon)  # cancelled mid-submit: don't leave them running
             raise
-        for handle, spec in submitted:
+        for handle, spec in zip(submitted.handles, specs):
             task = asyncio.get_running_loop().create_task(self._account(handle, endpoint, spec.priority))
             self._accounting.add(task)  # the loop keeps only weak references to tasks
             task.add_done_callback(self._accounting.discard)
@@ -70,21 +70,22 @@ class GenerationService:
 
     def _abandon(self, future: asyncio.Future) -> None:
         if not future.cancelled() and future.exception() is None:
-            for handle, _ in future.result():
+            for handle in future.result().handles:
                 handle.cancel()
                 self.state.untrack(handle)
 
-    def _submit_blocking(
-        self, prepare: Callable[[], list[GenerationSpec]], id_prefix: str
-    ) -> list[tuple[RequestHandle, GenerationSpec]]:
+    def _submit_blocking(self, specs: list[GenerationSpec], id_prefix: str) -> Submitted:
         with self.state.admit() as engine:
-            specs = prepare()
-            base = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
-            ids = [base] if len(specs) == 1 else [f"{base}-{i}" for i in range(len(specs))]
-            handles = submit_all(engine, [spec.request(i) for spec, i in zip(specs, ids)], specs)
+            request_id = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
+            ids = [request_id] if len(specs) == 1 else [f"{request_id}-{i}" for i in range(len(specs))]
+            try:
+                requests = engine_requests(specs, ids, self.state.chat)
+            except RequestError as exc:
+                raise refusal_error(exc, specs[0]) from None
+            handles = submit_all(engine, requests, specs)
             for handle in handles:
                 self.state.track(handle)
-            return list(zip(handles, specs))
+            return Submitted(request_id, handles)
 
     async def _account(self, handle: RequestHandle, endpoint: str, priority: str) -> None:
         try:
@@ -179,45 +180,3 @@ def tools_refusal(exc: InvalidParameterError, spec: GenerationSpec) -> APIError:
 
 async def _result_of(handle: RequestHandle) -> GenerationResult:
     return await handle
-
-
-async def wait_for_disconnect(receive: Receive) -> None:
-    """Returns when the ASGI server reports the client gone. The body has been read already,
-    so the only message still to come is http.disconnect."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-def error_for_result(result: GenerationResult) -> APIError | None:
-    """The HTTP error for a request that ended without a usable answer (None if it has one)."""
-    reason = result.finish_reason
-    if reason is FinishReason.ERROR:
-        return InternalError(f"generation failed: {result.error or 'unknown engine error'}", code="generation_failed")
-    if reason is FinishReason.CANCELLED:
-        detail = f" ({result.error})" if result.error else ""
-        return ServiceUnavailable(
-            f"the request was cancelled before it finished because the server is shutting down{detail}",
-            code="cancelled",
-        )
-    if reason is FinishReason.TIMEOUT:
-        return GatewayTimeout(f"the request timed out: {result.error or 'deadline passed'}", code="timeout")
-    return None
-
-
-def metrics_payload(result: GenerationResult) -> dict[str, Any]:
-    m = result.metrics
-    return {
-        "latency_ms": m.latency_ms,
-        "tokens_per_second": m.tokens_per_second,
-        "queue_time_ms": m.queue_time_ms,
-        "ttft_ms": m.ttft_ms,
-        "generation_time_ms": m.generation_time_ms,
-        "prompt_tokens": m.prompt_tokens,
-        "tokens_generated": m.tokens_generated,
-        "cached_tokens": m.cached_tokens,
-        "forced_tokens": m.forced_tokens,
-        "drafted_tokens": m.drafted_tokens,
-        "accepted_tokens": m.accepted_tokens,
-    }

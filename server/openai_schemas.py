@@ -1,19 +1,26 @@
 """Validation of OpenAI-compatible request bodies (/v1/completions, /v1/chat/completions).
 
+Each body becomes an OpenAIRequest: its choices as dialect-neutral GenerationSpecs (server/spec.py;
+a chat's messages stay unrendered until submit), and what only the answer's shape needs.
+
 Accepted as OpenAI documents them: model, prompt | messages, max_tokens (chat also
 max_completion_tokens), temperature, top_p, n, stream, stream_options.include_usage, stop, seed,
 user, presence_penalty, frequency_penalty, logit_bias, logprobs (completions: an integer 0..20;
 chat: true/false with top_logprobs 0..20), and for chat response_format (json_object,
 json_schema: constrained by the engine's grammar), tools, tool_choice and parallel_tool_calls
-(server/tools.py). Extensions: top_k, min_p, repetition_penalty,
+(server/tools.py), and safety_identifier, prompt_cache_key and metadata (unused: CHAT_UNUSED). Extensions: top_k, min_p, repetition_penalty,
 priority ("interactive" | "batch") and ignore_eos (generate past end-of-generation tokens:
 benchmarks). Defaults (OpenAI's where it has one): server/defaults.py COMPLETIONS and CHAT.
 
 `prompt` may be a list (of strings or of token-id lists) and `n` asks for several choices of
 each prompt (limits: server/schemas.py MAX_N, MAX_PROMPTS): each choice has its index, and all
 are admitted or refused together. With a seed, choice i > 0 samples with a seed derived from
-(seed, i). Parts of the API this engine cannot do are refused with 501 and say so: best_of > 1,
-suffix, the legacy functions / function_call. Logprobs with streaming are refused with 400.
+(seed, i). OpenAI's fields that ask for what this engine cannot do are refused with 501 naming
+the field (COMPLETION_UNSUPPORTED, CHAT_UNSUPPORTED: best_of > 1, suffix, the legacy functions /
+function_call, audio, modalities other than text, prediction, web_search_options, store,
+reasoning_effort, verbosity, service_tier other than auto/default, prompt_cache_retention other
+than in_memory, prompt_cache_options, moderation); a value that asks for nothing (the field's
+default) is accepted. Any other unknown field is a 400. Logprobs with streaming are refused with 400.
 
 Completions take `echo` (the prompt in front of the text; with `logprobs`, the prompt's tokens
 are scored too, the first one null, as OpenAI's legacy API and vLLM give them), and
@@ -22,49 +29,34 @@ for log-likelihoods). Chat refuses `echo` (400).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from engine.request import MAX_LOGPROBS
 from server import structured
-from server.chat_format import ChatMessage, RenderedChat, parse_messages
+from server.chat_format import parse_messages
 from server.defaults import CHAT, COMPLETIONS
 from server.errors import BadRequest, NotImplementedFeature
 from server.structured import StructuredOutput
-from server.tools import ToolSet, parse_tools
+from server.tools import parse_tools
 from server.schemas import MAX_PROMPTS, check_combinations, choice_specs, read_n, read_sampling
-from server.spec import GenerationSpec
+from server.spec import ChatPrompt, GenerationSpec
 from server.validation import FieldReader
 
 
-
-
 @dataclass(frozen=True)
-class CompletionRequest:
+class OpenAIRequest:
+    """A validated /v1/completions or /v1/chat/completions body: the model it names, its choices
+    (n per prompt, prompt by prompt) as the dialect-neutral specs every route submits, and what
+    only the answer's shape needs."""
+
     model: str
-    specs: list[GenerationSpec]  # the choices: n per prompt, prompt by prompt
+    specs: list[GenerationSpec]
     include_usage: bool
-    n: int = 1
+    n: int = 1  # choices per prompt
 
 
-@dataclass(frozen=True)
-class ChatRequest:
-    model: str
-    messages: list[ChatMessage]
-    spec: GenerationSpec  # its prompt is filled in by with_prompt() once the chat is rendered
-    include_usage: bool
-    n: int = 1  # choices
-    tools: ToolSet | None = None
-
-    def with_prompt(self, rendered: RenderedChat) -> list[GenerationSpec]:
-        """The choices' specs, the rendered chat as their prompt."""
-        # The transcript format's "\nuser:" stop would be refused next to JSON output, and is
-        # not needed there: the grammar ends the answer when the document is complete.
-        extra_stops = () if self.spec.structured is not None else rendered.extra_stops
-        return choice_specs(replace(self.spec, prompt=rendered.token_ids, extra_stops=extra_stops), self.n)
-
-
-def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
+def parse_completion(body: dict[str, Any], *, n_ctx: int) -> OpenAIRequest:
     fields = FieldReader(body)
     model = fields.string("model", non_empty=True)
     prompts = _completion_prompts(fields.raw("prompt", None))
@@ -74,13 +66,11 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
         raise BadRequest("'max_tokens' 0 generates nothing: it only scores the prompt, with \"echo\": true",
                          param="max_tokens")
     stream, include_usage = _stream_fields(fields)
-    _refuse_unsupported(fields)
+    _refuse_unsupported(fields, COMPLETION_UNSUPPORTED, COMPLETION_UNUSED)
     n = read_n(fields, sampling["max_tokens"], n_ctx)
     if n * len(prompts) > MAX_PROMPTS:
         raise BadRequest(f"{len(prompts)} prompts x n={n} is more than {MAX_PROMPTS} choices", param="n",
                          code="too_many_prompts")
-    _refuse_unless(fields, "suffix", (None, ""), "'suffix' (insertion) is not supported by this engine")
-    _refuse_unless(fields, "best_of", (None, 1), "'best_of' other than 1 is not supported by this engine")
     if body.get("logprobs") is False:  # some clients send false for "none"
         fields.raw("logprobs")
     logprobs = fields.integer("logprobs", None, minimum=0, maximum=MAX_LOGPROBS, nullable=True)
@@ -91,10 +81,10 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int) -> CompletionRequest:
              for choice in choice_specs(GenerationSpec(prompt=prompt, stream=stream, logprobs=logprobs or 0,
                                                        want_logprobs=logprobs is not None, echo=echo,
                                                        **sampling), n)]
-    return CompletionRequest(model, specs, include_usage, n)
+    return OpenAIRequest(model, specs, include_usage, n)
 
 
-def parse_chat(body: dict[str, Any], *, n_ctx: int) -> ChatRequest:
+def parse_chat(body: dict[str, Any], *, n_ctx: int) -> OpenAIRequest:
     fields = FieldReader(body)
     model = fields.string("model", non_empty=True)
     messages = parse_messages(fields.raw("messages", None))
@@ -113,28 +103,24 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int) -> ChatRequest:
         sampling["max_tokens"] = body_max
     stream, include_usage = _stream_fields(fields)
     response_format = structured.from_response_format(fields.raw("response_format", None))
-    _refuse_unsupported(fields)
+    _refuse_unsupported(fields, CHAT_UNSUPPORTED, CHAT_UNUSED)
     n = read_n(fields, sampling["max_tokens"], n_ctx)
     logprobs = fields.boolean("logprobs", False, nullable=True)
     top_logprobs = fields.integer("top_logprobs", None, minimum=0, maximum=MAX_LOGPROBS, nullable=True)
     if top_logprobs is not None and not logprobs:
         raise BadRequest("'top_logprobs' needs \"logprobs\": true", param="top_logprobs")
-    _refuse_unless(fields, "functions", (None, []), "'functions' (the legacy form of tools) is not supported; "
-                   "send 'tools'")
-    _refuse_unless(fields, "function_call", (None, "none", "auto"), "'function_call' (the legacy form of "
-                   "tool_choice) is not supported; send 'tool_choice'")
     tools = parse_tools(fields.raw("tools", None), fields.raw("tool_choice", None),
                         fields.raw("parallel_tool_calls", None))
     fields.finish()
     structured_output = response_format
     if tools is not None and tools.callable:
         _check_beside_calls(sampling, response_format)
-        structured_output = StructuredOutput(tools.calls_schema(), source="tools")
+        structured_output = StructuredOutput(tools.calls_json_schema(), source="tools")
     check_combinations(sampling, stream=stream, wants_logprobs=logprobs, structured_output=structured_output,
                        logprobs_param="logprobs")
-    spec = GenerationSpec(prompt=(), stream=stream, structured=structured_output, logprobs=top_logprobs or 0,
-                          want_logprobs=logprobs, tools=tools, **sampling)
-    return ChatRequest(model, messages, spec, include_usage, n, tools)
+    spec = GenerationSpec(prompt=ChatPrompt(tuple(messages)), stream=stream, structured=structured_output,
+                          logprobs=top_logprobs or 0, want_logprobs=logprobs, tools=tools, **sampling)
+    return OpenAIRequest(model, choice_specs(spec, n), include_usage, n)
 
 
 def _check_beside_calls(sampling: dict[str, Any], response_format: StructuredOutput | None) -> None:
@@ -195,13 +181,49 @@ def _stream_fields(fields: FieldReader) -> tuple[bool, bool]:
     return stream, include_usage
 
 
+# OpenAI fields this engine cannot honour: (the values that ask for nothing, the 501's message).
+COMPLETION_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "best_of": ((None, 1), "'best_of' other than 1 is not supported by this engine"),
+    "suffix": ((None, ""), "'suffix' (insertion) is not supported by this engine"),
+}
+CHAT_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "functions": ((None, []), "'functions' (the legacy form of tools) is not supported; send 'tools'"),
+    "function_call": ((None, "none", "auto"), "'function_call' (the legacy form of tool_choice) is not "
+                      "supported; send 'tool_choice'"),
+    "audio": ((None,), "'audio' output is not supported: this engine generates text only"),
+    "modalities": ((None, ["text"]), "'modalities' other than [\"text\"] is not supported: this engine "
+                   "generates text only"),
+    "prediction": ((None,), "'prediction' (Predicted Outputs) is not supported by this engine"),
+    "web_search_options": ((None,), "'web_search_options' is not supported: this engine does not search the web"),
+    "store": ((None, False), "'store' is not supported: this server keeps no chat completions (a batch job "
+              "keeps its results: /v1/batches)"),
+    "reasoning_effort": ((None, "none"), "'reasoning_effort' is not supported by this engine"),
+    "verbosity": ((None, "medium"), "'verbosity' other than \"medium\" is not supported by this engine"),
+    "service_tier": ((None, "auto", "default"), "'service_tier' other than \"auto\" or \"default\" is not "
+                     "supported; this server's tiers are 'priority': \"interactive\" or \"batch\""),
+    "prompt_cache_retention": ((None, "in_memory"), "'prompt_cache_retention' other than \"in_memory\" is not "
+                               "supported: this engine's prefix cache is in memory only"),
+    "prompt_cache_options": ((None, {}), "'prompt_cache_options' is not supported: this engine's prefix cache "
+                             "is automatic, without breakpoints or lifetimes"),
+    "moderation": ((None,), "'moderation' is not supported: this engine runs no moderation model"),
+}
+# Fields that ask for nothing of the engine (who the caller is, tags for stored completions, a
+# cache key the prefix cache does without): read as their type ("string" or "object"), unused.
+COMPLETION_UNUSED = {"user": "string"}
+CHAT_UNUSED = {"user": "string", "safety_identifier": "string", "prompt_cache_key": "string", "metadata": "object"}
+
+
 def _refuse_unless(fields: FieldReader, name: str, harmless: tuple, message: str) -> None:
     """Accept a field only with a value that asks for nothing (its default); else 501."""
     if fields.present(name) and fields.raw(name) not in harmless:
         raise NotImplementedFeature(message, param=name)
 
 
-def _refuse_unsupported(fields: FieldReader) -> None:
-    """Fields both endpoints share that ask for something the engine does not do."""
-    fields.string("user", None, nullable=True)  # an end-user id for abuse tracking; nothing to do here
-
+def _refuse_unsupported(fields: FieldReader, unsupported: dict[str, tuple[tuple[Any, ...], str]],
+                        unused: dict[str, str]) -> None:
+    """OpenAI's fields that ask for something this engine does not do are refused with 501 naming
+    it (not as unknown fields); those that ask for nothing are read, and nothing is done with them."""
+    for name, kind in unused.items():
+        getattr(fields, kind)(name, None, nullable=True)
+    for name, (harmless, message) in unsupported.items():
+        _refuse_unless(fields, name, harmless, message)

@@ -1,5 +1,7 @@
 """How every generation route ends, once its requests are queued (one per choice): stream the
-answer as SSE, or wait for the results and answer them (or nothing, to a client that left)."""
+answer as SSE, or wait for the results and answer them (or nothing, to a client that left); and
+what every answer shows of a finished request, whatever its dialect: the HTTP error for one that
+ended without an answer, and the non-standard `metrics` object."""
 from __future__ import annotations
 
 import asyncio
@@ -8,10 +10,9 @@ from typing import Any, AsyncIterator, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from engine import GenerationResult, RequestHandle
+from engine import FinishReason, GenerationResult, RequestHandle
 from server.context import ServerContext
-from server.errors import CLIENT_CLOSED_REQUEST, APIError
-from server.generation import error_for_result
+from server.errors import CLIENT_CLOSED_REQUEST, APIError, GatewayTimeout, InternalError, ServiceUnavailable
 from server.sse import EventStreamResponse
 
 
@@ -20,6 +21,7 @@ async def reply(
     ctx: ServerContext,
     handles: list[RequestHandle],
     *,
+    request_id: str,
     endpoint: str,
     priority: str,
     stream: bool,
@@ -28,8 +30,9 @@ async def reply(
     payload: Callable[[list[GenerationResult]], dict[str, Any]],
 ) -> Response:
     """`events` makes this API's SSE body and `error_event` its in-stream error; `payload` is the
-    JSON answer to results that have one (the first error_for_result answers the others)."""
-    headers = {"x-request-id": handles[0].request_id}
+    JSON answer to results that have one (the first error_for_result answers the others).
+    `request_id` is sent as the x-request-id header."""
+    headers = {"x-request-id": request_id}
     if stream:
         def left() -> None:
             for handle in handles:
@@ -84,3 +87,36 @@ async def _cancel_if_abandoned(handles: list[RequestHandle], events: AsyncIterat
         for handle in handles:
             if not handle.done():  # the stream was abandoned: don't leave the request running
                 handle.cancel()
+
+
+def error_for_result(result: GenerationResult) -> APIError | None:
+    """The HTTP error for a request that ended without a usable answer (None if it has one)."""
+    reason = result.finish_reason
+    if reason is FinishReason.ERROR:
+        return InternalError(f"generation failed: {result.error or 'unknown engine error'}", code="generation_failed")
+    if reason is FinishReason.CANCELLED:
+        detail = f" ({result.error})" if result.error else ""
+        return ServiceUnavailable(
+            f"the request was cancelled before it finished because the server is shutting down{detail}",
+            code="cancelled",
+        )
+    if reason is FinishReason.TIMEOUT:
+        return GatewayTimeout(f"the request timed out: {result.error or 'deadline passed'}", code="timeout")
+    return None
+
+
+def metrics_payload(result: GenerationResult) -> dict[str, Any]:
+    m = result.metrics
+    return {
+        "latency_ms": m.latency_ms,
+        "tokens_per_second": m.tokens_per_second,
+        "queue_time_ms": m.queue_time_ms,
+        "ttft_ms": m.ttft_ms,
+        "generation_time_ms": m.generation_time_ms,
+        "prompt_tokens": m.prompt_tokens,
+        "tokens_generated": m.tokens_generated,
+        "cached_tokens": m.cached_tokens,
+        "forced_tokens": m.forced_tokens,
+        "drafted_tokens": m.drafted_tokens,
+        "accepted_tokens": m.accepted_tokens,
+    }

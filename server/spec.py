@@ -1,10 +1,17 @@
-"""What one validated HTTP request asks the engine for, whichever API it came through."""
+"""What one validated HTTP request asks the engine for, whichever API it came through.
+
+The seam every dialect (the native /generate, OpenAI's completions and chat) goes through: its
+parser reads the body into GenerationSpecs, one per choice, holding the prompt as text, token ids
+or a ChatPrompt (messages, not yet rendered); `engine_requests` then renders each chat once with
+the model's chat format and makes the engine's Requests. Shaping the answer is the dialect's own.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from engine import Request, SamplingParams
+from server.chat_format import ChatFormatter, ChatMessage, RenderedChat
 from server.structured import StructuredOutput
 from server.tools import ToolSet
 
@@ -18,11 +25,19 @@ MAX_TIMEOUT_S = 86400.0  # a request deadline; beyond a day it is a mistake, not
 
 
 @dataclass(frozen=True)
+class ChatPrompt:
+    """A conversation, rendered into prompt tokens by the model's chat format (with the spec's
+    tools declared) only at submit: rendering tokenizes, which must not stall the event loop."""
+
+    messages: tuple[ChatMessage, ...]
+
+
+@dataclass(frozen=True)
 class GenerationSpec:
     """The body's fields, validated, with what only the HTTP layer needs (streaming, how to
     show logprobs, which field asked for JSON). `request()` makes the engine's Request."""
 
-    prompt: str | Sequence[int]  # text, or token ids already rendered (chat)
+    prompt: str | Sequence[int] | ChatPrompt  # text, token ids, or chat messages to render
     stream: bool
     # The fields every API shares (schemas.read_sampling), its defaults already applied.
     max_tokens: int
@@ -45,7 +60,6 @@ class GenerationSpec:
     want_logprobs: bool = False  # per-token logprobs are wanted (even with 0 alternatives)
     structured: StructuredOutput | None = None
     echo: bool = False  # completions: the prompt in front of the text (and its logprobs, when asked)
-    extra_stops: tuple[str, ...] = field(default=())  # added by the chat fallback format
     tools: ToolSet | None = None  # chat with tools: structured then holds the calls schema (if callable)
 
     @property
@@ -65,19 +79,26 @@ class GenerationSpec:
             return self.logprobs
         return None
 
-    def request(self, request_id: str) -> Request:
-        """The engine's Request for this spec. Raises InvalidParameterError where the engine's
-        own checks are stricter than the HTTP layer's (the caller turns it into a 400)."""
+    def request(self, request_id: str, rendered: RenderedChat | None = None) -> Request:
+        """The engine's Request for this spec; `rendered` is its ChatPrompt rendered (and only
+        then given). Raises InvalidParameterError where the engine's own checks are stricter than
+        the HTTP layer's (the caller turns it into a 400)."""
+        if isinstance(self.prompt, ChatPrompt) != (rendered is not None):
+            raise TypeError("a chat prompt is rendered first, and only a chat prompt is")
+        prompt = self.prompt if rendered is None else rendered.token_ids
+        # The transcript format's "\nuser:" stop would be refused next to JSON output, and is
+        # not needed there: the grammar ends the answer when the document is complete.
+        extra_stops = rendered.extra_stops if rendered is not None and self.structured is None else ()
         sampling = SamplingParams(
             temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed, min_p=self.min_p,
             repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias,
         )
         return Request(
-            prompt=self.prompt,
+            prompt=prompt,
             max_tokens=self.max_tokens,
             sampling=sampling,
-            stop=tuple(dict.fromkeys(self.stop + self.extra_stops)),
+            stop=tuple(dict.fromkeys(self.stop + extra_stops)),
             priority=self.priority,
             ignore_eos=self.ignore_eos,
             format="raw" if self.structured is None else "json",
@@ -90,3 +111,22 @@ class GenerationSpec:
             timeout=self.timeout,
             request_id=request_id,
         )
+
+
+def engine_requests(specs: Sequence[GenerationSpec], request_ids: Sequence[str],
+                    chat: ChatFormatter | None) -> list[Request]:
+    """The engine's Request for each spec, with its id. A chat is rendered once however many
+    choices share it. Tokenizes: runs on the submit worker, not the event loop."""
+    rendered: list[tuple[ChatPrompt, RenderedChat]] = []  # the choices of one chat share its prompt
+
+    def render(spec: GenerationSpec) -> RenderedChat | None:
+        if not isinstance(spec.prompt, ChatPrompt):
+            return None
+        for prompt, done in rendered:
+            if prompt is spec.prompt:
+                return done
+        assert chat is not None, "chat prompts arrive only once a model (and its chat format) is loaded"
+        rendered.append((spec.prompt, chat.render(list(spec.prompt.messages), spec.tools)))
+        return rendered[-1][1]
+
+    return [spec.request(request_id, render(spec)) for spec, request_id in zip(specs, request_ids, strict=True)]

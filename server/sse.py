@@ -13,7 +13,7 @@ import logging
 from typing import Any, AsyncIterator, Callable
 
 from server.errors import APIError, InternalError
-from server.generation import wait_for_disconnect
+from server.hangup import wait_for_disconnect
 
 log = logging.getLogger("cobatch.server")
 

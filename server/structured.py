@@ -1,12 +1,13 @@
 """Structured output (JSON, optionally matching a JSON Schema): request parsing.
 
-Requests that ask for JSON are validated here first (a schema that is not valid JSON Schema is
-a 400 quoting the problem), then sent as a Request with `format="json"` and `json_schema` (a
-dict, or None for any object), which the engine enforces with a grammar compiled from the schema.
-Schemas the grammar compiler cannot express (an unsupported keyword, say) are refused by the
-engine at submit with an InvalidParameterError starting "json_schema:", also a 400. The
-response's `structured_data` is `GenerationResult.structured_data` (the engine's parse of the
-finished document), else the result text parsed as JSON.
+A schema is checked once, by the engine's own check (engine.request.JsonSchema), when its field
+is read: a schema that is not valid JSON Schema is a 400 naming the field, with the message the
+Python API gives. It is then sent as a Request with `format="json"` and `json_schema` (that
+JsonSchema, or None for any object), which the engine enforces with a grammar compiled from it
+and does not check again. Schemas the grammar compiler cannot express (an unsupported keyword,
+say) are refused by the engine at submit with an InvalidParameterError starting "json_schema:",
+also a 400. The response's `structured_data` is `GenerationResult.structured_data` (the engine's
+parse of the finished document), else the result text parsed as JSON.
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-
+from engine.request import JsonSchema
+from sampling.errors import InvalidParameterError
 from server.errors import BadRequest, InternalError
 
 # What /generate's "format": "json" and OpenAI's json_object mean: any JSON object. It is
@@ -25,25 +26,16 @@ ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 
 @dataclass(frozen=True)
 class StructuredOutput:
-    schema: dict[str, Any] | None  # None: any JSON object
+    schema: JsonSchema | None  # None: any JSON object
     source: str  # which request field asked for it, for error messages
 
 
-def check_json_schema(schema: Any, param: str) -> dict[str, Any]:
-    """A JSON Schema the validators accept, or a 400 that quotes what is wrong with it."""
-    if isinstance(schema, bool):
-        raise BadRequest(f"'{param}' must be a JSON Schema object (boolean schemas are not supported)", param=param)
-    if not isinstance(schema, dict):
-        raise BadRequest(f"'{param}' must be a JSON Schema object", param=param)
+def json_schema_field(value: Any, param: str) -> JsonSchema:
+    """The field `param` as a checked JsonSchema, or the engine's refusal as a 400 naming it."""
     try:
-        validator = jsonschema.validators.validator_for(schema)
-        validator.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-        raise BadRequest(f"'{param}' is not a valid JSON Schema at {where}: {exc.message}", param=param) from None
-    except Exception as exc:  # e.g. an unknown $schema dialect URI
-        raise BadRequest(f"'{param}' is not a valid JSON Schema: {exc}", param=param) from None
-    return schema
+        return JsonSchema(value, name=param)
+    except InvalidParameterError as exc:
+        raise BadRequest(str(exc), param=param) from None
 
 
 def from_generate_fields(output_format: str | None, json_schema: Any) -> StructuredOutput | None:
@@ -53,7 +45,7 @@ def from_generate_fields(output_format: str | None, json_schema: Any) -> Structu
         if output_format == "raw":
             raise BadRequest("'json_schema' constrains the output to JSON: drop \"format\": \"raw\" "
                              "(or send \"format\": \"json\")", param="format")
-        return StructuredOutput(check_json_schema(json_schema, "json_schema"), source="json_schema")
+        return StructuredOutput(json_schema_field(json_schema, "json_schema"), source="json_schema")
     if output_format == "json":
         return StructuredOutput(None, source="format")
     return None
@@ -90,7 +82,7 @@ def from_response_format(value: Any) -> StructuredOutput | None:
             raise BadRequest("'response_format.json_schema.name' must be a non-empty string", param="response_format")
         if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
             raise BadRequest("'response_format.json_schema.strict' must be true or false", param="response_format")
-        schema = check_json_schema(spec.get("schema", ANY_JSON_OBJECT), "response_format.json_schema.schema")
+        schema = json_schema_field(spec.get("schema", ANY_JSON_OBJECT), "response_format.json_schema.schema")
         return StructuredOutput(schema, source="response_format")
     raise BadRequest(
         f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {kind!r}",

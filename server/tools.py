@@ -21,8 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from engine.request import JsonSchema
 from server.errors import BadRequest
-from server.structured import check_json_schema
+from server.structured import json_schema_field
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 CHOICES = ("none", "auto", "required")
@@ -81,6 +82,12 @@ class ToolSet:
             calls["maxItems"] = self.max_calls
         return {"type": "object", "properties": {CALLS_KEY: calls}, "required": [CALLS_KEY],
                 "additionalProperties": False}
+
+    def calls_json_schema(self) -> JsonSchema | None:
+        """calls_schema() as the engine takes it. Not checked again: each function's parameters
+        were checked when read, and the frame around them is valid by construction."""
+        schema = self.calls_schema()
+        return None if schema is None else JsonSchema.assembled(schema)
 
     def parameters_param(self, pointer: str) -> tuple[str, str] | None:
         """(`tools[i].function.parameters...`, the rest of the pointer) for a JSON pointer into
@@ -167,7 +174,7 @@ def _function(tool: Any, i: int) -> Function:
     parameters = spec.get("parameters")
     if parameters is None:
         parameters = {}
-    check_json_schema(parameters, param)
+    json_schema_field(parameters, param)
     if parameters.get("type", "object") != "object":
         raise BadRequest(f"'{param}' must describe an object (\"type\": \"object\"): arguments are a JSON object",
                          param=param)

@@ -86,7 +86,7 @@ def test_n_choices_get_derived_seeds_and_must_fit_the_cache():
     unseeded = parse_completion({"model": "m", "prompt": "a", "n": 2, "max_tokens": 4}, n_ctx=64).specs
     assert [s.seed for s in unseeded] == [None, None]
     chat = parse_chat({**CHAT, "n": 2, "seed": 1, "max_tokens": 4}, n_ctx=64)
-    assert len(chat.with_prompt(RenderedChat([1], ()))) == 2
+    assert len(chat.specs) == 2
     for body, code in (({"n": 5, "max_tokens": 16}, "n_too_large"), ({"n": 17}, None),
                        ({"n": 2, "prompt": ["x"] * 129}, "too_many_prompts")):
         with pytest.raises(BadRequest) as info:
@@ -96,8 +96,8 @@ def test_n_choices_get_derived_seeds_and_must_fit_the_cache():
 
 def test_chat_max_completion_tokens_wins_and_legacy_functions_are_refused():
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    assert parse_chat({**body, "max_completion_tokens": 9, "max_tokens": 3}, n_ctx=64).spec.max_tokens == 9
-    assert parse_chat(body, n_ctx=1024).spec.max_tokens == 512
+    assert parse_chat({**body, "max_completion_tokens": 9, "max_tokens": 3}, n_ctx=64).specs[0].max_tokens == 9
+    assert parse_chat(body, n_ctx=1024).specs[0].max_tokens == 512
     with pytest.raises(NotImplementedFeature):
         parse_chat({**body, "functions": [{"name": "f"}]}, n_ctx=64)
     with pytest.raises(BadRequest, match="tools\\[0\\]"):  # tools are accepted, this one is malformed
@@ -208,7 +208,7 @@ def test_openai_penalties_and_logit_bias_are_accepted():
     spec = parse_completion({"model": "m", "prompt": "hi", "presence_penalty": 1, "frequency_penalty": 0.5,
                              "logit_bias": {"50256": -100}}, n_ctx=64).specs[0]
     assert spec.request("r").sampling.logit_bias == ((50256, -100.0),)
-    chat = parse_chat({**CHAT, "presence_penalty": -2, "logit_bias": {"1": 5}}, n_ctx=64).spec
+    chat = parse_chat({**CHAT, "presence_penalty": -2, "logit_bias": {"1": 5}}, n_ctx=64).specs[0]
     assert chat.presence_penalty == -2.0 and chat.logit_bias == ((1, 5.0),)
 
 
@@ -257,8 +257,8 @@ def test_openai_logprobs_fields():
     for none in (None, False):
         assert not parse_completion({"model": "m", "prompt": "hi", "logprobs": none}, n_ctx=64).specs[0].want_logprobs
     chat = parse_chat({**CHAT, "logprobs": True, "top_logprobs": 4}, n_ctx=64)
-    assert chat.spec.want_logprobs and chat.with_prompt(RenderedChat([1], ()))[0].request("r").logprobs == 4
-    assert not parse_chat({**CHAT, "logprobs": False}, n_ctx=64).spec.want_logprobs
+    assert chat.specs[0].want_logprobs and chat.specs[0].request("r", RenderedChat([1], ())).logprobs == 4
+    assert not parse_chat({**CHAT, "logprobs": False}, n_ctx=64).specs[0].want_logprobs
     with pytest.raises(BadRequest, match="'top_logprobs' needs"):
         parse_chat({**CHAT, "top_logprobs": 2}, n_ctx=64)
     with pytest.raises(BadRequest, match="not supported with"):
@@ -271,9 +271,9 @@ def test_json_chat_drops_the_transcript_stop_but_refuses_a_user_stop():
     from server.chat_format import RenderedChat
     rendered = RenderedChat(token_ids=[1, 2], extra_stops=("\nuser:",))
     plain = parse_chat(CHAT, n_ctx=64)
-    assert plain.with_prompt(rendered)[0].request("r").stop == ("\nuser:",)
+    assert plain.specs[0].request("r", rendered).stop == ("\nuser:",)
     json_chat = parse_chat({**CHAT, "response_format": {"type": "json_object"}}, n_ctx=64)
-    request = json_chat.with_prompt(rendered)[0].request("r")
+    request = json_chat.specs[0].request("r", rendered)
     assert request.stop == () and request.format == "json" and request.json_schema is None
     assert request.prompt == (1, 2) and request.sampling.temperature == 1.0  # OpenAI's default
     with pytest.raises(BadRequest, match="'stop' cannot be combined with JSON output"):
@@ -376,7 +376,7 @@ def test_each_entry_point_applies_its_own_defaults():
     built = [
         (defaults.GENERATE, parse_generate({"prompt": "x"}, n_ctx=4096)[0].request("r")),
         (defaults.COMPLETIONS, parse_completion({"model": "m", "prompt": "x"}, n_ctx=4096).specs[0].request("r")),
-        (defaults.CHAT, parse_chat(CHAT, n_ctx=4096).with_prompt(rendered)[0].request("r")),
+        (defaults.CHAT, parse_chat(CHAT, n_ctx=4096).specs[0].request("r", rendered)),
     ]
     for expected, request in built:
         p = request.sampling

@@ -38,18 +38,18 @@ def chat(**fields):
 
 # ---------------------------------------------------------------- request validation
 def test_tool_choice_defaults_and_modes():
-    assert chat(tools=[WEATHER]).tools.choice == "auto"
-    assert chat(tools=[WEATHER], tool_choice="none").spec.structured is None  # nothing callable: plain text
+    assert chat(tools=[WEATHER]).specs[0].tools.choice == "auto"
+    assert chat(tools=[WEATHER], tool_choice="none").specs[0].structured is None  # nothing callable: plain text
     req = chat(tools=[WEATHER, TREE], tool_choice={"type": "function", "function": {"name": "plant"}})
-    assert req.tools.choice == "named" and [f.name for f in req.tools.callable] == ["plant"]
-    assert req.spec.structured.schema["properties"]["tool_calls"]["maxItems"] == 1
-    assert "maxItems" not in chat(tools=[WEATHER], tool_choice="required").spec.structured.schema[
+    assert req.specs[0].tools.choice == "named" and [f.name for f in req.specs[0].tools.callable] == ["plant"]
+    assert req.specs[0].structured.schema["properties"]["tool_calls"]["maxItems"] == 1
+    assert "maxItems" not in chat(tools=[WEATHER], tool_choice="required").specs[0].structured.schema[
         "properties"]["tool_calls"]
-    assert chat(tools=[WEATHER], parallel_tool_calls=False).spec.structured.schema[
+    assert chat(tools=[WEATHER], parallel_tool_calls=False).specs[0].structured.schema[
         "properties"]["tool_calls"]["maxItems"] == 1
-    request = replace(chat(tools=[WEATHER]).spec, prompt=[1]).request("r")
+    request = replace(chat(tools=[WEATHER]).specs[0], prompt=[1]).request("r")
     assert request.json_or_text and request.format == "json"
-    assert not replace(chat(tools=[WEATHER], tool_choice="required").spec, prompt=[1]).request("r").json_or_text
+    assert not replace(chat(tools=[WEATHER], tool_choice="required").specs[0], prompt=[1]).request("r").json_or_text
 
 
 @pytest.mark.parametrize("fields, param, needle", [
@@ -76,9 +76,9 @@ def test_bad_tool_requests_are_400s_naming_the_field(fields, param, needle):
 
 
 def test_stop_and_response_format_are_fine_when_nothing_is_callable():
-    assert chat(tools=[WEATHER], tool_choice="none", stop=["\n"]).spec.stop == ("\n",)
+    assert chat(tools=[WEATHER], tool_choice="none", stop=["\n"]).specs[0].stop == ("\n",)
     req = chat(tools=[WEATHER], tool_choice="none", response_format={"type": "json_object"})
-    assert req.spec.structured.source == "response_format"
+    assert req.specs[0].structured.source == "response_format"
 
 
 def test_tool_and_tool_call_messages():
