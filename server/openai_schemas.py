@@ -8,9 +8,10 @@ max_completion_tokens), temperature, top_p, n, stream, stream_options.include_us
 user, presence_penalty, frequency_penalty, logit_bias, logprobs (completions: an integer 0..20;
 chat: true/false with top_logprobs 0..20), and for chat response_format (json_object,
 json_schema: constrained by the engine's grammar), tools, tool_choice and parallel_tool_calls
-(server/tools.py), and safety_identifier, prompt_cache_key and metadata (unused: CHAT_UNUSED). Extensions: top_k, min_p, repetition_penalty,
-priority ("interactive" | "batch") and ignore_eos (generate past end-of-generation tokens:
-benchmarks). Defaults (OpenAI's where it has one): server/defaults.py COMPLETIONS and CHAT.
+(server/tools.py), and safety_identifier, prompt_cache_key and metadata (read, unused:
+CHAT_UNUSED). Extensions: top_k, min_p, repetition_penalty, priority ("interactive" | "batch")
+and ignore_eos (generate past end-of-generation tokens: benchmarks). Defaults (OpenAI's where it
+has one): server/defaults.py COMPLETIONS and CHAT.
 
 `prompt` may be a list (of strings or of token-id lists) and `n` asks for several choices of
 each prompt (limits: server/schemas.py MAX_N, MAX_PROMPTS): each choice has its index, and all
@@ -20,7 +21,7 @@ the field (COMPLETION_UNSUPPORTED, CHAT_UNSUPPORTED: best_of > 1, suffix, the le
 function_call, audio, modalities other than text, prediction, web_search_options, store,
 reasoning_effort, verbosity, service_tier other than auto/default, prompt_cache_retention other
 than in_memory, prompt_cache_options, moderation); a value that asks for nothing (the field's
-default) is accepted. Any other unknown field is a 400. Logprobs with streaming are refused with 400.
+default) is accepted. Any other unknown field is a 400. Logprobs with streaming are a 400.
 
 Completions take `echo` (the prompt in front of the text; with `logprobs`, the prompt's tokens
 are scored too, the first one null, as OpenAI's legacy API and vLLM give them), and
