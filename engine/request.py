@@ -74,7 +74,7 @@ class JsonSchema(Mapping[str, Any]):
 
 # Digests of the schemas found valid most recently: the check takes milliseconds (tens for a
 # large schema; measured with jsonschema 4 on this machine), and clients send the same schema
-# again and again.
+# again and again. Client threads make Requests, so it is shared by them, under its lock.
 _VALID_SCHEMAS: OrderedDict[bytes, None] = OrderedDict()
 _VALID_SCHEMAS_KEPT = 1024
 _valid_schemas_lock = threading.Lock()
