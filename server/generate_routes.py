@@ -19,6 +19,7 @@ from starlette.responses import Response
 
 from engine import GenerationResult, RequestHandle
 from server import logprobs, structured
+from server.auth import caller_of
 from server.context import ServerContext
 from server.engine_protocol import ServedEngine
 from server.replies import error_for_result, merged_deltas, metrics_payload, reply
@@ -34,7 +35,7 @@ async def generate(request: Request, ctx: ServerContext) -> Response:
     body = await read_json_object(request, ctx.settings.max_body_bytes)
     engine = ctx.require_engine()
     specs = parse_generate(body, n_ctx=engine.n_ctx)
-    handles = (await ctx.service.submit(specs, ENDPOINT, "gen")).handles
+    handles = (await ctx.service.submit(specs, ENDPOINT, "gen", caller_of(request))).handles
     # Its id is the engine's id of the (first) choice, as /generate has always given it.
     request_id = handles[0].request_id
     if len(handles) == 1:

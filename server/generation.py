@@ -24,6 +24,7 @@ from engine import (
     RequestHandle,
 )
 from server.errors import APIError, BadRequest, ServiceUnavailable, TooManyRequests
+from server.auth import Caller
 from server.engine_protocol import ServedEngine
 from server.hangup import Receive, wait_for_disconnect
 from server.metrics import ServerMetrics
@@ -51,12 +52,14 @@ class GenerationService:
         self.metrics = metrics
         self._accounting: set[asyncio.Task] = set()
 
-    async def submit(self, specs: list[GenerationSpec], endpoint: str, id_prefix: str) -> Submitted:
+    async def submit(self, specs: list[GenerationSpec], endpoint: str, id_prefix: str, caller: Caller) -> Submitted:
         """Queue the specs (one per choice) as the engine's Requests, all of them, under one id
         `{id_prefix}-{random}`, or raise the APIError that says why not (nothing is queued then).
+        The caller's owner id is the requests' draft scope: only its own outputs propose drafts.
         Runs on a worker thread: rendering a chat and tokenizing a long prompt take milliseconds
         per 10 kB and must not stall the event loop that streams everyone else's tokens."""
-        future = asyncio.get_running_loop().run_in_executor(None, self._submit_blocking, specs, id_prefix)
+        future = asyncio.get_running_loop().run_in_executor(None, self._submit_blocking, specs, id_prefix,
+                                                            caller.owner)
         try:
             submitted = await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -74,12 +77,12 @@ class GenerationService:
                 handle.cancel()
                 self.state.untrack(handle)
 
-    def _submit_blocking(self, specs: list[GenerationSpec], id_prefix: str) -> Submitted:
+    def _submit_blocking(self, specs: list[GenerationSpec], id_prefix: str, draft_scope: str) -> Submitted:
         with self.state.admit() as engine:
             request_id = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
             ids = [request_id] if len(specs) == 1 else [f"{request_id}-{i}" for i in range(len(specs))]
             try:
-                requests = engine_requests(specs, ids, self.state.chat)
+                requests = engine_requests(specs, ids, self.state.chat, draft_scope)
             except RequestError as exc:
                 raise refusal_error(exc, specs[0]) from None
             handles = submit_all(engine, requests, specs)

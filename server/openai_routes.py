@@ -11,6 +11,7 @@ from typing import Any, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from server.auth import caller_of
 from server.context import ServerContext
 from server.errors import NotFound
 from server.openai_answers import ChatAnswer, CompletionAnswer
@@ -48,7 +49,7 @@ async def _generation(request: Request, ctx: ServerContext, parse: Callable[...,
     engine = ctx.require_engine()
     parsed = parse(body, n_ctx=engine.n_ctx)
     model_id = _check_model(parsed.model, ctx)
-    submitted = await ctx.service.submit(parsed.specs, endpoint, id_prefix)
+    submitted = await ctx.service.submit(parsed.specs, endpoint, id_prefix, caller_of(request))
     answer = answer_class(submitted.id, model_id, parsed, engine.model.token_bytes)
     spec, handles = parsed.specs[0], submitted.handles
     return await reply(

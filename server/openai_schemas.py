@@ -9,9 +9,10 @@ user, presence_penalty, frequency_penalty, logit_bias, logprobs (completions: an
 chat: true/false with top_logprobs 0..20), and for chat response_format (json_object,
 json_schema: constrained by the engine's grammar), tools, tool_choice and parallel_tool_calls
 (server/tools.py), and safety_identifier, prompt_cache_key and metadata (read, unused:
-CHAT_UNUSED). Extensions: top_k, min_p, repetition_penalty, priority ("interactive" | "batch")
-and ignore_eos (generate past end-of-generation tokens: benchmarks). Defaults (OpenAI's where it
-has one): server/defaults.py COMPLETIONS and CHAT.
+CHAT_UNUSED). Extensions: top_k, min_p, repetition_penalty, priority ("interactive" | "batch"),
+ignore_eos (generate past end-of-generation tokens: benchmarks) and speculative (false: no
+drafted tokens for it). Defaults (OpenAI's where it has one): server/defaults.py COMPLETIONS and
+CHAT.
 
 `prompt` may be a list (of strings or of token-id lists) and `n` asks for several choices of
 each prompt (limits: server/schemas.py MAX_N, MAX_PROMPTS): each choice has its index, and all

@@ -35,6 +35,9 @@ shown in docs/http-api.md's "Sampling defaults"):
   ignore_eos          boolean                          (default false; true: generate past
                                                         end-of-generation tokens until max_tokens,
                                                         as llama-server and vLLM allow; benchmarks)
+  speculative         boolean                          (default true: drafted tokens are verified
+                                                        where they pay, docs/speculative-decoding.md;
+                                                        false: never for this request)
 """
 from __future__ import annotations
 
@@ -95,6 +98,7 @@ def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: SamplingDefaults
                                  maximum=MAX_TIMEOUT_S, nullable=True),
         "ignore_eos": fields.boolean("ignore_eos", False, nullable=True),
         "open_objects": fields.boolean("open_objects", False, nullable=True),
+        "speculative": fields.boolean("speculative", True, nullable=True),
     }
 
 

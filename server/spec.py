@@ -55,6 +55,7 @@ class GenerationSpec:
     timeout: float | None  # seconds from submission, after which it ends with "timeout"
     ignore_eos: bool  # generate past end-of-generation tokens (benchmarks; not with JSON)
     open_objects: bool  # an absent additionalProperties allows any members (JSON Schema's reading)
+    speculative: bool  # false: no drafted tokens for it (docs/speculative-decoding.md)
     # What each API adds.
     logprobs: int = 0  # top alternatives per token the engine records; 0: no logprobs at all
     want_logprobs: bool = False  # per-token logprobs are wanted (even with 0 alternatives)
@@ -79,9 +80,9 @@ class GenerationSpec:
             return self.logprobs
         return None
 
-    def request(self, request_id: str, rendered: RenderedChat | None = None) -> Request:
+    def request(self, request_id: str, rendered: RenderedChat | None = None, draft_scope: str = "") -> Request:
         """The engine's Request for this spec; `rendered` is its ChatPrompt rendered (and only
-        then given). Raises InvalidParameterError where the engine's own checks are stricter than
+        then given); `draft_scope`, whose earlier outputs may propose drafts for it. Raises InvalidParameterError where the engine's own checks are stricter than
         the HTTP layer's (the caller turns it into a 400)."""
         if isinstance(self.prompt, ChatPrompt) != (rendered is not None):
             raise TypeError("a chat prompt is rendered first, and only a chat prompt is")
@@ -110,13 +111,16 @@ class GenerationSpec:
             prompt_logprobs=self.prompt_logprobs,
             timeout=self.timeout,
             request_id=request_id,
+            speculative=self.speculative,
+            draft_scope=draft_scope,
         )
 
 
 def engine_requests(specs: Sequence[GenerationSpec], request_ids: Sequence[str],
-                    chat: ChatFormatter | None) -> list[Request]:
-    """The engine's Request for each spec, with its id. A chat is rendered once however many
-    choices share it. Tokenizes: runs on the submit worker, not the event loop."""
+                    chat: ChatFormatter | None, draft_scope: str = "") -> list[Request]:
+    """The engine's Request for each spec, with its id; `draft_scope` is the caller's (its
+    owner id): only its own earlier outputs propose drafts for it. A chat is rendered once
+    however many choices share it. Tokenizes: runs on the submit worker, not the event loop."""
     rendered: list[tuple[ChatPrompt, RenderedChat]] = []  # the choices of one chat share its prompt
 
     def render(spec: GenerationSpec) -> RenderedChat | None:
@@ -129,4 +133,5 @@ def engine_requests(specs: Sequence[GenerationSpec], request_ids: Sequence[str],
         rendered.append((spec.prompt, chat.render(list(spec.prompt.messages), spec.tools)))
         return rendered[-1][1]
 
-    return [spec.request(request_id, render(spec)) for spec, request_id in zip(specs, request_ids, strict=True)]
+    return [spec.request(request_id, render(spec), draft_scope)
+            for spec, request_id in zip(specs, request_ids, strict=True)]

@@ -244,3 +244,15 @@ def test_a_bad_schema_gets_the_pythons_message_over_http_and_changes_nothing(eng
     assert response.status_code == 400 and error["param"] == "response_format.json_schema.schema"
     assert error["message"].endswith(str(python.value).removeprefix("'json_schema'"))
     assert live.engine.stats().steps == steps
+
+
+def test_speculative_and_the_callers_draft_scope_reach_the_engines_request():
+    from server.openai_schemas import parse_completion
+
+    on, off = (parse_completion({"model": "m", "prompt": "hi", **extra}, n_ctx=512).specs[0]
+               for extra in ({}, {"speculative": False}))
+    (first,), (second,) = (engine_requests([spec], ["r"], None, draft_scope="key-abc") for spec in (on, off))
+    assert first.speculative and not second.speculative and first.draft_scope == second.draft_scope == "key-abc"
+    assert not parse_generate({"prompt": "hi", "speculative": False}, n_ctx=512)[0].speculative
+    with pytest.raises(BadRequest, match="speculative"):
+        parse_generate({"prompt": "hi", "speculative": "no"}, n_ctx=512)
