@@ -23,6 +23,7 @@ BENCHMARKS = {
     "schemas": "bench.schema_coverage",
     "sequential": "bench.sequential",
     "shared-cpu": "bench.shared_cpu",
+    "speculative": "bench.speculative",
     "structured": "bench.structured",
     "tools": "bench.tools",
     "versions": "bench.versions",  # another benchmark, from two checkouts

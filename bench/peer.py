@@ -61,6 +61,12 @@ def cpu_safety_args() -> list[str]:
     return ["--no-repack"] if amx_built() else []
 
 
+def speculation_args(spec_type: str) -> list[str]:
+    """llama-server's flags for one of its speculation types ("none": its default, no flag), with
+    its own defaults for the n-gram settings (`--spec-ngram-simple-size-n` 12 and so on)."""
+    return [] if spec_type == "none" else ["--spec-type", spec_type]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
