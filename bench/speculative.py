@@ -235,7 +235,7 @@ def differences(levels: list[Level]) -> list[Difference]:
             other = theirs.get(mine.key)
             if mine.ok and other is not None and mine.text != other.text:
                 found.append(Difference(mine.key, concurrency, workload, common_prefix(mine.text, other.text)))
-    return found
+    return sorted(found, key=lambda d: d.concurrency)
 
 
 def common_prefix(a: str, b: str) -> int:
@@ -246,10 +246,14 @@ def common_prefix(a: str, b: str) -> int:
 
 
 async def measure_gaps(off: Contender, found: list[Difference], asked: dict[str, Ask], off_texts: dict[str, str],
-                       tokens: int) -> None:
-    """For each difference, `off` alone with the top two logprobs: the gap where the texts part."""
+                       tokens: int, limit: int) -> None:
+    """For the first `limit` differences, `off` alone with the top two logprobs: the gap where the
+    texts part (the rest are left unmeasured, and say so)."""
     async with httpx.AsyncClient(timeout=httpx.Timeout(900.0, connect=30.0)) as client:
-        for d in found:
+        for n, d in enumerate(found):
+            if n >= limit:
+                d.note = f"past --gap-checks {limit}"
+                continue
             path, body = off.request(asked[d.key], tokens, top_logprobs=2)
             r = await client.post(off.url + path, json=body)
             if r.status_code != 200:
@@ -419,7 +423,7 @@ def run(args: argparse.Namespace, record: RunRecord) -> None:
         levels, asked = asyncio.run(measure(args, contenders, renderer, record))
         off_texts = {a.key: a.text for lv in levels if lv.contender == "off" for a in lv.answers}
         diffs = differences(levels)
-        asyncio.run(measure_gaps(contenders[1], diffs, asked, off_texts, args.tokens))
+        asyncio.run(measure_gaps(contenders[1], diffs, asked, off_texts, args.tokens, args.gap_checks))
     for d in diffs:
         record.trial(difference=asdict(d))
     mismatches = sorted({a.key for lv in levels if lv.contender == "auto" for a in lv.answers
@@ -445,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-ctx", type=int, default=8192, help="KV cells, for every server")
     parser.add_argument("--near-tie-nats", type=float, default=NEAR_TIE_NATS,
                         help="a differing text whose off top-2 gap is below this is counted as a near-tie")
+    parser.add_argument("--gap-checks", type=int, default=60,
+                        help="differing requests re-asked for off's top-2 gap, at most (C=1 first)")
     add_peer_arguments(parser)
     add_common_arguments(parser, trials=2)
     args = parser.parse_args(argv)
