@@ -7,8 +7,9 @@ acceptance rate `a` per drafted token (the i-th is kept only if all before it we
 worth a^i tokens) and the step-cost model's price `c` of one more output row, a step producing
 E tokens in T seconds gains from one more draft row worth g tokens exactly when
 (E + g) / (T + c) > E / T, that is g > c x E / T. Rows are handed out greedily, interactive
-sequences first, then by gain, while that holds: at one or a few streams the step's fixed cost
-dominates and drafts run; when the batch is compute-bound c x E / T nears one token and no
+sequences first, then by gain, while g > m x c x E / T holds, the margin m (DRAFT_GAIN_MARGIN)
+covering a rate learned on a run of accepted tokens: at one or a few streams the step's fixed
+cost dominates and drafts run; when the batch is compute-bound c x E / T nears one token and no
 draft pays. A policy may bound the step's predicted time (the per-token latency target).
 
 Acceptance is tracked per source (engine/drafts.py) and per sequence, as moving averages of the
@@ -27,7 +28,7 @@ from engine.sequence import Sequence
 from engine.stats import SpeculationStats
 from engine.step_cost import StepCost
 from engine.step_plan import Chunk, StepPlan
-from engine.tuning import ACCEPTANCE_EXPLORE, ACCEPTANCE_PRIOR, ACCEPTANCE_WEIGHT
+from engine.tuning import ACCEPTANCE_EXPLORE, ACCEPTANCE_PRIOR, ACCEPTANCE_WEIGHT, DRAFT_GAIN_MARGIN
 
 
 @dataclass
@@ -87,7 +88,8 @@ class Speculator(SingleWriter):
                 break
             best = max(open_, key=lambda s: (s.request.priority is Priority.INTERACTIVE, rates[s] ** (granted[s] + 1)))
             gain = rates[best] ** (granted[best] + 1)
-            if gain * step_s <= row_s * expected_tokens or (limit_s is not None and step_s + row_s > limit_s):
+            if gain * step_s <= DRAFT_GAIN_MARGIN * row_s * expected_tokens or (
+                    limit_s is not None and step_s + row_s > limit_s):
                 break
             granted[best] += 1
             expected_tokens += gain
