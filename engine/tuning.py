@@ -118,7 +118,7 @@ RECENT_OUTPUTS_NGRAM_MIN = 3
 RECENT_OUTPUT_NGRAMS = 65_536  # n-grams kept of recent outputs, all scopes together: about 20 MB
 # A sequence's first drafts are tried at no less than this acceptance rate, whatever its source
 # did for others lately: a wasted row or two, then its own rate decides. Above the break-even
-# rate of one stream (0.43 x DRAFT_GAIN_MARGIN with Gemma 3 270M on 2 cores), so a lone stream
+# rate of one stream (about 0.48 x DRAFT_GAIN_MARGIN with Gemma 3 270M on 2 cores), so a lone stream
 # keeps trying; below that of a few streams, where a wasted row costs nearly a token.
 ACCEPTANCE_EXPLORE = 0.6
 # A source's rate before any of its drafts was checked: presumed good, so that it is tried.
@@ -127,5 +127,5 @@ ACCEPTANCE_WEIGHT = 0.2  # weight of each drafted token's outcome in the moving 
 # A draft row must promise this many times its cost: acceptance comes in runs (a copied passage
 # is accepted until it ends), so a rate learned on a run overstates the next row. Without it,
 # 16 streams drafted and lost 4-8% (bench speculative, paragraph and story at C=16, 2026-11-27:
-# auto / off 0.94-0.99 and 0.84-0.95 over 4 trials); rows cost 0.92 of a token there.
+# auto / off 0.94-0.99 and 0.84-0.95 over 4 trials); rows cost 0.94 of a token there.
 DRAFT_GAIN_MARGIN = 1.2
