@@ -39,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     from server.context import ServerSettings
     from server.jobs.store import default_data_dir
+    from server.tiers import DEFAULT_TIER_CHOICES
 
     defaults = ServerSettings()
     parser = argparse.ArgumentParser(prog="cobatch", description="Continuous-batching LLM inference server.")
@@ -54,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--max-upload-bytes", type=int, default=defaults.max_upload_bytes,
                            help="largest file /v1/files accepts (default: %(default)s)")
     serve_cmd.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve_cmd.add_argument("--default-tier", default=defaults.default_tier, choices=DEFAULT_TIER_CHOICES,
+                           help="the tier of a request that names none (no service_tier or priority): auto is "
+                                "interactive for chat completions and batch for completions and /generate "
+                                "(default: %(default)s; docs/tiers.md)")
     keys = serve_cmd.add_argument_group("API keys (any given: every route but /health needs Authorization: Bearer KEY)")
     keys.add_argument("--api-key", action="append", default=[], metavar="KEY", help="an accepted key (repeatable)")
     keys.add_argument("--api-key-file", type=Path, default=None,
@@ -236,7 +241,8 @@ def serve(options: argparse.Namespace) -> int:
     settings = ServerSettings(drain_timeout=options.drain_timeout, model_id=options.model_id,
                               data_dir=options.data_dir, max_upload_bytes=options.max_upload_bytes,
                               jobs_in_flight=in_flight_for(EngineConfig(**engine_options).max_running),
-                              api_keys=options.api_keys, protect_metrics=options.protect_metrics)
+                              api_keys=options.api_keys, protect_metrics=options.protect_metrics,
+                              default_tier=options.default_tier)
     try:
         app = create_app(load_engine, settings, on_load_failure=on_load_failure, admin_api_keys=options.admin_api_keys)
     except DataDirInUse as exc:

@@ -26,7 +26,6 @@ class SamplingDefaults:
     presence_penalty: float = SamplingParams.presence_penalty
     frequency_penalty: float = SamplingParams.frequency_penalty
     seed: int | None = SamplingParams.seed  # None: a random seed per request
-    priority: str = Request.priority.value
 
 
 ENGINE = SamplingDefaults(max_tokens=Request.max_tokens, temperature=SamplingParams.temperature,

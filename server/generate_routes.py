@@ -26,6 +26,7 @@ from server.replies import error_for_result, merged_deltas, metrics_payload, rep
 from server.schemas import parse_generate
 from server.spec import GenerationSpec
 from server.sse import encode_event
+from server.tiers import route_default
 from server.validation import read_json_object
 
 ENDPOINT = "generate"
@@ -34,7 +35,7 @@ ENDPOINT = "generate"
 async def generate(request: Request, ctx: ServerContext) -> Response:
     body = await read_json_object(request, ctx.settings.max_body_bytes)
     engine = ctx.require_engine()
-    specs = parse_generate(body, n_ctx=engine.n_ctx)
+    specs = parse_generate(body, n_ctx=engine.n_ctx, tier=route_default(ctx.settings.default_tier, ENDPOINT))
     handles = (await ctx.service.submit(specs, ENDPOINT, "gen", caller_of(request))).handles
     # Its id is the engine's id of the (first) choice, as /generate has always given it.
     request_id = handles[0].request_id

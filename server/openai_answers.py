@@ -24,6 +24,7 @@ from server.errors import APIError
 from server.openai_schemas import OpenAIRequest
 from server.replies import error_for_result, merged_deltas, metrics_payload
 from server.sse import encode_event
+from server.tiers import SERVICE_TIER_OF
 from server.tool_reader import Arguments, CallStart, Text, ToolOutputReader
 
 
@@ -61,7 +62,8 @@ class _Answer:
         raise NotImplementedError
 
     def envelope(self, obj: str, choices: list[dict]) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "service_tier": SERVICE_TIER_OF[self.specs[0].priority], "choices": choices}
 
     def chunk(self, i: int, finish_reason: str | None, **fields: Any) -> dict[str, Any]:
         return self.envelope(self.chunk_object, [{"index": i, "finish_reason": finish_reason, "logprobs": None,

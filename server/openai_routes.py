@@ -17,6 +17,7 @@ from server.errors import NotFound
 from server.openai_answers import ChatAnswer, CompletionAnswer
 from server.openai_schemas import OpenAIRequest, parse_chat, parse_completion
 from server.replies import reply
+from server.tiers import route_default
 from server.validation import read_json_object
 
 COMPLETIONS, CHAT = "completions", "chat_completions"
@@ -47,7 +48,7 @@ async def _generation(request: Request, ctx: ServerContext, parse: Callable[...,
                       id_prefix: str, answer_class: type[CompletionAnswer] | type[ChatAnswer]) -> Response:
     body = await read_json_object(request, ctx.settings.max_body_bytes)
     engine = ctx.require_engine()
-    parsed = parse(body, n_ctx=engine.n_ctx)
+    parsed = parse(body, n_ctx=engine.n_ctx, tier=route_default(ctx.settings.default_tier, endpoint))
     model_id = _check_model(parsed.model, ctx)
     submitted = await ctx.service.submit(parsed.specs, endpoint, id_prefix, caller_of(request))
     answer = answer_class(submitted.id, model_id, parsed, engine.model.token_bytes)

@@ -9,7 +9,9 @@ user, presence_penalty, frequency_penalty, logit_bias, logprobs (completions: an
 chat: true/false with top_logprobs 0..20), and for chat response_format (json_object,
 json_schema: constrained by the engine's grammar), tools, tool_choice and parallel_tool_calls
 (server/tools.py), and safety_identifier, prompt_cache_key and metadata (read, unused:
-CHAT_UNUSED). Extensions: top_k, min_p, repetition_penalty, priority ("interactive" | "batch"),
+CHAT_UNUSED), service_tier ("flex": the batch tier, "priority": the interactive tier, "auto" or
+"default": the route's, server/tiers.py). Extensions: top_k, min_p, repetition_penalty, priority
+("interactive" | "batch", wins over service_tier),
 ignore_eos (generate past end-of-generation tokens: benchmarks) and speculative (false: no
 drafted tokens for it). Defaults (OpenAI's where it has one): server/defaults.py COMPLETIONS and
 CHAT.
@@ -20,7 +22,7 @@ are admitted or refused together. With a seed, choice i > 0 samples with a seed 
 (seed, i). OpenAI's fields that ask for what this engine cannot do are refused with 501 naming
 the field (COMPLETION_UNSUPPORTED, CHAT_UNSUPPORTED: best_of > 1, suffix, the legacy functions /
 function_call, audio, modalities other than text, prediction, web_search_options, store,
-reasoning_effort, verbosity, service_tier other than auto/default, prompt_cache_retention other
+reasoning_effort, verbosity, prompt_cache_retention other
 than in_memory, prompt_cache_options, moderation); a value that asks for nothing (the field's
 default) is accepted. Any other unknown field is a 400. Logprobs with streaming are a 400.
 
@@ -43,6 +45,7 @@ from server.structured import StructuredOutput
 from server.tools import parse_tools
 from server.schemas import MAX_PROMPTS, check_combinations, choice_specs, read_n, read_sampling
 from server.spec import ChatPrompt, GenerationSpec
+from server.tiers import BATCH, INTERACTIVE
 from server.validation import FieldReader
 
 
@@ -58,11 +61,11 @@ class OpenAIRequest:
     n: int = 1  # choices per prompt
 
 
-def parse_completion(body: dict[str, Any], *, n_ctx: int) -> OpenAIRequest:
+def parse_completion(body: dict[str, Any], *, n_ctx: int, tier: str = BATCH) -> OpenAIRequest:
     fields = FieldReader(body)
     model = fields.string("model", non_empty=True)
     prompts = _completion_prompts(fields.raw("prompt", None))
-    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=COMPLETIONS, least_max_tokens=0)
+    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=COMPLETIONS, tier=tier, least_max_tokens=0)
     echo = fields.boolean("echo", False, nullable=True)
     if sampling["max_tokens"] == 0 and not echo:
         raise BadRequest("'max_tokens' 0 generates nothing: it only scores the prompt, with \"echo\": true",
@@ -86,7 +89,7 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int) -> OpenAIRequest:
     return OpenAIRequest(model, specs, include_usage, n)
 
 
-def parse_chat(body: dict[str, Any], *, n_ctx: int) -> OpenAIRequest:
+def parse_chat(body: dict[str, Any], *, n_ctx: int, tier: str = INTERACTIVE) -> OpenAIRequest:
     fields = FieldReader(body)
     model = fields.string("model", non_empty=True)
     messages = parse_messages(fields.raw("messages", None))
@@ -100,7 +103,7 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int) -> OpenAIRequest:
     if fields.present("echo"):  # OpenAI's chat API has no echo; say so rather than "unknown field"
         raise BadRequest("'echo' is a /v1/completions field; chat completions do not echo the prompt",
                          param="echo")
-    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=CHAT)
+    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=CHAT, tier=tier)
     if body_max is not None:
         sampling["max_tokens"] = body_max
     stream, include_usage = _stream_fields(fields)
@@ -201,8 +204,6 @@ CHAT_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
               "keeps its results: /v1/batches)"),
     "reasoning_effort": ((None, "none"), "'reasoning_effort' is not supported by this engine"),
     "verbosity": ((None, "medium"), "'verbosity' other than \"medium\" is not supported by this engine"),
-    "service_tier": ((None, "auto", "default"), "'service_tier' other than \"auto\" or \"default\" is not "
-                     "supported; this server's tiers are 'priority': \"interactive\" or \"batch\""),
     "prompt_cache_retention": ((None, "in_memory"), "'prompt_cache_retention' other than \"in_memory\" is not "
                                "supported: this engine's prefix cache is in memory only"),
     "prompt_cache_options": ((None, {}), "'prompt_cache_options' is not supported: this engine's prefix cache "

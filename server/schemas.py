@@ -6,7 +6,10 @@ shown in docs/http-api.md's "Sampling defaults"):
   n                   integer 1..16                    (default 1: choices per prompt; the prompt is
                                                         computed once; with a seed, choice i > 0
                                                         samples with a seed derived from (seed, i))
-  priority            "interactive" | "batch"
+  priority            "interactive" | "batch"         (default: the route's, --default-tier;
+                                                        wins over service_tier)
+  service_tier        "auto" | "default" | "flex" | "priority"  (OpenAI's names: flex is batch,
+                                                        priority is interactive; docs/tiers.md)
   timeout             seconds > 0, at most 86400       (default none; past it the request ends
                                                         with HTTP 504, or finish_reason "timeout"
                                                         in a stream)
@@ -50,6 +53,7 @@ from sampling.params import PENALTY_LIMIT
 from server import structured
 from server.defaults import GENERATE, SamplingDefaults
 from server.errors import BadRequest
+from server.tiers import BATCH, read_tier
 from server.spec import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_SEED,
@@ -61,13 +65,11 @@ from server.spec import (
 )
 from server.validation import FieldReader
 
-PRIORITIES = ("interactive", "batch")
-
-
-def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: SamplingDefaults,
+def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: SamplingDefaults, tier: str,
                   least_max_tokens: int = 1) -> dict[str, Any]:
     """The sampling and length fields every generation API shares, `defaults` for those left out
-    (max_tokens 0 only where the caller checks what it means: scoring a prompt with echo)."""
+    (max_tokens 0 only where the caller checks what it means: scoring a prompt with echo), and
+    the tier served (`tier` when the request names none)."""
     return {
         "max_tokens": fields.integer("max_tokens", defaults.max_tokens, minimum=least_max_tokens, maximum=n_ctx,
                                      nullable=True),
@@ -93,7 +95,7 @@ def read_sampling(fields: FieldReader, *, n_ctx: int, defaults: SamplingDefaults
         "logit_bias": fields.logit_bias(max_entries=MAX_LOGIT_BIAS_ENTRIES),
         "seed": fields.integer("seed", defaults.seed, minimum=0, maximum=MAX_SEED, nullable=True),
         "stop": fields.stop_strings("stop", max_count=MAX_STOP_STRINGS, max_length=MAX_STOP_LENGTH),
-        "priority": fields.string("priority", defaults.priority, choices=PRIORITIES, nullable=True),
+        "priority": read_tier(fields, tier),
         "timeout": fields.number("timeout", None, minimum=0.0, exclusive_minimum=True,
                                  maximum=MAX_TIMEOUT_S, nullable=True),
         "ignore_eos": fields.boolean("ignore_eos", False, nullable=True),
@@ -127,11 +129,12 @@ def check_combinations(sampling: dict[str, Any], *, stream: bool, wants_logprobs
         )
 
 
-def parse_generate(body: dict[str, Any], *, n_ctx: int) -> list[GenerationSpec]:
-    """The choices: n per prompt, prompt by prompt (one, for a plain request)."""
+def parse_generate(body: dict[str, Any], *, n_ctx: int, tier: str = BATCH) -> list[GenerationSpec]:
+    """The choices: n per prompt, prompt by prompt (one, for a plain request); `tier` for a
+    request that names none."""
     fields = FieldReader(body)
     prompts = _generate_prompts(fields.raw("prompt", None))
-    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=GENERATE)
+    sampling = read_sampling(fields, n_ctx=n_ctx, defaults=GENERATE, tier=tier)
     n = read_n(fields, sampling["max_tokens"], n_ctx)
     if n * len(prompts) > MAX_PROMPTS:
         raise BadRequest(f"{len(prompts)} prompts x n={n} is more than {MAX_PROMPTS} choices", param="n",

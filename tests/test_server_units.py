@@ -381,10 +381,9 @@ def test_each_entry_point_applies_its_own_defaults():
     for expected, request in built:
         p = request.sampling
         assert (request.max_tokens, p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty,
-                p.presence_penalty, p.frequency_penalty, p.seed, request.priority.value) == (
+                p.presence_penalty, p.frequency_penalty, p.seed) == (
             expected.max_tokens, expected.temperature, expected.top_p, expected.top_k, expected.min_p,
-            expected.repetition_penalty, expected.presence_penalty, expected.frequency_penalty, expected.seed,
-            expected.priority)
+            expected.repetition_penalty, expected.presence_penalty, expected.frequency_penalty, expected.seed)
 
 
 def test_the_drain_default_and_shutdown_backstops_are_defined_once():

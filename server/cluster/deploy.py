@@ -49,6 +49,7 @@ def build_application(
     max_upload_bytes: int | None = None,
     api_keys: tuple[str, ...] = (),
     protect_metrics: bool = False,
+    default_tier: str = "auto",
 ) -> Any:
     """The Serve application: an ingress over `replicas` engine replicas. engine_options are
     Engine keyword arguments; n_threads=None means the replica's node cores / replicas. With a
@@ -79,20 +80,21 @@ def build_application(
         ray_actor_options={"num_cpus": 0},
         graceful_shutdown_timeout_s=drain_timeout + INGRESS_STOP_BACKSTOP_S,
     ).bind(engine, model_path, replicas, _ingress_settings(engine_options, replicas, drain_timeout, model_id, data_dir,
-                                                           max_upload_bytes, api_keys, protect_metrics), stats_interval)
+                                                           max_upload_bytes, api_keys, protect_metrics,
+                                                           default_tier), stats_interval)
     return ingress
 
 
 def _ingress_settings(engine_options: dict[str, Any], replicas: int, drain_timeout: float, model_id: str | None,
                       data_dir: Path | None, max_upload_bytes: int | None, api_keys: tuple[str, ...],
-                      protect_metrics: bool) -> ServerSettings:
+                      protect_metrics: bool, default_tier: str) -> ServerSettings:
     from engine import EngineConfig
 
     max_running = EngineConfig(**{k: v for k, v in engine_options.items() if v is not None}).max_running
     extra = {} if max_upload_bytes is None else {"max_upload_bytes": max_upload_bytes}
     return ServerSettings(drain_timeout=drain_timeout, model_id=model_id, data_dir=data_dir,
                           jobs_in_flight=replicas * in_flight_for(max_running), api_keys=api_keys,
-                          protect_metrics=protect_metrics, **extra)
+                          protect_metrics=protect_metrics, default_tier=default_tier, **extra)
 
 
 def remove_app(app_name: str) -> None:
@@ -129,6 +131,7 @@ def serve_cluster(options: Any, engine_options: dict[str, Any]) -> int:
         imbalanced_threshold=options.imbalanced_threshold, drain_timeout=options.drain_timeout,
         model_id=options.model_id, replica_cpus=options.replica_cpus, data_dir=options.data_dir,
         max_upload_bytes=options.max_upload_bytes, api_keys=options.api_keys, protect_metrics=options.protect_metrics,
+        default_tier=options.default_tier,
     )
     serve.run(app, name=APP_NAME, route_prefix="/")
     log.info("serving %d engine replicas on http://%s:%d (routing: %s)", options.replicas, options.host,
