@@ -10,6 +10,7 @@ BENCHMARKS = {
     "chat": "bench.chat",
     "cluster": "bench.cluster",  # needs the ray extra
     "decode-step": "bench.decode_step",
+    "default-tier": "bench.default_tier",
     "http-load": "bench.http_load",
     "idle-cells": "bench.idle_cells",
     "invariance": "bench.invariance",
