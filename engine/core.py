@@ -246,6 +246,8 @@ class EngineCore(SingleWriter):
                 if seq in drafts:
                     reason, error = self._verify(seq, token, draft_rows(i), drafts[seq])
                 else:
+                    if self.speculator is not None:
+                        self.speculator.sampled(seq, token)
                     reason = append_token(seq, token, self.model.eog_tokens, self.n_ctx)
                 if reason is None:
                     reason = self._jump_forward(seq)

@@ -14,7 +14,10 @@ draft pays. A policy may bound the step's predicted time (the per-token latency 
 
 Acceptance is tracked per source (engine/drafts.py) and per sequence, as moving averages of the
 drafted tokens' outcomes; a sequence starts from its source's rate, or a little above when the
-source has done badly lately, so that each sequence tries a draft or two before it is judged.
+source has done badly lately, so that each sequence tries a draft or two before it is judged. A
+proposal that got no rows is still judged, for free: its first token against the token the step
+sampled. So a sequence whose drafts stopped paying goes on learning, and drafts again when its
+text starts repeating (an answer that turns to copying its prompt).
 """
 from __future__ import annotations
 
@@ -47,11 +50,14 @@ class Speculator(SingleWriter):
     sources: dict[str, SourceCounts] = field(default_factory=lambda: {s: SourceCounts() for s in SOURCES})
     steps_with_drafts: int = 0
     verified_rows: int = 0  # output rows of drafted sequences: their sampling rows plus one per drafted token
+    # This step's proposals that got no rows: (source, first token), judged once the step sampled.
+    unverified: dict[Sequence, tuple[str, int]] = field(default_factory=dict)
 
     def draft(self, plan: StepPlan, kv: KvCache, cost: StepCost | None, room: int, n_ctx: int,
               limit_s: float | None) -> None:
         """Attach drafts to the plan's decoding chunks that pay for them, within `room` more rows
         and `limit_s` predicted seconds, with KV blocks reserved for every drafted token."""
+        self.unverified.clear()
         if cost is None or room <= 0 or limit_s == 0.0:
             return
         proposals: dict[Sequence, Draft] = {}
@@ -70,6 +76,9 @@ class Speculator(SingleWriter):
                 proposal = proposals[chunk.seq]
                 plan.chunks[i] = replace(chunk, draft=proposal.tokens[:k], draft_source=proposal.source)
                 drafted = True
+            elif chunk.seq in proposals:
+                proposal = proposals[chunk.seq]
+                self.unverified[chunk.seq] = (proposal.source, proposal.tokens[0])
         self.steps_with_drafts += drafted
 
     def allot(self, proposals: dict[Sequence, Draft], cost: StepCost, tokens: int, outputs: int,
@@ -113,14 +122,25 @@ class Speculator(SingleWriter):
         counts.drafted += drafted
         counts.accepted += accepted
         self.verified_rows += drafted + 1
-        rate = self.rate(seq, source)
         # Each kept token is a success, the first rejected one (if any) a failure; the rest unseen.
-        for outcome in [1.0] * accepted + ([0.0] if accepted < drafted else []):
+        self._learn(seq, source, [1.0] * accepted + ([0.0] if accepted < drafted else []))
+        seq.drafted_tokens += drafted
+        seq.accepted_tokens += accepted
+
+    def sampled(self, seq: Sequence, token: int) -> None:
+        """The step gave `seq` its next token: judge the proposal it had no rows for, if any."""
+        unverified = self.unverified.pop(seq, None)
+        if unverified is not None:
+            source, proposed = unverified
+            self._learn(seq, source, [1.0 if token == proposed else 0.0])
+
+    def _learn(self, seq: Sequence, source: str, outcomes: list[float]) -> None:
+        counts = self.sources[source]
+        rate = self.rate(seq, source)
+        for outcome in outcomes:
             rate += ACCEPTANCE_WEIGHT * (outcome - rate)
             counts.rate += ACCEPTANCE_WEIGHT * (outcome - counts.rate)
         seq.draft_acceptance = rate
-        seq.drafted_tokens += drafted
-        seq.accepted_tokens += accepted
 
     def finished(self, seq: Sequence) -> None:
         """Its output may propose drafts for later requests of its scope."""

@@ -92,6 +92,23 @@ def test_a_batch_where_rows_cost_nearly_a_token_drafts_nothing_even_at_high_acce
     assert _allot(crowd[:1], row_heavy)[crowd[0]] >= 2  # the same sequence alone drafts
 
 
+def test_a_proposal_without_rows_is_judged_against_the_sampled_token_and_counts_no_draft():
+    spec = Speculator(8)
+    seq = _Seq(acceptance=0.3)  # too low to be given rows in a crowded step
+    for _ in range(6):  # its text starts repeating: each proposal matches what the step sampled
+        spec.unverified[seq] = (PROMPT_LOOKUP, 42)
+        spec.sampled(seq, 42)
+    assert seq.draft_acceptance > 0.75 and not spec.unverified
+    assert _allot([seq], FIXED_HEAVY)  # so it drafts again
+    spec.unverified[seq] = (PROMPT_LOOKUP, 42)
+    spec.sampled(seq, 7)
+    assert seq.draft_acceptance < 0.75
+    assert spec.stats().drafted[PROMPT_LOOKUP] == 0 and spec.stats().accepted[PROMPT_LOOKUP] == 0
+    before = seq.draft_acceptance
+    spec.sampled(seq, 7)  # nothing proposed this step: nothing learned
+    assert seq.draft_acceptance == before
+
+
 def test_interactive_sequences_draft_first_and_a_limit_or_no_room_stops_drafts():
     chat, job = _Seq(Priority.INTERACTIVE, acceptance=0.6), _Seq(acceptance=0.95)
     assert _allot([chat, job], FIXED_HEAVY, room=3) == {chat: 3}
