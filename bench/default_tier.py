@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from bench.http_targets import SpawnedServer
-from bench.jobs import ENDPOINT, job_lines
+from bench.jobs import ENDPOINT, add_job_arguments, job_lines
 from bench.prompts import QUESTIONS
 from bench.record import RunRecord, add_common_arguments, publish_report
 from bench.stats import percentile
@@ -140,13 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cobatch bench default-tier", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser, trials=2)
-    parser.add_argument("--requests", type=int, default=300, help="requests of the batch job")
-    parser.add_argument("--tokens", type=int, default=64, help="tokens each job request generates")
-    parser.add_argument("--every", type=float, default=2.0, help="seconds between chats during the job")
+    add_job_arguments(parser, requests=300, every=2.0)
     parser.add_argument("--chat-tokens", type=int, default=16, help="max_tokens of each chat")
     parser.add_argument("--probes", type=int, default=10, help="chats on the idle server")
-    parser.add_argument("--max-running", "--max-batch", type=int, default=32)
-    parser.add_argument("--n-ctx", type=int, default=8192)
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.tokens, args.every, args.chat_tokens, args.probes = 24, 8, 0.3, 4, 2

@@ -141,6 +141,15 @@ def run_offline(args: argparse.Namespace, path: Path, out: Path) -> dict[str, An
     return {"tok_s": float(rates[-1]), "tokens": tokens, "seconds_with_load": wall}
 
 
+def add_job_arguments(parser: argparse.ArgumentParser, *, requests: int, every: float) -> None:
+    """The options of a benchmark that runs one batch job on a spawned server with chats beside it."""
+    parser.add_argument("--requests", type=int, default=requests, help="requests of the batch job")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens each job request generates")
+    parser.add_argument("--every", type=float, default=every, help="seconds between chats during the job")
+    parser.add_argument("--max-running", "--max-batch", type=int, default=32)
+    parser.add_argument("--n-ctx", type=int, default=8192)
+
+
 def one_trial(args: argparse.Namespace, trial: int, record: RunRecord) -> None:
     with tempfile.TemporaryDirectory(prefix="cobatch-bench-jobs-") as tmp:
         tmp_path = Path(tmp)
@@ -211,15 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cobatch bench jobs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser, trials=1)
-    parser.add_argument("--requests", type=int, default=2000, help="requests per job")
-    parser.add_argument("--tokens", type=int, default=64, help="tokens each job request generates")
+    add_job_arguments(parser, requests=2000, every=5.0)
     parser.add_argument("--baseline-requests", type=int, default=256, help="requests of the closed loop")
     parser.add_argument("--concurrency", type=int, default=16, help="closed-loop workers")
-    parser.add_argument("--every", type=float, default=5.0, help="seconds between interactive chats")
     parser.add_argument("--interactive-tokens", type=int, default=32)
     parser.add_argument("--probes", type=int, default=8, help="interactive chats on the idle server")
-    parser.add_argument("--max-running", "--max-batch", type=int, default=32)
-    parser.add_argument("--n-ctx", type=int, default=8192)
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.tokens, args.baseline_requests, args.concurrency = 24, 8, 12, 4
