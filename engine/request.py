@@ -255,3 +255,4 @@ class GenerationResult:
     # With prompt_logprobs: the prompt's token ids, and a TokenLogprob for each (None for the first).
     prompt_token_ids: tuple[int, ...] | None = None
     prompt_logprobs: tuple[Any, ...] | None = None
+    stop_string: str | None = None  # the stop string that ended it (None: anything else did)

@@ -181,4 +181,5 @@ class Sequence(SingleWriter):
             logprobs=None if self.logprobs is None else tuple(self.logprobs),
             prompt_token_ids=None if self.prompt_scores is None else tuple(self.tokens[: self.n_prompt]),
             prompt_logprobs=None if self.prompt_scores is None else tuple(self.prompt_scores),
+            stop_string=self.stop_filter.matched,
         )

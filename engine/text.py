@@ -32,6 +32,7 @@ class StopStringFilter:
         self.text = ""
         self._emitted = 0
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, new_text: str) -> str:
         """Adds text and returns the part that is now safe to stream."""
@@ -41,9 +42,10 @@ class StopStringFilter:
         if not self._stops:
             return self._emit(len(self.text))
         search_from = max(0, self._emitted - self._longest + 1)
-        hits = [i for i in (self.text.find(s, search_from) for s in self._stops) if i >= 0]
+        hits = [(i, s) for s in self._stops if (i := self.text.find(s, search_from)) >= 0]
         if hits:
-            self.text = self.text[: min(hits)]
+            at, self.matched = min(hits, key=lambda hit: hit[0])  # the earliest; on a tie, the first listed
+            self.text = self.text[:at]
             self.stopped = True
             return self._emit(len(self.text))
         return self._emit(len(self.text) - self._held_back())

@@ -32,7 +32,7 @@ def feed_all(stops, pieces):
 
 def test_stop_string_split_across_pieces_is_cut_and_never_streamed():
     f, streamed, parts = feed_all(["END"], ["Hello E", "N", "D tail"])
-    assert f.stopped and f.text == "Hello " and streamed == "Hello "
+    assert f.stopped and f.text == "Hello " and streamed == "Hello " and f.matched == "END"
     assert all("E" not in p for p in parts)
 
 
@@ -41,9 +41,16 @@ def test_partial_stop_prefix_is_released_when_it_turns_out_not_to_stop():
     assert not f.stopped and streamed == "Hello ENTER" and parts[0] == "Hello "
 
 
-def test_earliest_of_several_stop_strings_wins():
+def test_earliest_of_several_stop_strings_wins_and_is_the_one_matched():
     f, streamed, _ = feed_all(["cd", "b"], ["ab", "cd"])
-    assert f.text == "a"
+    assert f.text == "a" and f.matched == "b"
+    f, _, _ = feed_all(["xyz", "xy"], ["a xyz"])  # both at one place: the first listed
+    assert f.text == "a " and f.matched == "xyz"
+
+
+def test_nothing_is_matched_without_a_stop():
+    f, streamed, _ = feed_all(["END"], ["Hello E", "NTER"])
+    assert f.matched is None
 
 
 def test_stop_string_inside_one_piece():
