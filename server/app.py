@@ -20,11 +20,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from server import generate_routes, openai_routes, tokenize_routes
+from server import anthropic_routes, generate_routes, openai_routes, tokenize_routes
 from engine import EngineStats
 from server.auth import OPEN_PATHS, KeyCheck, RequireKeys
 from server.context import CANCEL_BACKSTOP_S, SHUTDOWN_BACKSTOP_S, ServerContext, ServerSettings
 from server.engine_protocol import ServedEngine
+from server.error_shapes import error_response
 from server.errors import CLIENT_CLOSED_REQUEST, APIError, InternalError, MethodNotAllowed, NotFound
 from server.generation import GenerationService
 from server.health import health_payload
@@ -98,6 +99,9 @@ def create_app(
             _api(openai_routes.chat_completions, ctx, "chat_completions"),
             methods=["POST"],
         ),
+        Route("/v1/messages", _api(anthropic_routes.messages, ctx, anthropic_routes.MESSAGES), methods=["POST"]),
+        Route("/v1/messages/count_tokens", _api(anthropic_routes.count_tokens, ctx, anthropic_routes.COUNT_TOKENS),
+              methods=["POST"]),
     ]
     middleware, own_headers = [], {}
     if settings.api_keys or admin_api_keys:
@@ -119,15 +123,16 @@ def create_app(
 
 
 def _api(handler: Handler, ctx: ServerContext, endpoint: str) -> Callable[[Request], Awaitable[Response]]:
-    """Turns APIErrors into their responses and any other exception into a 500 for this request
-    only: the server, the engine and other requests carry on."""
+    """Turns APIErrors into their responses (in the route's API's shape, server/error_shapes.py) and
+    any other exception into a 500 for this request only: the server, the engine and other
+    requests carry on."""
 
     async def run(request: Request) -> Response:
         try:
             return await handler(request, ctx)
         except APIError as err:
             ctx.metrics.observe_rejection(endpoint, err.status_code, err.code or err.error_type)
-            return err.response()
+            return error_response(err, request.scope)
         except ClientDisconnect:
             # The client left before its body was read (uvicorn then reports the hang-up rather
             # than the buffered body): nothing was submitted and nobody reads a reply. Neither a
@@ -137,7 +142,8 @@ def _api(handler: Handler, ctx: ServerContext, endpoint: str) -> Callable[[Reque
         except Exception as exc:
             log.exception("request to %s failed", request.url.path)
             ctx.metrics.observe_rejection(endpoint, 500, "internal_error")
-            return InternalError(f"internal error while serving this request: {type(exc).__name__}: {exc}").response()
+            error = InternalError(f"internal error while serving this request: {type(exc).__name__}: {exc}")
+            return error_response(error, request.scope)
 
     return run
 
@@ -164,10 +170,10 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     """Routing errors (unknown path, wrong method) in the same JSON shape as every other error."""
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        return NotFound(f"no route for {request.url.path}").response()
+        return error_response(NotFound(f"no route for {request.url.path}"), request.scope)
     if exc.status_code == 405:
         err = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
         err.headers.update(exc.headers or {})
-        return err.response()
+        return error_response(err, request.scope)
     return JSONResponse({"error": {"message": exc.detail, "type": "http_error", "param": None, "code": None}},
                         status_code=exc.status_code, headers=exc.headers)

@@ -1,9 +1,12 @@
-"""API keys: with any configured, every route but the open ones needs `Authorization: Bearer KEY`.
+"""API keys: with any configured, every route but the open ones needs `Authorization: Bearer KEY`
+or `x-api-key: KEY`.
 
-Keys are kept only as SHA-256 digests and a presented key is compared with every one of them in
-constant time, so neither the answer's timing nor a memory dump gives a key away; no key, right
-or wrong, is ever logged. A refusal is a 401 in OpenAI's error shape, which its clients raise as
-AuthenticationError.
+The first is what the openai SDK sends, the second what the anthropic SDK sends; either is
+accepted on every route. Keys are kept only as SHA-256 digests and a presented key is compared
+with every one of them in constant time, so neither the answer's timing nor a memory dump gives
+a key away; no key, right or wrong, is ever logged. A refusal is a 401 in the route's error
+shape (OpenAI's, or Anthropic's on the Messages routes: server/error_shapes.py), which each SDK
+raises as its AuthenticationError.
 
 A request that passes carries its Caller: the owner id of its key (what files and batches are
 filed under; `owner_for_key`, a digest, never the key), and whether it may see every owner's (an
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable
 
+from server.error_shapes import error_response
 from server.errors import APIError
 from server.jobs.store import ANONYMOUS
 
@@ -84,8 +88,14 @@ class KeyCheck:
     def identify(self, authorization: str | None) -> Caller | None:
         """The caller a bearer key names, or None if it names no configured key."""
         scheme, _, presented = (authorization or "").partition(" ")
-        presented = presented.strip()
-        if scheme.lower() != "bearer" or not presented:
+        if scheme.lower() != "bearer":
+            return None
+        return self.identify_key(presented)
+
+    def identify_key(self, presented: str | None) -> Caller | None:
+        """The caller a bare key (an x-api-key header's) names, or None."""
+        presented = (presented or "").strip()
+        if not presented:
             return None
         candidate = _digest(presented)
         matched = admin = False
@@ -113,11 +123,12 @@ class RequireKeys:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         authorization = headers.get(b"authorization", b"").decode("latin-1")
-        caller = self.check.identify(authorization)
+        api_key = headers.get(b"x-api-key", b"").decode("latin-1")
+        caller = self.check.identify(authorization) or self.check.identify_key(api_key)
         if caller is not None:
             scope.setdefault("state", {})["caller"] = caller
             return await self.app(scope, receive, send)
-        message = ("this server needs an API key: send Authorization: Bearer <key>" if not authorization
-                   else "the API key is not valid")
+        message = ("this server needs an API key: send Authorization: Bearer <key> or x-api-key: <key>"
+                   if not (authorization or api_key) else "the API key is not valid")
         error = Unauthorized(message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-        await error.response()(scope, receive, send)
+        await error_response(error, scope)(scope, receive, send)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from server.errors import NotFound
 from server.generation import GenerationService
 from server.metrics import ServerMetrics
 from server.state import OK, ModelInfo, ServingState
@@ -61,3 +62,11 @@ class ServerContext:
         self.require_engine()
         assert self.state.model is not None
         return self.state.model
+
+    def served_model_id(self, name: str) -> str:
+        """The served model's id if a request's `model` names it, else a 404."""
+        model = self.require_model()
+        if not model.accepts_name(name):
+            raise NotFound(f"model {name!r} is not served here; this server serves {model.model_id!r}",
+                           param="model", code="model_not_found")
+        return model.model_id

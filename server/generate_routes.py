@@ -36,7 +36,7 @@ async def generate(request: Request, ctx: ServerContext) -> Response:
     body = await read_json_object(request, ctx.settings.max_body_bytes)
     engine = ctx.require_engine()
     specs = parse_generate(body, n_ctx=engine.n_ctx, tier=route_default(ctx.settings.default_tier, ENDPOINT))
-    handles = (await ctx.service.submit(specs, ENDPOINT, "gen", caller_of(request))).handles
+    handles = (await ctx.service.submit(specs, ENDPOINT, "gen-", caller_of(request))).handles
     # Its id is the engine's id of the (first) choice, as /generate has always given it.
     request_id = handles[0].request_id
     if len(handles) == 1:

@@ -54,7 +54,7 @@ class GenerationService:
 
     async def submit(self, specs: list[GenerationSpec], endpoint: str, id_prefix: str, caller: Caller) -> Submitted:
         """Queue the specs (one per choice) as the engine's Requests, all of them, under one id
-        `{id_prefix}-{random}`, or raise the APIError that says why not (nothing is queued then).
+        `{id_prefix}{random}` (the prefix ends with its API's separator: `chatcmpl-`, `msg_`), or raise the APIError that says why not (nothing is queued then).
         The caller's owner id is the requests' draft scope: only its own outputs propose drafts.
         Runs on a worker thread: rendering a chat and tokenizing a long prompt take milliseconds
         per 10 kB and must not stall the event loop that streams everyone else's tokens."""
@@ -79,7 +79,7 @@ class GenerationService:
 
     def _submit_blocking(self, specs: list[GenerationSpec], id_prefix: str, draft_scope: str) -> Submitted:
         with self.state.admit() as engine:
-            request_id = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
+            request_id = f"{id_prefix}{uuid.uuid4().hex[:24]}"
             ids = [request_id] if len(specs) == 1 else [f"{request_id}-{i}" for i in range(len(specs))]
             try:
                 requests = engine_requests(specs, ids, self.state.chat, draft_scope)

@@ -13,7 +13,6 @@ from starlette.responses import JSONResponse, Response
 
 from server.auth import caller_of
 from server.context import ServerContext
-from server.errors import NotFound
 from server.openai_answers import ChatAnswer, CompletionAnswer
 from server.openai_schemas import OpenAIRequest, parse_chat, parse_completion
 from server.replies import reply
@@ -29,7 +28,7 @@ async def list_models(request: Request, ctx: ServerContext) -> Response:
 
 
 async def get_model(request: Request, ctx: ServerContext) -> Response:
-    return JSONResponse(_model_card(_check_model(request.path_params["model"], ctx), ctx))
+    return JSONResponse(_model_card(ctx.served_model_id(request.path_params["model"]), ctx))
 
 
 def _model_card(model_id: str, ctx: ServerContext) -> dict[str, Any]:
@@ -37,11 +36,11 @@ def _model_card(model_id: str, ctx: ServerContext) -> dict[str, Any]:
 
 
 async def completions(request: Request, ctx: ServerContext) -> Response:
-    return await _generation(request, ctx, parse_completion, COMPLETIONS, "cmpl", CompletionAnswer)
+    return await _generation(request, ctx, parse_completion, COMPLETIONS, "cmpl-", CompletionAnswer)
 
 
 async def chat_completions(request: Request, ctx: ServerContext) -> Response:
-    return await _generation(request, ctx, parse_chat, CHAT, "chatcmpl", ChatAnswer)
+    return await _generation(request, ctx, parse_chat, CHAT, "chatcmpl-", ChatAnswer)
 
 
 async def _generation(request: Request, ctx: ServerContext, parse: Callable[..., OpenAIRequest], endpoint: str,
@@ -49,7 +48,7 @@ async def _generation(request: Request, ctx: ServerContext, parse: Callable[...,
     body = await read_json_object(request, ctx.settings.max_body_bytes)
     engine = ctx.require_engine()
     parsed = parse(body, n_ctx=engine.n_ctx, tier=route_default(ctx.settings.default_tier, endpoint))
-    model_id = _check_model(parsed.model, ctx)
+    model_id = ctx.served_model_id(parsed.model)
     submitted = await ctx.service.submit(parsed.specs, endpoint, id_prefix, caller_of(request))
     answer = answer_class(submitted.id, model_id, parsed, engine.model.token_bytes)
     spec, handles = parsed.specs[0], submitted.handles
@@ -58,11 +57,3 @@ async def _generation(request: Request, ctx: ServerContext, parse: Callable[...,
         stream=spec.stream, events=lambda: answer.stream(handles), error_event=answer.error_event,
         payload=answer.response,
     )
-
-
-def _check_model(name: str, ctx: ServerContext) -> str:
-    model = ctx.require_model()
-    if not model.accepts_name(name):
-        raise NotFound(f"model {name!r} is not served here; this server serves {model.model_id!r}",
-                       param="model", code="model_not_found")
-    return model.model_id

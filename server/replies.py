@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from engine import FinishReason, GenerationResult, RequestHandle
 from server.context import ServerContext
+from server.error_shapes import error_response
 from server.errors import CLIENT_CLOSED_REQUEST, APIError, GatewayTimeout, InternalError, ServiceUnavailable
 from server.sse import EventStreamResponse
 
@@ -47,7 +48,7 @@ async def reply(
         error = error_for_result(result)
         if error is not None:
             error.headers.update(headers)
-            return error.response()
+            return error_response(error, request.scope)
     return JSONResponse(payload(results), headers=headers)
 
 

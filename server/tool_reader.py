@@ -1,7 +1,8 @@
 """Reading a tool-calling answer as it is generated: text, or calls in the grammar's format.
 
-One reader per choice, fed the text deltas as they come; it yields OpenAI's pieces: a call's
-start (index, id, name) once its name is complete, then fragments of its arguments, verbatim.
+One reader per choice, fed the text deltas as they come; it yields the pieces both OpenAI's and
+Anthropic's streams are made of: a call's start (index, id, name) once its name is complete, then
+fragments of its arguments, verbatim.
 The streamed response sends those pieces; the non-streamed one joins them, so both carry
 exactly the same arguments text. `finish()` checks the whole document (parse, names,
 arguments against each function's parameters) before anything is called a tool call.
@@ -53,10 +54,12 @@ _ARGS_HEAD = ',"arguments":'
 @dataclass
 class ToolOutputReader:
     """mode: "text" (no call possible), "calls" (the output is a calls document) or "auto"
-    (the first character decides: `{` opens calls, anything else is text)."""
+    (the first character decides: `{` opens calls, anything else is text). Call ids begin
+    with `id_prefix`: each API has its own (OpenAI's `call_`, Anthropic's `toolu_`)."""
 
     tools: ToolSet
     mode: str
+    id_prefix: str = "call_"
     calls: list[Call] = field(default_factory=list)
     _text: list[str] = field(default_factory=list)
     _buffer: str = ""  # calls mode: text received and not yet consumed
@@ -98,7 +101,7 @@ class ToolOutputReader:
                 end = _string_end(buf)
                 if end is None:
                     return events
-                call = Call(len(self.calls), f"call_{uuid.uuid4().hex[:24]}", json.loads(buf[:end]))
+                call = Call(len(self.calls), f"{self.id_prefix}{uuid.uuid4().hex[:24]}", json.loads(buf[:end]))
                 self.calls.append(call)
                 events.append(CallStart(call.index, call.id, call.name))
                 self._buffer, self._state = buf[end:], "args_key"

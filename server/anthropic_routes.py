@@ -1,0 +1,57 @@
+"""Anthropic's Messages API: POST /v1/messages and POST /v1/messages/count_tokens.
+
+The chat route's path with Anthropic's shapes at both ends: the body becomes the chat route's
+GenerationSpec (server/anthropic_schemas.py), is submitted under an id `msg_…` like any chat,
+and is answered as Anthropic answers (server/anthropic_answers.py). Errors on these routes take
+Anthropic's shape (server/error_shapes.py).
+"""
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from server.anthropic_answers import MessageAnswer
+from server.anthropic_schemas import in_anthropic_terms, parse_count_tokens_body, parse_messages_body
+from server.auth import caller_of
+from server.context import ServerContext
+from server.errors import APIError
+from server.replies import reply
+from server.spec import ChatPrompt
+from server.tiers import route_default
+from server.validation import read_json_object
+
+MESSAGES = "messages"  # the metrics' endpoint label, and the tier's route (a chat: interactive)
+COUNT_TOKENS = "messages_count_tokens"
+
+
+async def messages(request: Request, ctx: ServerContext) -> Response:
+    body = await read_json_object(request, ctx.settings.max_body_bytes)
+    engine = ctx.require_engine()
+    parsed = parse_messages_body(body, n_ctx=engine.n_ctx, tier=route_default(ctx.settings.default_tier, MESSAGES))
+    model_id = ctx.served_model_id(parsed.model)
+    spec = parsed.spec
+    try:
+        submitted = await ctx.service.submit([spec], MESSAGES, "msg_", caller_of(request))
+    except APIError as exc:  # the engine's refusal of a tool grammar names the chat fields
+        raise in_anthropic_terms(exc) from None
+    handles = submitted.handles
+    answer = MessageAnswer(submitted.id, model_id, spec, handles[0].prompt_tokens)
+    return await reply(
+        request, ctx, handles, request_id=submitted.id, endpoint=MESSAGES, priority=spec.priority,
+        stream=spec.stream, events=lambda: answer.stream(handles), error_event=answer.error_event,
+        payload=answer.response,
+    )
+
+
+async def count_tokens(request: Request, ctx: ServerContext) -> Response:
+    body = await read_json_object(request, ctx.settings.max_body_bytes)
+    engine = ctx.require_engine()
+    parsed = parse_count_tokens_body(body, n_ctx=engine.n_ctx)
+    ctx.served_model_id(parsed.model)
+    spec = parsed.spec
+    chat = ctx.state.chat
+    assert chat is not None and isinstance(spec.prompt, ChatPrompt)
+    # Rendered as submit renders it (server/spec.py engine_requests): same messages, same tools.
+    rendered = await run_in_threadpool(chat.render, list(spec.prompt.messages), spec.tools)
+    return JSONResponse({"input_tokens": len(rendered.token_ids)})
