@@ -1,1 +1,1 @@
-"""The Starlette/uvicorn HTTP server, its OpenAI-compatible routes and batch jobs, and the `cobatch` CLI."""
+"""The Starlette/uvicorn HTTP server, its OpenAI-compatible routes, Anthropic's Messages API and batch jobs, and the `cobatch` CLI."""

@@ -18,7 +18,7 @@ Mapping (docs/messages-api.md has the full table):
   tools[] {name, description, input_schema}   functions {name, description, parameters}
   tool_choice auto | any | tool | none  auto | required | the named function | none;
                                         disable_parallel_tool_use → parallel_tool_calls false
-  metadata, service_tier (auto | standard_only), cache_control on blocks and tools   read, unused
+  metadata, service_tier (auto | standard_only), cache_control (top level, blocks, tools)   read, unused
                                         (the route's tier; the prefix cache needs no breakpoints)
 cobatch's extensions pass through as on chat (EXTENSIONS: seed, priority, speculative, ...).
 Refused with a 400 naming the field: image and document blocks, thinking (but "disabled"),
@@ -88,6 +88,7 @@ def parse_count_tokens_body(body: dict[str, Any], *, n_ctx: int) -> MessagesRequ
 def _conversation(fields: FieldReader) -> dict[str, Any]:
     """The fields that make the prompt, as a chat body."""
     _refuse_thinking(fields.raw("thinking", None))
+    fields.object("cache_control", None, nullable=True)  # the prefix cache needs no breakpoint
     chat: dict[str, Any] = {"model": fields.string("model", non_empty=True)}
     system = _system_text(fields.raw("system", None))
     chat["messages"] = ([{"role": "system", "content": system}] if system else []) + _chat_messages(

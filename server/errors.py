@@ -1,4 +1,5 @@
-"""HTTP errors in one shape, shared by /generate and the OpenAI-compatible routes.
+"""HTTP errors, raised by every route and answered in OpenAI's shape (the Messages routes answer
+them in Anthropic's: server/error_shapes.py).
 
 Every error body is `{"error": {"message", "type", "param", "code"}}`: the shape the official
 OpenAI clients parse, so their exceptions carry our message unchanged.

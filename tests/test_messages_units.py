@@ -50,7 +50,7 @@ def test_every_field_maps_to_the_chat_spec_it_stands_for():
                                           "content": [{"type": "text", "text": "sunny"}]}),
             "stop_sequences": ["\n\n", "END"], "temperature": 0.5, "top_p": 0.9, "top_k": 40,
             "metadata": {"user_id": "u-1"}, "stream": True, "seed": 7, "speculative": False,
-            "service_tier": "standard_only"}
+            "service_tier": "standard_only", "cache_control": {"type": "ephemeral"}}
     spec = parse_messages_body(body, n_ctx=4096).spec
     assert spec.prompt.messages == (
         ChatMessage("system", "Be brief. Be kind."),
@@ -172,6 +172,8 @@ REFUSED = [
     ({"top_k": -1}, "top_k", ">= 0"),
     ({"stream": "yes"}, "stream", "true or false"),
     ({"metadata": "u-1"}, "metadata", "object"),
+    ({"cache_control": "ephemeral"}, "cache_control", "object"),
+    ({"speed": "fast"}, "speed", "unknown"),
     ({"service_tier": "priority"}, "service_tier", "'auto', 'standard_only'"),
     ({"n": 2}, "n", "unknown"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type", "server tool"),

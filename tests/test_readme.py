@@ -161,22 +161,25 @@ def _validate_batch(body: dict) -> None:
 
 
 def test_the_docs_show_curl_bodies_for_each_generation_route():
-    assert {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/batches"} <= {p for _, p, _ in CURLS}
+    assert {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/batches"} <= {
+        p for _, p, _ in CURLS}
 
 
 @pytest.mark.parametrize("page,path,body", CURLS, ids=[f"{p}:{path}:{i}" for i, (p, path, _) in enumerate(CURLS)])
 def test_documented_curl_body_passes_the_routes_validation(page, path, body):
+    from server.anthropic_schemas import parse_count_tokens_body, parse_messages_body
     from server.openai_schemas import parse_chat, parse_completion
     from server.schemas import parse_generate
 
-    parsers = {"/generate": parse_generate, "/v1/completions": parse_completion, "/v1/chat/completions": parse_chat}
+    parsers = {"/generate": parse_generate, "/v1/completions": parse_completion, "/v1/chat/completions": parse_chat,
+               "/v1/messages": parse_messages_body, "/v1/messages/count_tokens": parse_count_tokens_body}
     if path == "/v1/batches":
         _validate_batch(body)
         return
     assert path in parsers, f"{page}: a curl body for {path}, which this test does not know"
     parsers[path](body, n_ctx=8192)  # raises the same 400 the route would
     if path.startswith("/v1/"):
-        assert body["model"] == SERVED_MODEL, f"{page}: the OpenAI routes answer 404 to model {body['model']!r}"
+        assert body["model"] == SERVED_MODEL, f"{page}: the /v1 routes answer 404 to model {body['model']!r}"
 
 
 def test_documented_python_parses():
