@@ -35,8 +35,10 @@ SAME_EVERY_TIME = dict(extra_body={"temperature": 0, "speculative": False})
 
 
 @pytest.fixture(scope="module")
-def server():
-    with serve_process("--n-ctx", "4096", "--flash-attn", "off") as (_, url):
+def server(tmp_path_factory):
+    # A data directory of its own: the keys test's server runs beside this one.
+    with serve_process("--n-ctx", "4096", "--flash-attn", "off",
+                       "--data-dir", str(tmp_path_factory.mktemp("messages-data"))) as (_, url):
         yield url
 
 
@@ -223,7 +225,7 @@ def test_the_sdk_raises_its_own_errors(client):
     assert err.value.body["error"]["type"] == "invalid_request_error"
     assert "messages[0].content[0].type" in err.value.body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError) as err:
-        client.messages.create(model="claude-sonnet-4-5", max_tokens=16, messages=ASK)
+        client.messages.create(model="not-served-here", max_tokens=16, messages=ASK)
     assert err.value.body["error"]["type"] == "not_found_error" and MODEL in err.value.body["error"]["message"]
 
 
@@ -283,8 +285,8 @@ def test_malformed_count_tokens_and_wrong_routes_answer_in_anthropics_shape(http
 
 
 # ---------------------------------------------------------------- keys
-def test_a_server_with_keys_takes_x_api_key_and_refuses_a_wrong_key_in_anthropics_shape():
-    with serve_process("--api-key", "k1", "--n-ctx", "1024") as (_, url):
+def test_a_server_with_keys_takes_x_api_key_and_refuses_a_wrong_key_in_anthropics_shape(tmp_path):
+    with serve_process("--api-key", "k1", "--n-ctx", "1024", "--data-dir", str(tmp_path)) as (_, url):
         right = anthropic.Anthropic(base_url=url, api_key="k1", max_retries=0, timeout=120)
         message = right.messages.create(model=MODEL, max_tokens=4, messages=ASK)
         assert message.type == "message" and message.usage.output_tokens > 0
