@@ -82,6 +82,23 @@ def test_an_input_with_bad_lines_is_refused_before_any_work(tmp_path):
     assert proc.returncode == 2 and "line 1" in err and "line 2" in err and not output.exists()
 
 
+def test_a_second_run_on_the_same_output_is_refused_and_writes_nothing(tmp_path):
+    import fcntl
+    import io
+
+    from server.jobs.offline import run_offline
+
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_input(source, 2)
+    output.write_text('{"custom_id": "r0", "response": null}\n')
+    with open(output, "ab") as running:  # what the first run holds while it writes
+        fcntl.flock(running.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        said = io.StringIO()
+        assert run_offline(source, output, app=None, in_flight=1, progress=said) == 2
+        assert "another `cobatch batch`" in said.getvalue()
+    assert output.read_text() == '{"custom_id": "r0", "response": null}\n'
+
+
 def test_a_line_cut_short_by_a_kill_is_dropped_and_run_again(tmp_path):
     output = tmp_path / "out.jsonl"
     output.write_text('{"custom_id": "a", "response": null}\n{"custom_id": "b", "resp')

@@ -4,17 +4,19 @@ The same line format and the same request handling as a batch job on the server 
 goes to its route in process; a body without "model" gets the loaded one), with every answer,
 success or error, written to OUTPUT as soon as it arrives. Rerunning the same command after an
 interruption skips the custom_ids OUTPUT already holds, so nothing is lost and nothing runs twice;
-each line's id comes from its place in INPUT, so it is the same in every run.
+each line's id comes from its place in INPUT, so it is the same in every run. One run at a time
+writes an OUTPUT (an exclusive lock on it): a second would run the same lines again.
 """
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, BinaryIO, Callable, TextIO
 
 from server.jobs.input_file import InputRequest, read_requests
 from server.jobs.in_process import InProcessRoutes
@@ -43,14 +45,21 @@ def run_offline(input_path: Path, output_path: Path, app: Any, in_flight: int, p
         for p in problems:
             print(f"{input_path}: line {p.line}: {p.message}" if p.line else f"{input_path}: {p.message}", file=progress)
         return 2
-    done = finished_ids(output_path)
-    todo = [r for r in requests if r.custom_id not in done]
-    if done:
-        print(f"resuming: {len(done)} of {len(requests)} already in {output_path}", file=progress)
-    return asyncio.run(_run(todo, len(requests), len(done), output_path, app, in_flight, progress))
+    with open(output_path, "ab") as out:
+        try:
+            fcntl.flock(out.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # dropped with the file, or the process
+        except BlockingIOError:
+            print(f"{output_path} is being written by another `cobatch batch`: wait for it to end, or give "
+                  "this run another -o", file=progress)
+            return 2
+        done = finished_ids(output_path)
+        todo = [r for r in requests if r.custom_id not in done]
+        if done:
+            print(f"resuming: {len(done)} of {len(requests)} already in {output_path}", file=progress)
+        return asyncio.run(_run(todo, len(requests), len(done), out, app, in_flight, progress))
 
 
-async def _run(todo: list[InputRequest], total: int, done: int, output_path: Path, app: Any, in_flight: int,
+async def _run(todo: list[InputRequest], total: int, done: int, out: BinaryIO, app: Any, in_flight: int,
                progress: TextIO) -> int:
     async with app.router.lifespan_context(app):
         await _until_ready(app)
@@ -58,21 +67,21 @@ async def _run(todo: list[InputRequest], total: int, done: int, output_path: Pat
         routes = InProcessRoutes(app)
         model_id = app.state.ctx.state.model.model_id  # a line that names no model means this one
         queue = iter(todo)
-        with open(output_path, "ab") as out:
-            async def worker() -> None:
-                for request in queue:
-                    outcome = None
-                    while outcome is None:  # "not now" (a full queue) cannot last: retry
-                        outcome = await routes(request.url, {"model": model_id, **request.body})
-                        if outcome is None:
-                            await asyncio.sleep(0.1)
-                    out.write(outcome_line("offline", request.custom_id, request.index, outcome))
-                    out.flush()  # in the OS's hands: survives the process being killed
-                    usage = (outcome.response or {}).get("usage") or {}
-                    meter.advance(usage.get("completion_tokens", 0))
 
-            await asyncio.gather(*(worker() for _ in range(max(1, in_flight))))
-            os.fsync(out.fileno())
+        async def worker() -> None:
+            for request in queue:
+                outcome = None
+                while outcome is None:  # "not now" (a full queue) cannot last: retry
+                    outcome = await routes(request.url, {"model": model_id, **request.body})
+                    if outcome is None:
+                        await asyncio.sleep(0.1)
+                out.write(outcome_line("offline", request.custom_id, request.index, outcome))
+                out.flush()  # in the OS's hands: survives the process being killed
+                usage = (outcome.response or {}).get("usage") or {}
+                meter.advance(usage.get("completion_tokens", 0))
+
+        await asyncio.gather(*(worker() for _ in range(max(1, in_flight))))
+        os.fsync(out.fileno())
         await routes.close()
     meter.finish()
     return 0
