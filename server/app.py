@@ -43,11 +43,9 @@ def create_app(
     settings: ServerSettings = ServerSettings(),
     *,
     on_load_failure: Callable[[BaseException], None] | None = None,
-    admin_api_keys: tuple[str, ...] = (),
 ) -> Starlette:
-    """`loader` builds (or returns) the Engine; it runs once, on a background thread. An admin key
-    is accepted as any key is, and sees every key's files and batches. With a data directory,
-    raises server.jobs.data_dir_lock.DataDirInUse if another process holds it."""
+    """`loader` builds (or returns) the Engine; it runs once, on a background thread. With a data
+    directory, raises server.jobs.data_dir_lock.DataDirInUse if another process holds it."""
     state = ServingState(
         loader,
         owns_engine=settings.owns_engine,
@@ -104,8 +102,8 @@ def create_app(
               methods=["POST"]),
     ]
     middleware, own_headers = [], {}
-    if settings.api_keys or admin_api_keys:
-        check = KeyCheck(settings.api_keys, admin_api_keys)
+    if settings.api_keys or settings.admin_api_keys:
+        check = KeyCheck(settings.api_keys, settings.admin_api_keys)
         open_paths = OPEN_PATHS if settings.protect_metrics else OPEN_PATHS | {"/metrics"}
         middleware.append(Middleware(RequireKeys, check=check, open_paths=open_paths))
         own_headers = {"Authorization": f"Bearer {check.internal_key}"}

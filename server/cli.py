@@ -163,8 +163,6 @@ def _admin_keys(parser: argparse.ArgumentParser, options: argparse.Namespace) ->
         keys = read_keys(options.admin_api_key, None, environ={})
     except ValueError as exc:
         parser.error(f"admin API keys: {exc}")
-    if keys and (options.replicas is not None or options.ray_address is not None):
-        parser.error("--admin-api-key is not available with --replicas yet")
     return keys
 
 
@@ -243,10 +241,11 @@ def serve(options: argparse.Namespace) -> int:
     settings = ServerSettings(drain_timeout=options.drain_timeout, model_id=options.model_id,
                               data_dir=options.data_dir, max_upload_bytes=options.max_upload_bytes,
                               jobs_in_flight=in_flight_for(EngineConfig(**engine_options).max_running),
-                              api_keys=options.api_keys, protect_metrics=options.protect_metrics,
+                              api_keys=options.api_keys, admin_api_keys=options.admin_api_keys,
+                              protect_metrics=options.protect_metrics,
                               default_tier=options.default_tier)
     try:
-        app = create_app(load_engine, settings, on_load_failure=on_load_failure, admin_api_keys=options.admin_api_keys)
+        app = create_app(load_engine, settings, on_load_failure=on_load_failure)
     except DataDirInUse as exc:
         print(f"cobatch serve: {exc}", file=sys.stderr)
         return 1

@@ -40,6 +40,7 @@ class ServerSettings:
     max_upload_bytes: int = 200 * 1024 * 1024  # a batch input file's limit, as OpenAI's
     jobs_in_flight: int = 40  # batch-job requests in the engine at once (server.jobs.runner.in_flight_for)
     api_keys: tuple[str, ...] = ()  # none: no authentication (server/auth.py)
+    admin_api_keys: tuple[str, ...] = ()  # accepted as any key, and see every key's files and batches
     protect_metrics: bool = False  # /metrics needs a key too (/health never does)
     default_tier: str = "auto"  # a request naming no tier: server/tiers.py route_default
 

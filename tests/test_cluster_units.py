@@ -107,3 +107,12 @@ def test_single_process_serve_never_imports_ray():
     done = subprocess.run([sys.executable, "-c", code + "print('ray' in sys.modules)"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.stdout.strip().endswith("False"), done.stderr
+
+
+def test_the_ingress_gets_every_server_setting_the_single_process_server_gets():
+    pytest.importorskip("ray.serve")
+    from server.cluster.deploy import _ingress_settings
+
+    settings = _ingress_settings({"max_running": 8}, 2, 5.0, "m", None, None, ("sk-1",), True, "batch", ("sk-admin",))
+    assert settings.api_keys == ("sk-1",) and settings.admin_api_keys == ("sk-admin",)
+    assert settings.default_tier == "batch" and settings.protect_metrics and settings.model_id == "m"
