@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from server import anthropic_routes, generate_routes, openai_routes, tokenize_routes
+from server import anthropic_routes, generate_routes, openai_routes, responses_routes, tokenize_routes
 from engine import EngineStats
 from server.auth import OPEN_PATHS, KeyCheck, RequireKeys
 from server.context import CANCEL_BACKSTOP_S, SHUTDOWN_BACKSTOP_S, ServerContext, ServerSettings
@@ -97,6 +97,7 @@ def create_app(
             _api(openai_routes.chat_completions, ctx, "chat_completions"),
             methods=["POST"],
         ),
+        Route("/v1/responses", _api(responses_routes.responses, ctx, responses_routes.RESPONSES), methods=["POST"]),
         Route("/v1/messages", _api(anthropic_routes.messages, ctx, anthropic_routes.MESSAGES), methods=["POST"]),
         Route("/v1/messages/count_tokens", _api(anthropic_routes.count_tokens, ctx, anthropic_routes.COUNT_TOKENS),
               methods=["POST"]),

@@ -2,7 +2,7 @@
 
 OpenAI's `service_tier` is the field ordinary clients know (the `openai` SDK has it as a
 parameter): "priority" is the interactive tier, "flex" the batch tier, "auto" / "default" /
-absent the route's default. cobatch's own `priority` ("interactive" | "batch") wins over it when
+absent the route's default (on /v1/responses too). cobatch's own `priority` ("interactive" | "batch") wins over it when
 both are given. The route's default comes from `--default-tier` (docs/tiers.md says why
 "auto" is interactive for chats, OpenAI's and Anthropic's, and batch for completions).
 Anthropic's `service_tier` values ask for no tier of ours (server/anthropic_schemas.py).
@@ -22,7 +22,7 @@ _TIER_OF_SERVICE_TIER = {"priority": INTERACTIVE, "flex": BATCH}
 _ROUTE_DEFAULT = ("auto", "default")
 
 # Under --default-tier auto: routes a person waits on are interactive; the rest are scripts'.
-CHAT_ROUTES = frozenset({"chat_completions", "messages"})
+CHAT_ROUTES = frozenset({"chat_completions", "messages", "responses"})
 
 
 def route_default(setting: str, endpoint: str) -> str:

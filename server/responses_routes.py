@@ -1,0 +1,42 @@
+"""OpenAI's Responses API: POST /v1/responses.
+
+The chat route's path with the Responses shapes at both ends: the body becomes the chat route's
+GenerationSpec (server/responses_schemas.py), is submitted under an id `resp_…` like any chat, and
+is answered as a response object or its typed event stream (server/responses_answers.py).
+Nothing is stored: each request carries its whole conversation (docs/responses-api.md).
+"""
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from server.auth import caller_of
+from server.context import ServerContext
+from server.errors import APIError
+from server.replies import reply
+from server.responses_answers import ResponseAnswer
+from server.responses_schemas import in_responses_terms, parse_responses_body
+from server.tiers import route_default
+from server.validation import read_json_object
+
+RESPONSES = "responses"  # the metrics' endpoint label, and the tier's route (a chat: interactive)
+
+
+async def responses(request: Request, ctx: ServerContext) -> Response:
+    body = await read_json_object(request, ctx.settings.max_body_bytes)
+    engine = ctx.require_engine()
+    parsed = parse_responses_body(body, n_ctx=engine.n_ctx,
+                                  tier=route_default(ctx.settings.default_tier, RESPONSES))
+    model_id = ctx.served_model_id(parsed.model)
+    spec = parsed.spec
+    try:
+        submitted = await ctx.service.submit([spec], RESPONSES, "resp_", caller_of(request))
+    except APIError as exc:  # the engine's refusal of a tool grammar names the chat fields
+        raise in_responses_terms(exc) from None
+    handles = submitted.handles
+    answer = ResponseAnswer(submitted.id, model_id, spec, parsed.echo)
+    return await reply(
+        request, ctx, handles, request_id=submitted.id, endpoint=RESPONSES, priority=spec.priority,
+        stream=spec.stream, events=lambda: answer.stream(handles), error_event=answer.error_event,
+        payload=answer.response,
+    )
