@@ -31,6 +31,9 @@ from server.tool_reader import Arguments, Call, CallStart, Text, ToolOutputReade
 CALL_ID_PREFIX = "call_"
 FUNCTION_CALL_ITEM_PREFIX = "fc_"
 TRUNCATED = (FinishReason.LENGTH, FinishReason.CONTEXT_LENGTH)
+# The echoed settings of a request that set none (the SDK's Response requires tools and tool_choice).
+NOTHING_ECHOED = {"instructions": None, "max_output_tokens": None, "metadata": {}, "tools": [], "tool_choice": "auto",
+                  "text": {"format": {"type": "text"}}}
 
 
 class ResponseAnswer:
@@ -82,7 +85,7 @@ class ResponseAnswer:
                 "parallel_tool_calls": self.spec.tools.parallel if self.spec.tools is not None else True,
                 "service_tier": SERVICE_TIER_OF[self.spec.priority], "store": False, "background": False,
                 "truncation": "disabled", "reasoning": {"effort": None, "summary": None},
-                "previous_response_id": None, "user": None, **self.echo}
+                "previous_response_id": None, "user": None, **NOTHING_ECHOED, **self.echo}
 
     # ---- the stream
     async def stream(self, handles: list[RequestHandle]) -> AsyncIterator[bytes]:
