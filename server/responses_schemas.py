@@ -300,7 +300,7 @@ _RENAMES = [
     (re.compile(r"tools\[(\d+)\]\.function\.(parameters|name|description|strict)"), r"tools[\1].\2"),
     (re.compile(r"tools\[(\d+)\]\.function\b"), r"tools[\1]"),
     (re.compile(r"tool_choice\.function\.name"), "tool_choice.name"),
-    (re.compile(r"'max_tokens'"), "'max_output_tokens'"),
+    (re.compile(r"\bmax_tokens\b"), "max_output_tokens"),
     (re.compile(r"'response_format(\.json_schema)?"), "'text.format"),
     (re.compile(r"'messages(\[\d+\])?"), "'input"),  # the chat's message indices are not the input's
 ]

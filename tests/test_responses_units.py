@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
+import openai
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
@@ -356,3 +358,33 @@ def test_route_errors_over_http_are_in_openais_shape():
     r = client.post("/v1/responses", content=b"{")
     assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert client.get("/v1/responses").status_code == 405
+
+
+def sdk_over(body: bytes, content_type: str) -> openai.OpenAI:
+    """An openai client whose every request is answered with `body`, as this server sent it."""
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body,
+                                                                   headers={"content-type": content_type}))
+    return openai.OpenAI(base_url="http://cobatch.test/v1", api_key="unused", max_retries=0,
+                         http_client=httpx.Client(transport=transport))
+
+
+@pytest.mark.parametrize("case", ["text", "calls"])
+def test_the_openai_sdk_reads_the_stream_and_its_accumulator_agrees(case):
+    fields, text = ({"tools": [WEATHER, ADD], "tool_choice": "required"}, CALLS) if case == "calls" else ({}, ASK)
+    request = parse(**fields)
+
+    async def collect() -> bytes:
+        answer = ResponseAnswer("resp_1", "m", request.spec, request.echo)
+        return b"".join([chunk async for chunk in answer.stream([FakeHandle(split(text, 3), result(text))])])
+
+    client = sdk_over(asyncio.run(collect()), "text/event-stream")
+    with client.responses.stream(model="m", input=ASK) as stream:
+        final = stream.get_final_response()
+    if case == "text":
+        assert final.output_text == ASK and final.output[0].content[0].text == ASK
+    else:
+        assert [(o.name, json.loads(o.arguments)) for o in final.output] == [("get_weather", {"city": "Paris"}),
+                                                                             ("add", {"a": 2})]
+    events = list(sdk_over(asyncio.run(collect()), "text/event-stream").responses.create(model="m", input=ASK,
+                                                                                          stream=True))
+    assert events[-1].type == "response.completed" and events[-1].response.id == "resp_1"
