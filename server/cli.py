@@ -57,8 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve_cmd.add_argument("--default-tier", default=defaults.default_tier, choices=DEFAULT_TIER_CHOICES,
                            help="the tier of a request that names none (no service_tier or priority): auto is "
-                                "interactive for chats (chat completions, messages) and batch for completions and "
-                                "/generate "
+                                "interactive for chats (chat completions, responses, messages) and batch for "
+                                "completions and /generate "
                                 "(default: %(default)s; docs/tiers.md)")
     keys = serve_cmd.add_argument_group("API keys (any given: every route but /health needs Authorization: Bearer KEY "
                                         "or x-api-key: KEY)")

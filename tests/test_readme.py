@@ -161,7 +161,8 @@ def _validate_batch(body: dict) -> None:
 
 
 def test_the_docs_show_curl_bodies_for_each_generation_route():
-    assert {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/batches"} <= {
+    assert {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses",
+            "/v1/batches"} <= {
         p for _, p, _ in CURLS}
 
 
@@ -169,10 +170,12 @@ def test_the_docs_show_curl_bodies_for_each_generation_route():
 def test_documented_curl_body_passes_the_routes_validation(page, path, body):
     from server.anthropic_schemas import parse_count_tokens_body, parse_messages_body
     from server.openai_schemas import parse_chat, parse_completion
+    from server.responses_schemas import parse_responses_body
     from server.schemas import parse_generate
 
     parsers = {"/generate": parse_generate, "/v1/completions": parse_completion, "/v1/chat/completions": parse_chat,
-               "/v1/messages": parse_messages_body, "/v1/messages/count_tokens": parse_count_tokens_body}
+               "/v1/messages": parse_messages_body, "/v1/messages/count_tokens": parse_count_tokens_body,
+               "/v1/responses": parse_responses_body}
     if path == "/v1/batches":
         _validate_batch(body)
         return

@@ -62,7 +62,8 @@ def test_a_responses_body_gives_the_spec_of_the_equivalent_chat_body():
     chat = chat_spec(messages=[
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": ASK},
         {"role": "assistant", "content": "Let me look.", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
         {"role": "system", "content": "Answer in one word."}],
         max_tokens=32, temperature=0.2, top_p=0.9, seed=7, tools=[CHAT_WEATHER], tool_choice="required",
@@ -238,7 +239,8 @@ def test_complete_calls_are_function_call_items():
     # Without the request's settings to echo, the response still has what the SDK requires.
     response = Response.model_validate(ResponseAnswer("resp_1", "m", spec, {}).response([result(CALLS)]))
     assert [(o.type, o.name, json.loads(o.arguments), o.status) for o in response.output] == [
-        ("function_call", "get_weather", {"city": "Paris"}, "completed"), ("function_call", "add", {"a": 2}, "completed")]
+        ("function_call", "get_weather", {"city": "Paris"}, "completed"),
+        ("function_call", "add", {"a": 2}, "completed")]
     for item in response.output:
         assert item.call_id.startswith("call_") and item.id == "fc_" + item.call_id[len("call_"):]
     assert response.output_text == ""
