@@ -20,7 +20,9 @@ from server.context import ServerSettings
 from server.errors import BadRequest
 from server.openai_schemas import parse_chat
 from server.responses_answers import ResponseAnswer
+from server.responses_routes import RESPONSES
 from server.responses_schemas import parse_responses_body
+from server.tiers import route_default
 from server.tools import calls_text
 from tests.test_messages_units import FakeHandle, result, split
 
@@ -76,6 +78,7 @@ def test_a_responses_body_gives_the_spec_of_the_equivalent_chat_body():
 
 def test_a_string_input_is_one_user_message_and_the_defaults_are_the_chat_routes():
     assert parse().spec == chat_spec(messages=[{"role": "user", "content": ASK}])
+    assert route_default("auto", RESPONSES) == "interactive" and route_default("batch", RESPONSES) == "batch"
     assert parse().spec.priority == "interactive"
     assert parse_responses_body(BASE, n_ctx=4096, tier="batch").spec.priority == "batch"
 
