@@ -40,7 +40,7 @@ from server.tiers import INTERACTIVE
 from server.validation import FieldReader
 
 # cobatch's own chat fields, accepted here too (the openai SDK sends them through extra_body).
-EXTENSIONS = ("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+EXTENSIONS = ("stop", "seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
               "logit_bias", "priority", "timeout", "speculative")
 # Passed to the chat parser as they are: it reads them under the same names.
 SAME_NAMES = ("temperature", "top_p", "parallel_tool_calls", "stream", "service_tier", "user", "metadata",

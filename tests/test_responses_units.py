@@ -79,6 +79,9 @@ def test_a_responses_body_gives_the_spec_of_the_equivalent_chat_body():
 def test_a_string_input_is_one_user_message_and_the_defaults_are_the_chat_routes():
     assert parse().spec == chat_spec(messages=[{"role": "user", "content": ASK}])
     assert route_default("auto", RESPONSES) == "interactive" and route_default("batch", RESPONSES) == "batch"
+    assert parse(stop=["END"], top_k=5).spec == chat_spec(messages=[{"role": "user", "content": ASK}], stop=["END"],
+                                                          top_k=5)
+    assert parse(stop=["END"]).spec.stop == ("END",)
     assert parse().spec.priority == "interactive"
     assert parse_responses_body(BASE, n_ctx=4096, tier="batch").spec.priority == "batch"
 
