@@ -396,3 +396,24 @@ def test_the_openai_sdk_reads_the_stream_and_its_accumulator_agrees(case):
     events = list(sdk_over(asyncio.run(collect()), "text/event-stream").responses.create(model="m", input=ASK,
                                                                                           stream=True))
     assert events[-1].type == "response.completed" and events[-1].response.id == "resp_1"
+
+
+def test_output_items_sent_back_through_the_sdk_become_the_conversation():
+    """What the SDK sends when a client puts `response.output` into the next request's input."""
+    from openai._utils._transform import maybe_transform
+    from openai.types.responses.response_create_params import ResponseCreateParamsNonStreaming
+
+    called = parse(tools=[WEATHER], tool_choice="required")
+    calls = Response.model_validate(ResponseAnswer("resp_1", "m", called.spec, called.echo).response(
+        [result(calls_text([("get_weather", '{"city":"Paris"}')]))]))
+    answered = Response.model_validate(ResponseAnswer("resp_2", "m", parse().spec, {}).response([result("Sunny.")]))
+    call_id = calls.output[0].call_id
+    body = maybe_transform({"model": "m", "tools": [WEATHER], "input": [
+        {"role": "user", "content": ASK}, *calls.output,
+        {"type": "function_call_output", "call_id": call_id, "output": "sunny"},
+        *answered.output, {"role": "user", "content": "Thanks."}]}, ResponseCreateParamsNonStreaming)
+    assert parse_responses_body(body, n_ctx=4096).spec.prompt.messages == (
+        ChatMessage("user", ASK), ChatMessage("assistant", "", (ToolCallRecord(call_id, "get_weather",
+                                                                               '{"city":"Paris"}'),)),
+        ChatMessage("tool", "sunny", tool_call_id=call_id), ChatMessage("assistant", "Sunny."),
+        ChatMessage("user", "Thanks."))
