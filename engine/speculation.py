@@ -17,7 +17,8 @@ drafted tokens' outcomes; a sequence starts from its source's rate, or a little 
 source has done badly lately, so that each sequence tries a draft or two before it is judged. A
 proposal that got no rows is still judged, for free: its first token against the token the step
 sampled. So a sequence whose drafts stopped paying goes on learning, and drafts again when its
-text starts repeating (an answer that turns to copying its prompt).
+text starts repeating (an answer that turns to copying its prompt). In a step where even a draft
+sure to be kept would not pay (a crowded batch), no drafts are looked for at all.
 """
 from __future__ import annotations
 
@@ -58,8 +59,9 @@ class Speculator(SingleWriter):
         """Attach drafts to the plan's decoding chunks that pay for them, within `room` more rows
         and `limit_s` predicted seconds, with KV blocks reserved for every drafted token."""
         self.unverified.clear()
-        if cost is None or room <= 0 or limit_s == 0.0:
-            return
+        outputs = sum(1 for c in plan.chunks if c.wants_logits)
+        if cost is None or room <= 0 or limit_s == 0.0 or not _a_certain_draft_pays(cost, plan.n_tokens, outputs):
+            return  # looking for drafts costs Python time on every sequence: not where none can pay
         proposals: dict[Sequence, Draft] = {}
         for chunk in plan.chunks:
             draft = self._proposal(chunk, n_ctx)
@@ -67,7 +69,6 @@ class Speculator(SingleWriter):
                 proposals[chunk.seq] = draft
         if not proposals:
             return
-        outputs = sum(1 for c in plan.chunks if c.wants_logits)
         granted = self.allot(proposals, cost, plan.n_tokens, outputs, float(outputs), limit_s, room)
         drafted = False
         for i, chunk in enumerate(plan.chunks):
@@ -162,6 +163,11 @@ class Speculator(SingleWriter):
         if draft is not None and seq.matcher is not None:
             draft = _within_grammar(seq, draft, n_ctx)
         return draft
+
+
+def _a_certain_draft_pays(cost: StepCost, tokens: int, outputs: int) -> bool:
+    """Whether one draft row sure to be kept would pass the allotment's rule (gain 1)."""
+    return cost.seconds(tokens, outputs) > DRAFT_GAIN_MARGIN * (cost.per_token_s + cost.per_output_s) * outputs
 
 
 def _within_grammar(seq: Sequence, draft: Draft, n_ctx: int) -> Draft | None:

@@ -92,6 +92,17 @@ def test_a_batch_where_rows_cost_nearly_a_token_drafts_nothing_even_at_high_acce
     assert _allot(crowd[:1], row_heavy)[crowd[0]] >= 2  # the same sequence alone drafts
 
 
+def test_a_step_where_no_draft_can_pay_looks_for_none():
+    from engine.speculation import _a_certain_draft_pays
+
+    row_heavy = StepCost(fixed_s=0.02, per_token_s=0.004, per_output_s=0.011)
+    assert not _a_certain_draft_pays(row_heavy, 16, 16)  # 16 streams: even certain drafts lose
+    assert _a_certain_draft_pays(row_heavy, 1, 1)
+    crowd = [_Seq(acceptance=1.0) for _ in range(16)]
+    assert _allot(crowd, row_heavy) == {}  # the allotment agrees: nothing is skipped that would pay
+    assert _allot(crowd[:1], row_heavy)
+
+
 def test_a_proposal_without_rows_is_judged_against_the_sampled_token_and_counts_no_draft():
     spec = Speculator(8)
     seq = _Seq(acceptance=0.3)  # too low to be given rows in a crowded step
