@@ -6,6 +6,7 @@ OpenAI clients parse, so their exceptions carry our message unchanged.
 """
 from __future__ import annotations
 
+import re
 from typing import Mapping
 
 from starlette.responses import JSONResponse
@@ -94,3 +95,15 @@ class ServiceUnavailable(APIError):
 class GatewayTimeout(APIError):
     status_code = 504
     error_type = "timeout_error"
+
+
+def renamed(error: APIError, renames: list[tuple[re.Pattern[str], str]]) -> APIError:
+    """`error` with its field names rewritten by `renames` (pattern, replacement), in order, in its
+    message and its param: a check shared by several dialects speaks each one's names."""
+    def rename(text: str) -> str:
+        for pattern, replacement in renames:
+            text = pattern.sub(replacement, text)
+        return text
+
+    param = None if error.param is None else rename(f"'{error.param}'")[1:-1]
+    return type(error)(rename(error.message), param=param, code=error.code, headers=error.headers)

@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.errors import APIError, BadRequest
+from server.errors import APIError, BadRequest, renamed
 from server.openai_schemas import parse_chat
 from server.spec import GenerationSpec
 from server.tiers import INTERACTIVE
@@ -308,10 +308,4 @@ _RENAMES = [
 
 def in_responses_terms(error: APIError) -> APIError:
     """`error`, raised by the chat route's checks, with the Responses API's field names."""
-    def rename(text: str) -> str:
-        for pattern, replacement in _RENAMES:
-            text = pattern.sub(replacement, text)
-        return text
-
-    param = None if error.param is None else rename(f"'{error.param}'")[1:-1]
-    return type(error)(rename(error.message), param=param, code=error.code, headers=error.headers)
+    return renamed(error, _RENAMES)
