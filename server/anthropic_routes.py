@@ -13,10 +13,8 @@ from starlette.responses import JSONResponse, Response
 
 from server.anthropic_answers import MessageAnswer
 from server.anthropic_schemas import in_anthropic_terms, parse_count_tokens_body, parse_messages_body
-from server.auth import caller_of
 from server.context import ServerContext
-from server.errors import APIError
-from server.replies import reply
+from server.replies import reply_in_dialect
 from server.spec import ChatPrompt
 from server.tiers import route_default
 from server.validation import read_json_object
@@ -31,17 +29,9 @@ async def messages(request: Request, ctx: ServerContext) -> Response:
     parsed = parse_messages_body(body, n_ctx=engine.n_ctx, tier=route_default(ctx.settings.default_tier, MESSAGES))
     model_id = ctx.served_model_id(parsed.model)
     spec = parsed.spec
-    try:
-        submitted = await ctx.service.submit([spec], MESSAGES, "msg_", caller_of(request))
-    except APIError as exc:  # the engine's refusal of a tool grammar names the chat fields
-        raise in_anthropic_terms(exc) from None
-    handles = submitted.handles
-    answer = MessageAnswer(submitted.id, model_id, spec, handles[0].prompt_tokens)
-    return await reply(
-        request, ctx, handles, request_id=submitted.id, endpoint=MESSAGES, priority=spec.priority,
-        stream=spec.stream, events=lambda: answer.stream(handles), error_event=answer.error_event,
-        payload=answer.response,
-    )
+    return await reply_in_dialect(
+        request, ctx, spec, MESSAGES, "msg_", in_anthropic_terms,
+        lambda request_id, handles: MessageAnswer(request_id, model_id, spec, handles[0].prompt_tokens))
 
 
 async def count_tokens(request: Request, ctx: ServerContext) -> Response:

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from engine import FinishReason, GenerationResult, RequestHandle
+from server.auth import caller_of
 from server.context import ServerContext
 from server.error_shapes import error_response
 from server.errors import CLIENT_CLOSED_REQUEST, APIError, GatewayTimeout, InternalError, ServiceUnavailable
@@ -121,3 +122,22 @@ def metrics_payload(result: GenerationResult) -> dict[str, Any]:
         "drafted_tokens": m.drafted_tokens,
         "accepted_tokens": m.accepted_tokens,
     }
+
+
+async def reply_in_dialect(request: Request, ctx: ServerContext, spec: Any, endpoint: str, id_prefix: str,
+                           rename: Callable[[APIError], APIError],
+                           make_answer: Callable[[str, list[RequestHandle]], Any]) -> Response:
+    """Submit one chat spec for a dialect's route (Messages, Responses) and answer in its shape:
+    an engine refusal speaks the dialect's field names (`rename`), and `make_answer(id, handles)`
+    gives the answer with its `stream`, `error_event` and `response`."""
+    try:
+        submitted = await ctx.service.submit([spec], endpoint, id_prefix, caller_of(request))
+    except APIError as exc:  # the engine's refusal of a tool grammar names the chat fields
+        raise rename(exc) from None
+    handles = submitted.handles
+    answer = make_answer(submitted.id, handles)
+    return await reply(
+        request, ctx, handles, request_id=submitted.id, endpoint=endpoint, priority=spec.priority,
+        stream=spec.stream, events=lambda: answer.stream(handles), error_event=answer.error_event,
+        payload=answer.response,
+    )

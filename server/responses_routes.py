@@ -10,10 +10,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.auth import caller_of
 from server.context import ServerContext
-from server.errors import APIError
-from server.replies import reply
+from server.replies import reply_in_dialect
 from server.responses_answers import ResponseAnswer
 from server.responses_schemas import in_responses_terms, parse_responses_body
 from server.tiers import route_default
@@ -29,14 +27,6 @@ async def responses(request: Request, ctx: ServerContext) -> Response:
                                   tier=route_default(ctx.settings.default_tier, RESPONSES))
     model_id = ctx.served_model_id(parsed.model)
     spec = parsed.spec
-    try:
-        submitted = await ctx.service.submit([spec], RESPONSES, "resp_", caller_of(request))
-    except APIError as exc:  # the engine's refusal of a tool grammar names the chat fields
-        raise in_responses_terms(exc) from None
-    handles = submitted.handles
-    answer = ResponseAnswer(submitted.id, model_id, spec, parsed.echo)
-    return await reply(
-        request, ctx, handles, request_id=submitted.id, endpoint=RESPONSES, priority=spec.priority,
-        stream=spec.stream, events=lambda: answer.stream(handles), error_event=answer.error_event,
-        payload=answer.response,
-    )
+    return await reply_in_dialect(
+        request, ctx, spec, RESPONSES, "resp_", in_responses_terms,
+        lambda request_id, handles: ResponseAnswer(request_id, model_id, spec, parsed.echo))
