@@ -1,6 +1,6 @@
 """Speculative decoding on the real model: drafted tokens are verified in the same llama_batch,
 greedy outputs equal those without drafts but where a near-tie flips, and a paragraph the model
-repeats is mostly drafted."""
+repeats is drafted, and its drafts kept."""
 from __future__ import annotations
 
 import pytest
@@ -51,10 +51,12 @@ def test_greedy_outputs_are_the_same_with_drafts_but_at_a_near_tie(outputs):
     assert same >= len(PROMPTS) - 1
 
 
-def test_a_repeated_paragraph_is_mostly_drafted_and_kept(outputs):
+def test_a_repeated_paragraph_is_drafted_and_its_drafts_kept(outputs):
+    # How many drafts get rows depends on the step costs measured on the machine (a loaded CI
+    # machine granted half as many as a quiet one); that the paragraph's drafts are right does not.
     repeated = outputs[True][0]
     assert repeated.metrics.drafted_tokens > 0
-    assert repeated.metrics.accepted_tokens >= 0.5 * repeated.metrics.tokens_generated
+    assert repeated.metrics.accepted_tokens >= 0.8 * repeated.metrics.drafted_tokens
     spec = outputs[(True, "stats")].speculation
     assert sum(spec.accepted.values()) == sum(r.metrics.accepted_tokens for r in outputs[True])
     assert outputs[(False, "stats")].speculation is None
