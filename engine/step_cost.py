@@ -22,7 +22,8 @@ import numpy as np
 
 from engine.ownership import SingleWriter
 from engine.tuning import (
-    STEP_COST_DECAY, STEP_COST_MIN_STEPS, STEP_COST_PRIOR_PULL, STEP_COST_PRIOR_SHAPE, STEP_COST_WINDOW,
+    STEP_COST_DECAY, STEP_COST_MIN_STEPS, STEP_COST_PRIOR_PULL, STEP_COST_PRIOR_SHAPE, STEP_COST_REFIT_MISS,
+    STEP_COST_REFIT_STEPS, STEP_COST_WINDOW,
 )
 
 _PRIOR_SHAPE = np.array(STEP_COST_PRIOR_SHAPE)
@@ -44,11 +45,20 @@ class StepCostModel(SingleWriter):
     def __init__(self) -> None:
         self._steps: collections.deque[tuple[int, int, float, int]] = collections.deque(maxlen=STEP_COST_WINDOW)
         self._fits: dict[int | None, StepCost] = {}
+        self._since_fit = 0  # steps recorded since the fits were cleared
         self._expected_threads: int | None = None
 
     def record(self, tokens: int, outputs: int, seconds: float, threads: int = 0) -> None:
         self._steps.append((tokens, outputs, seconds, threads))
-        self._fits.clear()  # refitted lazily: only steps that need a prediction pay for it
+        self._since_fit += 1
+        # A refit costs most of a millisecond, and a step that the fit predicts well adds little
+        # to it: refit (lazily, when a prediction is asked for) after a few steps, or at once
+        # when this one was far off the prediction (the machine's speed changed).
+        fit = self._fits.get(threads, self._fits.get(self._expected_threads))
+        if (fit is None or self._since_fit >= STEP_COST_REFIT_STEPS
+                or abs(fit.seconds(tokens, outputs) - seconds) > STEP_COST_REFIT_MISS * seconds):
+            self._fits.clear()
+            self._since_fit = 0
 
     def expect_threads(self, threads: int) -> None:
         """The thread count the coming steps will normally run with (the thread governor's)."""

@@ -83,6 +83,8 @@ STEP_COST_DECAY = 0.97  # weight of a step one step older: half after 23 steps
 STEP_COST_PRIOR_SHAPE = (1.0, 0.5, 0.5)  # fixed cost about one row's, a row's cost split evenly token / output
 STEP_COST_PRIOR_PULL = 0.05  # ridge strength, relative to the data's own curvature: gone once shapes vary
 STEP_COST_MIN_STEPS = 8  # steps at one thread count before they are fitted alone (probes beside a neighbour run slow)
+STEP_COST_REFIT_STEPS = 8  # steps between refits while the fit predicts well: 8 of a 23-step half-life
+STEP_COST_REFIT_MISS = 0.25  # a step this far off its prediction (a share of its time) refits at once
 
 # ---- prompt logprobs (engine/prompt_scores.py) -------------------------------------------------
 SCORED_ROWS_AT_ONCE = 16  # judgement: float64 copies of this many vocabulary-wide rows at a time (34 MB at 262k)

@@ -64,3 +64,20 @@ def test_steps_at_another_thread_count_and_hiccups_do_not_distort_the_fit():
     model.expect_threads(1)
     assert model.estimate().seconds(8, 8) == pytest.approx(cost(8, 8), rel=0.1)
     assert model.estimate(threads=2).seconds(8, 8) == pytest.approx(10 * cost(8, 8), rel=0.1)
+
+
+def test_refits_after_a_few_steps_or_at_once_when_a_step_misses_its_prediction():
+    cost = machine(0.010, 0.004, 0.004)
+    model = StepCostModel()
+    for i in range(64):
+        rows = 1 + i % 16
+        model.record(rows, rows, cost(rows, rows))
+    fit = model.estimate()
+    model.record(8, 8, cost(8, 8))  # predicted well: the fit stands (a refit costs most of a millisecond)
+    assert model.estimate() is fit
+    model.record(8, 8, 3 * cost(8, 8))  # far off: refit before the next prediction
+    assert model.estimate() is not fit
+    fit = model.estimate()
+    for _ in range(8):
+        model.record(8, 8, fit.seconds(8, 8))
+    assert model.estimate() is not fit  # refit within eight steps however well they were predicted
