@@ -63,25 +63,38 @@ class NgramIndex:
 
 class RecentOutputs:
     """N-grams of recently finished outputs, per draft scope, bounded by RECENT_OUTPUT_NGRAMS
-    entries in all (the oldest go first). Engine thread only."""
+    entries in all (the oldest go first). Engine thread only.
+
+    An output is indexed when a lookup in its scope first needs it, not when it finishes: in a
+    crowded batch no drafts are looked for, and indexing every finished output there would cost
+    Python time for nothing."""
 
     def __init__(self, n_min: int = RECENT_OUTPUTS_NGRAM_MIN, n_max: int = DRAFT_NGRAM_MAX,
                  capacity: int = RECENT_OUTPUT_NGRAMS) -> None:
         self.n_min, self.n_max, self.capacity = n_min, n_max, capacity
         # (scope, n-gram) -> (the output it came from, where its continuation starts)
         self._after: collections.OrderedDict[tuple, tuple[tuple[int, ...], int]] = collections.OrderedDict()
+        self._pending: collections.OrderedDict[str, list[tuple[int, ...]]] = collections.OrderedDict()
+        self._pending_ngrams = 0
 
     def add(self, scope: str, output: Seq[int]) -> None:
         output = tuple(output)
-        for i in range(self.n_min, len(output)):
-            for n in range(self.n_min, min(self.n_max, i) + 1):
-                key = (scope, output[i - n:i])
-                self._after.pop(key, None)  # the newest occurrence wins, and is evicted last
-                self._after[key] = (output, i)
-        while len(self._after) > self.capacity:
-            self._after.popitem(last=False)
+        self._pending.setdefault(scope, []).append(output)
+        self._pending_ngrams += self._ngrams_in(output)
+        # Within the bound, indexed n-grams go first, oldest first (an output waiting to be
+        # indexed is usually newer), then the oldest waiting outputs.
+        while self._pending_ngrams + len(self._after) > self.capacity:
+            if self._after:
+                self._after.popitem(last=False)
+            else:
+                oldest_scope, outputs = next(iter(self._pending.items()))
+                self._pending_ngrams -= self._ngrams_in(outputs.pop(0))
+                if not outputs:
+                    del self._pending[oldest_scope]
 
     def continuation(self, scope: str, tokens: Seq[int], limit: int) -> tuple[int, ...]:
+        if scope in self._pending:
+            self._index(scope)
         end = len(tokens)
         for n in range(min(self.n_max, end), self.n_min - 1, -1):
             found = self._after.get((scope, tuple(tokens[end - n:end])))
@@ -91,7 +104,25 @@ class RecentOutputs:
         return ()
 
     def __len__(self) -> int:
-        return len(self._after)
+        return len(self._after) + self._pending_ngrams
+
+    def _index(self, scope: str) -> None:
+        after = self._after
+        for output in self._pending.pop(scope):
+            self._pending_ngrams -= self._ngrams_in(output)
+            for i in range(self.n_min, len(output)):
+                for n in range(self.n_min, min(self.n_max, i) + 1):
+                    key = (scope, output[i - n:i])
+                    after[key] = (output, i)
+                    after.move_to_end(key)  # the newest occurrence wins, and is evicted last
+        while len(after) > self.capacity:
+            after.popitem(last=False)
+
+    def _ngrams_in(self, output: tuple[int, ...]) -> int:
+        """What _index adds for it: positions i >= n_min, each with n-grams n_min..min(n_max, i)."""
+        growing = max(0, min(self.n_max, len(output) - 1) - self.n_min + 1)
+        full = max(0, len(output) - 1 - self.n_max)
+        return growing * (growing + 1) // 2 + full * (self.n_max - self.n_min + 1)
 
 
 class Drafter:
