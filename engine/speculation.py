@@ -8,16 +8,21 @@ worth a^i tokens) and the step-cost model's price `c` of one more output row, a 
 E tokens in T seconds gains from one more draft row worth g tokens exactly when
 (E + g) / (T + c) > E / T, that is g > c x E / T. Rows are handed out greedily, interactive
 sequences first, then by gain, while g > m x c x E / T holds, the margin m (DRAFT_GAIN_MARGIN)
-covering a rate learned on a run of accepted tokens: at one or a few streams the step's fixed
-cost dominates and drafts run; when the batch is compute-bound c x E / T nears one token and no
-draft pays. A policy may bound the step's predicted time (the per-token latency target).
+covering a rate learned on a run of accepted tokens (T counts the rows already added at m times
+their cost): at one or a few streams the step's fixed cost dominates and drafts run; when the
+batch is compute-bound c x E / T nears one token and no draft pays. One exception to the
+row-by-row rule: a step with a single output row (one stream) pays a jump with its first draft
+row (the step-cost model's multi_output_s: the projection becomes a matrix product), which one
+likely row cannot pay back but a run of them can; so rows are added past where the rule stops
+once the jump is in, and the best prefix of that order (the most tokens per weighed second)
+is granted. A policy may bound the step's predicted time (the per-token latency target).
 
 Acceptance is tracked per source (engine/drafts.py) and per sequence, as moving averages of the
 drafted tokens' outcomes; a sequence starts from its source's rate, or a little above when the
 source has done badly lately, so that each sequence tries a draft or two before it is judged. A
 proposal that got no rows is still judged, for free: its first token against the token the step
 sampled. So a sequence whose drafts stopped paying goes on learning, and drafts again when its
-text starts repeating (an answer that turns to copying its prompt). In a step where even a draft
+text starts repeating (an answer that turns to copying its prompt). In a step where even a full draft
 sure to be kept would not pay (a crowded batch), no drafts are looked for at all.
 """
 from __future__ import annotations
@@ -60,7 +65,7 @@ class Speculator(SingleWriter):
         and `limit_s` predicted seconds, with KV blocks reserved for every drafted token."""
         self.unverified.clear()
         outputs = sum(1 for c in plan.chunks if c.wants_logits)
-        if cost is None or room <= 0 or limit_s == 0.0 or not _a_certain_draft_pays(cost, plan.n_tokens, outputs):
+        if cost is None or room <= 0 or limit_s == 0.0 or not _a_certain_draft_pays(cost, plan.n_tokens, outputs, min(room, self.max_draft)):
             return  # looking for drafts costs Python time on every sequence: not where none can pay
         proposals: dict[Sequence, Draft] = {}
         for chunk in plan.chunks:
@@ -89,23 +94,33 @@ class Speculator(SingleWriter):
         `expected_tokens`; `limit_s` bounds its predicted seconds, `room` its extra rows."""
         row_s = cost.per_token_s + cost.per_output_s
         step_s = cost.seconds(tokens, outputs)
+        # A step with one output row pays the jump to a matrix product with its first draft row:
+        # that row is judged with the rows after it, as the best prefix of the greedy order.
+        jump_s = cost.multi_output_s if outputs == 1 else 0.0
         rates = {seq: self.rate(seq, draft.source) for seq, draft in proposals.items()}
         granted = dict.fromkeys(proposals, 0)
+        best, best_rate = {}, expected_tokens / step_s
+        predicted_s, weighed_s = step_s, step_s  # the latter with each added cost times the margin
         left = float("inf") if room is None else room
         while left > 0:
             open_ = [seq for seq, draft in proposals.items() if granted[seq] < min(len(draft.tokens), self.max_draft)]
             if not open_:
                 break
-            best = max(open_, key=lambda s: (s.request.priority is Priority.INTERACTIVE, rates[s] ** (granted[s] + 1)))
-            gain = rates[best] ** (granted[best] + 1)
-            if gain * step_s <= DRAFT_GAIN_MARGIN * row_s * expected_tokens or (
-                    limit_s is not None and step_s + row_s > limit_s):
+            pick = max(open_, key=lambda s: (s.request.priority is Priority.INTERACTIVE, rates[s] ** (granted[s] + 1)))
+            gain = rates[pick] ** (granted[pick] + 1)
+            added_s = row_s + (jump_s if predicted_s == step_s else 0.0)
+            if limit_s is not None and predicted_s + added_s > limit_s:
                 break
-            granted[best] += 1
+            if predicted_s > step_s and gain * weighed_s <= DRAFT_GAIN_MARGIN * row_s * expected_tokens:
+                break  # past the jump, rows cost alike and gains only shrink: none after pays either
+            granted[pick] += 1
             expected_tokens += gain
-            step_s += row_s
+            predicted_s += added_s
+            weighed_s += DRAFT_GAIN_MARGIN * added_s
             left -= 1
-        return {seq: k for seq, k in granted.items() if k}
+            if expected_tokens / weighed_s > best_rate:
+                best, best_rate = {seq: k for seq, k in granted.items() if k}, expected_tokens / weighed_s
+        return best
 
     def stats(self) -> SpeculationStats:
         return SpeculationStats(
@@ -165,9 +180,11 @@ class Speculator(SingleWriter):
         return draft
 
 
-def _a_certain_draft_pays(cost: StepCost, tokens: int, outputs: int) -> bool:
-    """Whether one draft row sure to be kept would pass the allotment's rule (gain 1)."""
-    return cost.seconds(tokens, outputs) > DRAFT_GAIN_MARGIN * (cost.per_token_s + cost.per_output_s) * outputs
+def _a_certain_draft_pays(cost: StepCost, tokens: int, outputs: int, rows: int) -> bool:
+    """Whether `rows` draft rows sure to be kept would pass the allotment's rule."""
+    step_s = cost.seconds(tokens, outputs)
+    added_s = rows * (cost.per_token_s + cost.per_output_s) + (cost.multi_output_s if outputs == 1 else 0.0)
+    return (outputs + rows) / (step_s + DRAFT_GAIN_MARGIN * added_s) > outputs / step_s
 
 
 def _within_grammar(seq: Sequence, draft: Draft, n_ctx: int) -> Draft | None:

@@ -1,7 +1,11 @@
 """How long a step will take, learned from the steps the engine just ran.
 
 A step's seconds are modelled as fixed + per token fed + per output row (an output row also
-pays the projection over the whole vocabulary and its sampling). The three coefficients are
+pays the projection over the whole vocabulary and its sampling) + a step on its own for a step
+with more than one output row: llama.cpp's CPU projection of one row is a matrix-vector product,
+of two or more a matrix product that costs far more than one row more (with Gemma 3 270M's
+262k vocabulary, most of a one-stream step: docs/speculative-decoding.md). That jump is what a
+draft at one stream pays first. The four coefficients are
 fitted by recency-weighted least squares over the last steps run with the thread count asked
 about, so the model follows the machine's speed and a busy neighbour within a few steps, and
 the thread governor's probes at another count (which can be many times slower beside a
@@ -33,9 +37,11 @@ class StepCost(NamedTuple):
     fixed_s: float
     per_token_s: float
     per_output_s: float
+    multi_output_s: float = 0.0  # paid once by a step with two output rows or more
 
     def seconds(self, tokens: int, outputs: int) -> float:
-        return self.fixed_s + self.per_token_s * tokens + self.per_output_s * outputs
+        return (self.fixed_s + self.per_token_s * tokens + self.per_output_s * outputs
+                + (self.multi_output_s if outputs > 1 else 0.0))
 
 
 class StepCostModel(SingleWriter):
@@ -76,7 +82,7 @@ class StepCostModel(SingleWriter):
 
 def _fit(steps: list[tuple[int, int, float, int]]) -> StepCost:
     data = np.array([s[:3] for s in steps], dtype=np.float64)
-    x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])
+    x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1], data[:, 1] > 1])
     y = data[:, 2]
     w = STEP_COST_DECAY ** np.arange(len(data) - 1, -1, -1, dtype=np.float64)
     # The prior shape, scaled to fit the measured times as well as one number can.
@@ -87,9 +93,10 @@ def _fit(steps: list[tuple[int, int, float, int]]) -> StepCost:
     gram = xtw @ x
     pull = STEP_COST_PRIOR_PULL * np.maximum(np.diag(gram), 1e-12)
     theta = np.linalg.solve(gram + np.diag(pull), xtw @ y + pull * prior)
-    # Steps far off the fit (beyond 4 median absolute residuals) count for little in a refit.
+    # Steps far off the fit (beyond 4 median absolute residuals, and a fifth of a typical step:
+    # the prior's pull alone leaves a few percent) count for little in a refit.
     residual = np.abs(y - x @ theta)
-    spread = max(float(np.median(residual)), 1e-6)
+    spread = max(float(np.median(residual)), 0.05 * float(np.median(y)), 1e-6)
     w = w * np.where(residual > 4 * spread, 0.05, 1.0)
     xtw = x.T * w
     gram = xtw @ x

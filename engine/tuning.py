@@ -80,8 +80,10 @@ GOVERNOR_WATCHDOG_IDLE_S = 30.0  # judgement: a stopped engine leaves no watchdo
 # ---- the step-cost model (engine/step_cost.py); all judgement (b4fa271, 9303920) -----------------
 STEP_COST_WINDOW = 128  # steps remembered: enough shapes for a stable fit, recent enough to follow the machine
 STEP_COST_DECAY = 0.97  # weight of a step one step older: half after 23 steps
-STEP_COST_PRIOR_SHAPE = (1.0, 0.5, 0.5)  # fixed cost about one row's, a row's cost split evenly token / output
-STEP_COST_PRIOR_PULL = 0.05  # ridge strength, relative to the data's own curvature: gone once shapes vary
+# Fixed cost about one row's, a row's cost split evenly token / output; no jump for a second
+# output row until steps with one and with several were seen (a draft at one stream shows it).
+STEP_COST_PRIOR_SHAPE = (1.0, 0.5, 0.5, 0.0)
+STEP_COST_PRIOR_PULL = 0.01  # ridge strength, relative to the data's own curvature: gone once shapes vary
 STEP_COST_MIN_STEPS = 8  # steps at one thread count before they are fitted alone (probes beside a neighbour run slow)
 STEP_COST_REFIT_STEPS = 8  # steps between refits while the fit predicts well: 8 of a 23-step half-life
 STEP_COST_REFIT_MISS = 0.25  # a step this far off its prediction (a share of its time) refits at once

@@ -73,14 +73,27 @@ def test_drafts_pay_at_one_stream_and_not_in_a_compute_bound_batch():
 
 
 def test_the_allotment_follows_the_break_even_rule_with_its_margin():
-    # One more row is worth its gain g when g > m x c x E / T (m: DRAFT_GAIN_MARGIN).
+    # One more row is worth its gain g when g > m x c x E / T (m: DRAFT_GAIN_MARGIN; T counts
+    # the rows already added at m times their cost).
     seq = _Seq(acceptance=0.5)
     granted = _allot([seq], FIXED_HEAVY)[seq]
     row_s = FIXED_HEAVY.per_token_s + FIXED_HEAVY.per_output_s
-    tokens, seconds = 1.0 + sum(0.5 ** i for i in range(1, granted + 1)), FIXED_HEAVY.seconds(1, 1) + granted * row_s
     m = DRAFT_GAIN_MARGIN
-    assert 0.5 ** granted * (seconds - row_s) > m * row_s * (tokens - 0.5 ** granted)  # the last row paid
+    tokens, seconds = 1.0 + sum(0.5 ** i for i in range(1, granted + 1)), FIXED_HEAVY.seconds(1, 1) + m * granted * row_s
+    assert 0.5 ** granted * (seconds - m * row_s) > m * row_s * (tokens - 0.5 ** granted)  # the last row paid
     assert not 0.5 ** (granted + 1) * seconds > m * row_s * tokens  # the next would not have
+
+
+def test_at_one_stream_the_jump_to_a_matrix_product_is_paid_only_by_a_run_of_likely_rows():
+    # One stream's first draft row turns the output projection into a matrix product, which
+    # costs most of a step; the rows after it cost little.
+    jumpy = StepCost(fixed_s=0.012, per_token_s=0.0005, per_output_s=0.0045, multi_output_s=0.018)
+    likely, doubtful = _Seq(acceptance=0.9), _Seq(acceptance=0.6)
+    assert _allot([likely], jumpy)[likely] >= 6  # one row would not pay its jump; a run does
+    assert _allot([doubtful], jumpy) == {}  # at 0.6 no run pays it back
+    assert _allot([doubtful], jumpy._replace(multi_output_s=0.0))[doubtful] >= 1  # without the jump it would draft
+    two = [_Seq(acceptance=0.6), _Seq(acceptance=0.6)]  # two streams have paid the jump already
+    assert _allot(two, jumpy)
 
 
 def test_a_batch_where_rows_cost_nearly_a_token_drafts_nothing_even_at_high_acceptance():
@@ -96,8 +109,8 @@ def test_a_step_where_no_draft_can_pay_looks_for_none():
     from engine.speculation import _a_certain_draft_pays
 
     row_heavy = StepCost(fixed_s=0.02, per_token_s=0.004, per_output_s=0.011)
-    assert not _a_certain_draft_pays(row_heavy, 16, 16)  # 16 streams: even certain drafts lose
-    assert _a_certain_draft_pays(row_heavy, 1, 1)
+    assert not _a_certain_draft_pays(row_heavy, 16, 16, 8)  # 16 streams: even certain drafts lose
+    assert _a_certain_draft_pays(row_heavy, 1, 1, 8)
     crowd = [_Seq(acceptance=1.0) for _ in range(16)]
     assert _allot(crowd, row_heavy) == {}  # the allotment agrees: nothing is skipped that would pay
     assert _allot(crowd[:1], row_heavy)

@@ -81,3 +81,24 @@ def test_refits_after_a_few_steps_or_at_once_when_a_step_misses_its_prediction()
     for _ in range(8):
         model.record(8, 8, fit.seconds(8, 8))
     assert model.estimate() is not fit  # refit within eight steps however well they were predicted
+
+
+def test_learns_the_jump_of_a_second_output_row_from_one_stream_with_and_without_drafts():
+    def cost(tokens, outputs):  # a matrix-vector projection for one row, a matrix product for more
+        return 0.020 + 0.001 * tokens + 0.004 * outputs + (0.018 if outputs > 1 else 0.0)
+    model = StepCostModel()
+    for i in range(96):
+        k = (0, 0, 1, 4, 0, 8)[i % 6]  # drafted rows, each with logits
+        model.record(1 + k, 1 + k, cost(1 + k, 1 + k))
+    fit = model.estimate()
+    assert fit.multi_output_s == pytest.approx(0.018, rel=0.15)
+    assert fit.seconds(1, 1) == pytest.approx(cost(1, 1), rel=0.05)
+    assert fit.seconds(2, 2) == pytest.approx(cost(2, 2), rel=0.05)
+    assert fit.seconds(9, 9) == pytest.approx(cost(9, 9), rel=0.05)
+
+
+def test_no_jump_is_guessed_from_steps_that_all_have_one_output_row():
+    model = StepCostModel()
+    for _ in range(40):
+        model.record(1, 1, 0.03)
+    assert model.estimate().multi_output_s < 1e-6
