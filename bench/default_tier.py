@@ -29,7 +29,7 @@ import httpx
 from bench.http_targets import SpawnedServer
 from bench.jobs import ENDPOINT, add_job_arguments, job_lines
 from bench.prompts import QUESTIONS
-from bench.record import RunRecord, add_common_arguments, publish_report
+from bench.record import RunRecord, add_common_arguments, run_trials
 from bench.stats import percentile
 from bench.table import markdown_table
 
@@ -147,10 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.requests, args.tokens, args.every, args.chat_tokens, args.probes = 24, 8, 0.3, 4, 2
         args.max_running, args.n_ctx, args.trials = 8, 2048, 1
-    record = RunRecord("default-tier", args, args.model, argv)
-    for trial in range(args.trials):
-        one_trial(args, trial, record)
-    publish_report(record, lambda: report(record, args))
+    run_trials("default-tier", args, argv, one_trial, report)
     return 0
 
 

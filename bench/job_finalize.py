@@ -36,7 +36,7 @@ import httpx
 from bench.http_targets import SpawnedServer
 from bench.jobs import ENDPOINT, chat_ttft
 from bench.prompts import QUESTIONS, benchmark_prompts
-from bench.record import RunRecord, add_common_arguments, publish_report
+from bench.record import RunRecord, add_common_arguments, run_trials
 from bench.stats import percentile
 from bench.table import markdown_table
 
@@ -222,10 +222,8 @@ def arguments(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = arguments(argv)
-    record = RunRecord("job-finalize", args, args.model, argv)
-    for trial in range(args.trials):  # each trial: a fresh data directory and server
-        one_trial(args, trial, record)
-    publish_report(record, lambda: report(record, args))
+    # each trial: a fresh data directory and server
+    record = run_trials("job-finalize", args, argv, one_trial, report)
     return 0 if record.trials else 1
 
 

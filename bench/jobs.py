@@ -36,7 +36,7 @@ import httpx
 
 from bench.http_targets import SpawnedServer
 from bench.prompts import QUESTIONS, benchmark_prompts
-from bench.record import RunRecord, add_common_arguments, publish_report
+from bench.record import RunRecord, add_common_arguments, run_trials
 from bench.stats import percentile
 from bench.table import markdown_table
 
@@ -229,10 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.requests, args.tokens, args.baseline_requests, args.concurrency = 24, 8, 12, 4
         args.every, args.interactive_tokens, args.probes, args.max_running, args.n_ctx = 0.5, 4, 2, 8, 2048
-    record = RunRecord("jobs", args, args.model, argv)
-    for trial in range(args.trials):
-        one_trial(args, trial, record)
-    publish_report(record, lambda: report(record, args))
+    run_trials("jobs", args, argv, one_trial, report)
     return 0
 
 

@@ -215,6 +215,18 @@ def publish_report(record: RunRecord, report: Callable[[], tuple[str, dict[str, 
     publish(record, summary, headline)
 
 
+def run_trials(name: str, args: Any, argv: list[str] | None,
+               one_trial: Callable[[Any, int, RunRecord], None],
+               report: Callable[[RunRecord, Any], tuple[str, dict[str, Any]]]) -> RunRecord:
+    """Run `args.trials` trials of benchmark `name`, each recording into one RunRecord, then
+    publish its report (the trials are stored even when the report fails)."""
+    record = RunRecord(name, args, args.model, argv)
+    for trial in range(args.trials):
+        one_trial(args, trial, record)
+    publish_report(record, lambda: report(record, args))
+    return record
+
+
 def publish(record: RunRecord, summary: str, headline: dict[str, Any]) -> None:
     """Print the summary and store the run."""
     print(summary)
