@@ -73,6 +73,9 @@ class Sequence(SingleWriter):
         self.first_token_from_lane = False  # its first token came from engine/first_token_lane.py
         self.ngrams: NgramIndex | None = None  # its own n-grams, built when it first drafts (engine/drafts.py)
         self.draft_acceptance: float | None = None  # moving average of its drafted tokens' outcomes
+        # A proposal that got no rows, judged against the tokens that follow: (source, its
+        # tokens not yet judged, the position the first of them would take).
+        self.unverified_draft: tuple[str, tuple[int, ...], int] | None = None
         self.drafted_tokens = 0
         self.accepted_tokens = 0
         self.arrival_order = 0  # when the scheduler got it, relative to the others (FIFO)

@@ -18,10 +18,9 @@ once the jump is in, and the best prefix of that order (the most tokens per weig
 is granted. A policy may bound the step's predicted time (the per-token latency target).
 
 Acceptance is tracked per source (engine/drafts.py) and per sequence, as moving averages of the
-drafted tokens' outcomes; a sequence starts from its source's rate, or a little above when the
-source has done badly lately, so that each sequence tries a draft or two before it is judged. A
-proposal that got no rows is still judged, for free: its first token against the token the step
-sampled. So a sequence whose drafts stopped paying goes on learning, and drafts again when its
+drafted tokens' outcomes; a sequence starts from its source's rate. A proposal that got no rows
+is still judged, for free, against the tokens the sequence goes on to produce (all of it, as
+verification would: in structured text its first token is often the easy one). So a sequence whose drafts stopped paying goes on learning, and drafts again when its
 text starts repeating (an answer that turns to copying its prompt). In a step where even a full draft
 sure to be kept would not pay (a crowded batch), no drafts are looked for at all.
 """
@@ -37,7 +36,7 @@ from engine.sequence import Sequence
 from engine.stats import SpeculationStats
 from engine.step_cost import StepCost
 from engine.step_plan import Chunk, StepPlan
-from engine.tuning import ACCEPTANCE_EXPLORE, ACCEPTANCE_PRIOR, ACCEPTANCE_WEIGHT, DRAFT_GAIN_MARGIN
+from engine.tuning import ACCEPTANCE_PRIOR, ACCEPTANCE_WEIGHT, DRAFT_GAIN_MARGIN
 
 
 @dataclass
@@ -56,14 +55,11 @@ class Speculator(SingleWriter):
     sources: dict[str, SourceCounts] = field(default_factory=lambda: {s: SourceCounts() for s in SOURCES})
     steps_with_drafts: int = 0
     verified_rows: int = 0  # output rows of drafted sequences: their sampling rows plus one per drafted token
-    # This step's proposals that got no rows: (source, first token), judged once the step sampled.
-    unverified: dict[Sequence, tuple[str, int]] = field(default_factory=dict)
 
     def draft(self, plan: StepPlan, kv: KvCache, cost: StepCost | None, room: int, n_ctx: int,
               limit_s: float | None) -> None:
         """Attach drafts to the plan's decoding chunks that pay for them, within `room` more rows
         and `limit_s` predicted seconds, with KV blocks reserved for every drafted token."""
-        self.unverified.clear()
         outputs = sum(1 for c in plan.chunks if c.wants_logits)
         if cost is None or room <= 0 or limit_s == 0.0 or not _a_certain_draft_pays(cost, plan.n_tokens, outputs, min(room, self.max_draft)):
             return  # looking for drafts costs Python time on every sequence: not where none can pay
@@ -82,9 +78,9 @@ class Speculator(SingleWriter):
                 proposal = proposals[chunk.seq]
                 plan.chunks[i] = replace(chunk, draft=proposal.tokens[:k], draft_source=proposal.source)
                 drafted = True
-            elif chunk.seq in proposals:
+            elif chunk.seq in proposals and chunk.seq.unverified_draft is None:
                 proposal = proposals[chunk.seq]
-                self.unverified[chunk.seq] = (proposal.source, proposal.tokens[0])
+                chunk.seq.unverified_draft = (proposal.source, proposal.tokens, len(chunk.seq.tokens))
         self.steps_with_drafts += drafted
 
     def allot(self, proposals: dict[Sequence, Draft], cost: StepCost, tokens: int, outputs: int,
@@ -130,7 +126,7 @@ class Speculator(SingleWriter):
 
     def rate(self, seq: Sequence, source: str) -> float:
         own = seq.draft_acceptance
-        return own if own is not None else max(self.sources[source].rate, ACCEPTANCE_EXPLORE)
+        return own if own is not None else self.sources[source].rate
 
     def verified(self, seq: Sequence, source: str, drafted: int, accepted: int) -> None:
         """A draft of `drafted` tokens was checked and its first `accepted` kept."""
@@ -139,16 +135,26 @@ class Speculator(SingleWriter):
         counts.accepted += accepted
         self.verified_rows += drafted + 1
         # Each kept token is a success, the first rejected one (if any) a failure; the rest unseen.
+        seq.unverified_draft = None  # judged by the model instead
         self._learn(seq, source, [1.0] * accepted + ([0.0] if accepted < drafted else []))
         seq.drafted_tokens += drafted
         seq.accepted_tokens += accepted
 
     def sampled(self, seq: Sequence, token: int) -> None:
-        """The step gave `seq` its next token: judge the proposal it had no rows for, if any."""
-        unverified = self.unverified.pop(seq, None)
-        if unverified is not None:
-            source, proposed = unverified
-            self._learn(seq, source, [1.0 if token == proposed else 0.0])
+        """The step is about to append `token` to `seq`: judge the proposal it had no rows for,
+        as far as its tokens are known (a whole draft, as verification would have, not just its
+        first token: in structured text the first is often the easy one)."""
+        if seq.unverified_draft is None:
+            return
+        source, proposed, position = seq.unverified_draft
+        known = [*seq.tokens[position:], token]
+        kept = 0
+        while kept < min(len(proposed), len(known)) and proposed[kept] == known[kept]:
+            kept += 1
+        if kept < len(proposed) and kept == len(known):
+            return  # right so far: judged when the rest is known
+        seq.unverified_draft = None
+        self._learn(seq, source, [1.0] * kept + ([0.0] if kept < len(proposed) else []))
 
     def _learn(self, seq: Sequence, source: str, outcomes: list[float]) -> None:
         counts = self.sources[source]

@@ -52,6 +52,7 @@ class StepCostModel(SingleWriter):
         self._steps: collections.deque[tuple[int, int, float, int]] = collections.deque(maxlen=STEP_COST_WINDOW)
         self._fits: dict[int | None, StepCost] = {}
         self._since_fit = 0  # steps recorded since the fits were cleared
+        self._jump_share = 0.0  # multi_output_s over a one-row step, as last seen in steps of both kinds
         self._expected_threads: int | None = None
 
     def record(self, tokens: int, outputs: int, seconds: float, threads: int = 0) -> None:
@@ -76,7 +77,15 @@ class StepCostModel(SingleWriter):
         threads = self._expected_threads if threads is None else threads
         if threads not in self._fits and self._steps:
             same = [s for s in self._steps if s[3] == threads] if threads is not None else []
-            self._fits[threads] = _fit(same if len(same) >= STEP_COST_MIN_STEPS else list(self._steps))
+            steps = same if len(same) >= STEP_COST_MIN_STEPS else list(self._steps)
+            fit = _fit(steps)
+            if any(s[1] > 1 for s in steps) and any(s[1] == 1 for s in steps):
+                self._jump_share = fit.multi_output_s / fit.seconds(1, 1)
+            elif self._jump_share and not any(s[1] > 1 for s in steps):
+                # One stream that stopped drafting: the jump it measured still holds, as a share
+                # of its step; forgetting it would have it draft again to find out anew.
+                fit = fit._replace(multi_output_s=self._jump_share * fit.seconds(1, 1))
+            self._fits[threads] = fit
         return self._fits.get(threads)
 
 

@@ -120,11 +120,6 @@ DRAFT_NGRAM_MIN, DRAFT_NGRAM_MAX = 2, 4
 # Other requests' outputs need a longer match before their continuation is trusted (judgement).
 RECENT_OUTPUTS_NGRAM_MIN = 3
 RECENT_OUTPUT_NGRAMS = 65_536  # n-grams kept of recent outputs, all scopes together: about 20 MB
-# A sequence's first drafts are tried at no less than this acceptance rate, whatever its source
-# did for others lately: a wasted row or two, then its own rate decides. Above the break-even
-# rate of one stream (about 0.48 x DRAFT_GAIN_MARGIN with Gemma 3 270M on 2 cores), so a lone stream
-# keeps trying; below that of a few streams, where a wasted row costs nearly a token.
-ACCEPTANCE_EXPLORE = 0.6
 # A source's rate before any of its drafts was checked: presumed good, so that it is tried.
 ACCEPTANCE_PRIOR = 0.8
 ACCEPTANCE_WEIGHT = 0.2  # weight of each drafted token's outcome in the moving averages (judgement)

@@ -116,22 +116,31 @@ def test_a_step_where_no_draft_can_pay_looks_for_none():
     assert _allot(crowd[:1], row_heavy)
 
 
-def test_a_proposal_without_rows_is_judged_against_the_sampled_token_and_counts_no_draft():
+def test_a_proposal_without_rows_is_judged_against_the_tokens_that_follow_and_counts_no_draft():
     spec = Speculator(8)
     seq = _Seq(acceptance=0.3)  # too low to be given rows in a crowded step
-    for _ in range(6):  # its text starts repeating: each proposal matches what the step sampled
-        spec.unverified[seq] = (PROMPT_LOOKUP, 42)
+    seq.tokens = [5, 6]
+    for _ in range(3):  # its text starts repeating: each proposal matches what follows
+        seq.unverified_draft = (PROMPT_LOOKUP, (42, 43), len(seq.tokens))
         spec.sampled(seq, 42)
-    assert seq.draft_acceptance > 0.75 and not spec.unverified
+        assert seq.unverified_draft is not None  # right so far; its second token is not known yet
+        seq.tokens.append(42)
+        spec.sampled(seq, 43)
+        seq.tokens.append(43)
+        assert seq.unverified_draft is None
+    assert seq.draft_acceptance > 0.75
     assert _allot([seq], FIXED_HEAVY)  # so it drafts again
-    spec.unverified[seq] = (PROMPT_LOOKUP, 42)
+    # A draft whose first token is easy and whose second misses counts a success and a failure.
+    before = seq.draft_acceptance
+    seq.unverified_draft = (PROMPT_LOOKUP, (42, 43, 44), len(seq.tokens))
+    spec.sampled(seq, 42)
+    seq.tokens.append(42)
     spec.sampled(seq, 7)
-    assert seq.draft_acceptance < 0.75
+    assert seq.unverified_draft is None and seq.draft_acceptance < before
     assert spec.stats().drafted[PROMPT_LOOKUP] == 0 and spec.stats().accepted[PROMPT_LOOKUP] == 0
     before = seq.draft_acceptance
-    spec.sampled(seq, 7)  # nothing proposed this step: nothing learned
+    spec.sampled(seq, 7)  # nothing proposed: nothing learned
     assert seq.draft_acceptance == before
-
 
 def test_interactive_sequences_draft_first_and_a_limit_or_no_room_stops_drafts():
     chat, job = _Seq(Priority.INTERACTIVE, acceptance=0.6), _Seq(acceptance=0.95)

@@ -102,3 +102,18 @@ def test_no_jump_is_guessed_from_steps_that_all_have_one_output_row():
     for _ in range(40):
         model.record(1, 1, 0.03)
     assert model.estimate().multi_output_s < 1e-6
+
+
+def test_a_stream_that_stopped_drafting_keeps_the_jump_it_measured():
+    def cost(tokens, outputs):
+        return 0.020 + 0.001 * tokens + 0.004 * outputs + (0.018 if outputs > 1 else 0.0)
+    model = StepCostModel()
+    for i in range(60):
+        k = (0, 1, 0, 4)[i % 4]
+        model.record(1 + k, 1 + k, cost(1 + k, 1 + k))
+    learned = model.estimate().multi_output_s
+    assert learned > 0.01
+    for _ in range(200):  # the draft steps leave the window
+        model.record(1, 1, cost(1, 1))
+    assert model.estimate().multi_output_s == pytest.approx(learned, rel=0.1)
+    assert StepCostModel().estimate() is None
