@@ -10,7 +10,6 @@ Every call may block on the disk: the server makes them on its store thread (sto
 from __future__ import annotations
 
 import json
-import logging
 import os
 import secrets
 import sqlite3
@@ -21,8 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from server.jobs.disk import PART_SUFFIX, UNWRITABLE_ERRNOS, write_whole
-
-log = logging.getLogger("cobatch.jobs")
+from server.jobs.sqlite_db import Transaction, open_database
 
 # Statuses as OpenAI names them. A batch moves validating -> in_progress -> finalizing ->
 # completed, or ends failed (validation), expired (past its window) or cancelled.
@@ -122,12 +120,7 @@ class JobStore:
         self.files_dir = self.data_dir / "files"
         self.files_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.data_dir / "jobs.sqlite3", timeout=busy_timeout_s, check_same_thread=False,
-                                   isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        # WAL: a committed row survives the process being killed; readers never block the writer.
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db = open_database(self.data_dir / "jobs.sqlite3", busy_timeout_s)
         self._db.executescript(_SCHEMA)
         for table in ("files", "batches"):  # a store made before files and batches had owners
             if "owner" not in {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}:
@@ -349,49 +342,8 @@ class JobStore:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
-    def _write(self) -> "_Transaction":
-        return _Transaction(self._db, self._lock)
-
-
-class _Transaction:
-    """One writer at a time, and each write a transaction of its own. Whatever fails (BEGIN,
-    the work, COMMIT), the transaction is rolled back and the lock released: a store error never
-    leaves the store locked."""
-
-    def __init__(self, db: sqlite3.Connection, lock: threading.Lock) -> None:
-        self._db = db
-        self._lock = lock
-
-    def __enter__(self) -> sqlite3.Connection:
-        self._lock.acquire()
-        try:
-            self._rollback()  # left open only if an earlier ROLLBACK itself failed
-            self._db.execute("BEGIN IMMEDIATE")
-        except BaseException:
-            self._lock.release()
-            raise
-        return self._db
-
-    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
-        try:
-            if kind is None:
-                try:
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    self._rollback()
-                    raise
-            else:
-                self._rollback()
-        finally:
-            self._lock.release()
-
-    def _rollback(self) -> None:
-        if not self._db.in_transaction:  # SQLite already rolled back (a full disk can do that)
-            return
-        try:
-            self._db.execute("ROLLBACK")
-        except sqlite3.Error:
-            log.exception("ROLLBACK failed")
+    def _write(self) -> Transaction:
+        return Transaction(self._db, self._lock)
 
 
 def store_unavailable(exc: BaseException) -> bool:
