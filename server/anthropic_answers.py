@@ -55,6 +55,8 @@ class MessageAnswer:
         content, stop_reason, stop_sequence = self._outcome(result)
         return self._message(content, stop_reason, stop_sequence, usage(result, self.spec.priority))
 
+    payload = response  # the JSON answer, as server/replies.py reply_in_dialect asks for it
+
     def _outcome(self, result: GenerationResult) -> tuple[list[dict[str, Any]], str, str | None]:
         """(content blocks, stop_reason, stop_sequence), once the reader has read all the text."""
         if self.reader is None:

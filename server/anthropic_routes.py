@@ -15,7 +15,7 @@ from server.anthropic_answers import MessageAnswer
 from server.anthropic_schemas import in_anthropic_terms, parse_count_tokens_body, parse_messages_body
 from server.context import ServerContext
 from server.replies import reply_in_dialect
-from server.spec import ChatPrompt
+from server.spec import prompt_token_count
 from server.tiers import route_default
 from server.validation import read_json_object
 
@@ -39,9 +39,5 @@ async def count_tokens(request: Request, ctx: ServerContext) -> Response:
     engine = ctx.require_engine()
     parsed = parse_count_tokens_body(body, n_ctx=engine.n_ctx)
     ctx.served_model_id(parsed.model)
-    spec = parsed.spec
-    chat = ctx.state.chat
-    assert chat is not None and isinstance(spec.prompt, ChatPrompt)
-    # Rendered as submit renders it (server/spec.py engine_requests): same messages, same tools.
-    rendered = await run_in_threadpool(chat.render, list(spec.prompt.messages), spec.tools)
-    return JSONResponse({"input_tokens": len(rendered.token_ids)})
+    assert ctx.state.chat is not None
+    return JSONResponse({"input_tokens": await run_in_threadpool(prompt_token_count, parsed.spec, ctx.state.chat)})

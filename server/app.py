@@ -31,6 +31,8 @@ from server.generation import GenerationService
 from server.health import health_payload
 from server.jobs.routes import Jobs, job_routes
 from server.metrics import ServerMetrics
+from server.responses_keeper import ResponseKeeper
+from server.responses_stored_routes import stored_response_routes
 from server.state import DRAINING, OK, ServingState
 
 log = logging.getLogger("cobatch.server")
@@ -79,8 +81,10 @@ def create_app(
         yield
         begin_drain()
         await run_in_threadpool(state.wait_stopped, settings.drain_timeout + SHUTDOWN_BACKSTOP_S)
+        if ctx.responses is not None:
+            await ctx.responses.close()
         if jobs is not None:
-            await jobs.close()
+            await jobs.close()  # last: it holds the data directory's lock
 
     routes = [
         Route("/health", _plain(health, ctx), methods=["GET"]),
@@ -98,6 +102,8 @@ def create_app(
             methods=["POST"],
         ),
         Route("/v1/responses", _api(responses_routes.responses, ctx, responses_routes.RESPONSES), methods=["POST"]),
+        *(Route(path, _api(handler, ctx, label), methods=[method])
+          for path, handler, method, label in stored_response_routes()),
         Route("/v1/messages", _api(anthropic_routes.messages, ctx, anthropic_routes.MESSAGES), methods=["POST"]),
         Route("/v1/messages/count_tokens", _api(anthropic_routes.count_tokens, ctx, anthropic_routes.COUNT_TOKENS),
               methods=["POST"]),
@@ -116,6 +122,11 @@ def create_app(
         jobs = Jobs.open(settings.data_dir, app, settings.jobs_in_flight, settings.max_upload_bytes, own_headers,
                          can_submit=lambda: state.status == OK)
         app.router.routes.extend(job_routes(jobs, lambda handler, name: _api(lambda r, c: handler(r), ctx, name)))
+        try:  # under the lock Jobs.open took
+            ctx.responses = ResponseKeeper.open(settings.data_dir)
+        except BaseException:
+            jobs.data_dir_lock.release()
+            raise
     app.state.jobs = jobs
     app.state.begin_drain = begin_drain
     return app

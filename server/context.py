@@ -3,12 +3,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from server.errors import NotFound
 from server.generation import GenerationService
 from server.metrics import ServerMetrics
 from server.state import OK, ModelInfo, ServingState
+
+if TYPE_CHECKING:
+    from server.responses_keeper import ResponseKeeper
 
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0  # seconds running requests get to finish at shutdown
@@ -51,6 +54,7 @@ class ServerContext:
     state: ServingState
     metrics: ServerMetrics
     service: GenerationService
+    responses: ResponseKeeper | None = None  # stored responses, with a data directory
 
     def require_engine(self) -> Any:
         """The engine if requests are being admitted, else the 503 that says why not."""

@@ -5,7 +5,8 @@ ended without an answer, and the non-standard `metrics` object."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable
+import inspect
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -29,10 +30,11 @@ async def reply(
     stream: bool,
     events: Callable[[], AsyncIterator[bytes]],
     error_event: Callable[[APIError], bytes],
-    payload: Callable[[list[GenerationResult]], dict[str, Any]],
+    payload: Callable[[list[GenerationResult]], dict[str, Any] | Awaitable[dict[str, Any]]],
 ) -> Response:
     """`events` makes this API's SSE body and `error_event` its in-stream error; `payload` is the
-    JSON answer to results that have one (the first error_for_result answers the others).
+    JSON answer to results that have one (the first error_for_result answers the others), or an
+    awaitable of it (an answer that is stored before it is sent).
     `request_id` is sent as the x-request-id header."""
     headers = {"x-request-id": request_id}
     if stream:
@@ -50,7 +52,10 @@ async def reply(
         if error is not None:
             error.headers.update(headers)
             return error_response(error, request.scope)
-    return JSONResponse(payload(results), headers=headers)
+    body = payload(results)
+    if inspect.isawaitable(body):
+        body = await body
+    return JSONResponse(body, headers=headers)
 
 
 async def merged_deltas(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, str | GenerationResult]]:
@@ -129,7 +134,7 @@ async def reply_in_dialect(request: Request, ctx: ServerContext, spec: Any, endp
                            make_answer: Callable[[str, list[RequestHandle]], Any]) -> Response:
     """Submit one chat spec for a dialect's route (Messages, Responses) and answer in its shape:
     an engine refusal speaks the dialect's field names (`rename`), and `make_answer(id, handles)`
-    gives the answer with its `stream`, `error_event` and `response`."""
+    gives the answer with its `stream`, `error_event` and `payload` (the JSON answer)."""
     try:
         submitted = await ctx.service.submit([spec], endpoint, id_prefix, caller_of(request))
     except APIError as exc:  # the engine's refusal of a tool grammar names the chat fields
@@ -139,5 +144,5 @@ async def reply_in_dialect(request: Request, ctx: ServerContext, spec: Any, endp
     return await reply(
         request, ctx, handles, request_id=submitted.id, endpoint=endpoint, priority=spec.priority,
         stream=spec.stream, events=lambda: answer.stream(handles), error_event=answer.error_event,
-        payload=answer.response,
+        payload=answer.payload,
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from engine import FinishReason, GenerationResult, RequestHandle
 from server.errors import APIError
@@ -36,15 +36,22 @@ NOTHING_ECHOED = {"instructions": None, "max_output_tokens": None, "metadata": {
                   "text": {"format": {"type": "text"}}}
 
 
+# Keeps a finished response (server/responses_routes.py); False if it could not be kept.
+Keep = Callable[[dict[str, Any]], Awaitable[bool]]
+
+
 class ResponseAnswer:
     """One /v1/responses answer; `echo` is the request's settings as the response repeats them
-    (server/responses_schemas.py)."""
+    (server/responses_schemas.py); `keep`, for a response to store, is called with the finished
+    response before it is sent (a client that continues from it at once finds it)."""
 
-    def __init__(self, response_id: str, model: str, spec: GenerationSpec, echo: dict[str, Any]) -> None:
+    def __init__(self, response_id: str, model: str, spec: GenerationSpec, echo: dict[str, Any],
+                 keep: Keep | None = None) -> None:
         self.id = response_id
         self.model = model
         self.spec = spec
         self.echo = echo
+        self.keep = keep
         self.created_at = int(time.time())
         self.message_id = f"msg_{uuid.uuid4().hex[:24]}"
         self.reader: ToolOutputReader | None = None
@@ -59,6 +66,15 @@ class ResponseAnswer:
         if self.reader is not None:
             self.reader.feed(result.text)
         return self._finished(result)
+
+    async def payload(self, results: list[GenerationResult]) -> dict[str, Any]:
+        """The whole response, kept first when it is to be stored."""
+        return await self._kept(self.response(results))
+
+    async def _kept(self, response: dict[str, Any]) -> dict[str, Any]:
+        if self.keep is not None and not await self.keep(response):
+            response["store"] = False  # said plainly: a later request cannot continue from it
+        return response
 
     def _finished(self, result: GenerationResult) -> dict[str, Any]:
         """The response once the reader (if any) has read all the text."""
@@ -83,7 +99,7 @@ class ResponseAnswer:
                 "error": None, "incomplete_details": None, "model": self.model, "output": output,
                 "usage": usage_, "temperature": self.spec.temperature, "top_p": self.spec.top_p,
                 "parallel_tool_calls": self.spec.tools.parallel if self.spec.tools is not None else True,
-                "service_tier": SERVICE_TIER_OF[self.spec.priority], "store": False, "background": False,
+                "service_tier": SERVICE_TIER_OF[self.spec.priority], "store": self.keep is not None, "background": False,
                 "truncation": "disabled", "reasoning": {"effort": None, "summary": None},
                 "previous_response_id": None, "user": None, **NOTHING_ECHOED, **self.echo}
 
@@ -105,7 +121,7 @@ class ResponseAnswer:
                 yield self.error_event(error)
                 return
             status = "incomplete" if item.finish_reason in TRUNCATED else "completed"
-            response = self._finished(item)
+            response = await self._kept(self._finished(item))
             complete_calls = any(o["type"] == "function_call" for o in response["output"])
             for event in items.close(status if not complete_calls else "completed"):
                 yield event

@@ -20,10 +20,12 @@ Mapping (docs/responses-api.md has the full table):
   text.format text | json_object | json_schema {name, schema, ...}  response_format
   temperature, top_p, parallel_tool_calls, stream, service_tier, user, metadata,
   prompt_cache_key, safety_identifier   the chat fields of the same name
-  store                                 read; nothing is kept (the answer says "store": false)
+  store                                 whether the response is kept (server/responses_routes.py)
+  previous_response_id                  the earlier response's items and output, before `input`
+                                        (looked up by the route, passed here as `earlier`)
 cobatch's extensions pass through as on chat (EXTENSIONS: seed, priority, speculative, ...).
-Refused with a 400 naming the field: stored state (previous_response_id, conversation, item
-references), background, built-in tools, non-text parts, reasoning, include, truncation other than
+Refused with a 400 naming the field: conversations and item references (nothing is kept but whole
+responses), background, built-in tools, non-text parts, reasoning, include, truncation other than
 "disabled", unknown item and part types, and a function_call_output whose call_id names no
 earlier function_call.
 """
@@ -48,7 +50,8 @@ SAME_NAMES = ("temperature", "top_p", "parallel_tool_calls", "stream", "service_
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text")
 MEDIA_PARTS = ("input_image", "input_file", "input_audio")
-NO_STATE = "this server keeps no responses or conversations yet; send the whole conversation in 'input'"
+NO_STATE = ("this server keeps responses, not conversations or their items: continue a response with "
+            "'previous_response_id', or send the whole conversation in 'input'")
 
 
 @dataclass(frozen=True)
@@ -59,16 +62,32 @@ class ResponsesRequest:
     model: str
     spec: GenerationSpec
     echo: dict[str, Any] = field(default_factory=dict)
+    store: bool | None = None  # as sent: None when the body says nothing
+    previous_response_id: str | None = None
 
 
-def parse_responses_body(body: dict[str, Any], *, n_ctx: int, tier: str = INTERACTIVE) -> ResponsesRequest:
-    """A /v1/responses body; `tier` for a request that names none (service_tier or priority)."""
+def previous_response_id(body: dict[str, Any]) -> str | None:
+    """The body's previous_response_id, checked before the route looks it up."""
+    value = body.get("previous_response_id")
+    if value is not None and (not isinstance(value, str) or not value):
+        raise BadRequest("'previous_response_id' must be the id of a stored response (a non-empty string)",
+                         param="previous_response_id")
+    return value
+
+
+def parse_responses_body(body: dict[str, Any], *, n_ctx: int, tier: str = INTERACTIVE,
+                         earlier: list[dict[str, Any]] = ()) -> ResponsesRequest:
+    """A /v1/responses body; `tier` for a request that names none (service_tier or priority);
+    `earlier`: the items previous_response_id stands for (server/responses_items.py), read
+    before `input` as if sent there."""
     fields = FieldReader(body)
     _refuse_what_needs_state(fields)
+    previous = previous_response_id(body)
+    fields.raw("previous_response_id", None)
     chat: dict[str, Any] = {"model": fields.string("model", non_empty=True)}
     instructions = fields.string("instructions", None, nullable=True)
     chat["messages"] = ([{"role": "system", "content": instructions}] if instructions else []) + _chat_messages(
-        fields.raw("input", None))
+        fields.raw("input", None), list(earlier))
     max_output_tokens = fields.raw("max_output_tokens", None)
     if max_output_tokens is not None:
         chat["max_tokens"] = max_output_tokens
@@ -83,7 +102,7 @@ def parse_responses_body(body: dict[str, Any], *, n_ctx: int, tier: str = INTERA
     for name in (*SAME_NAMES, *EXTENSIONS):
         if fields.present(name):
             chat[name] = fields.raw(name)
-    fields.boolean("store", None, nullable=True)  # nothing is kept either way: the answer says false
+    store = fields.boolean("store", None, nullable=True)
     fields.finish()
     try:
         parsed = parse_chat(chat, n_ctx=n_ctx, tier=tier)
@@ -92,15 +111,14 @@ def parse_responses_body(body: dict[str, Any], *, n_ctx: int, tier: str = INTERA
     echo = {"instructions": instructions, "max_output_tokens": max_output_tokens,
             "metadata": chat.get("metadata") or {}, "tools": [_flat_tool(t) for t in tools or []],
             "tool_choice": _echoed_tool_choice(chat.get("tool_choice")),
-            "text": {"format": _echoed_format(response_format)}}
-    return ResponsesRequest(parsed.model, parsed.specs[0], echo)
+            "text": {"format": _echoed_format(response_format)}, "previous_response_id": previous}
+    return ResponsesRequest(parsed.model, parsed.specs[0], echo, store, previous)
 
 
 def _refuse_what_needs_state(fields: FieldReader) -> None:
     """Fields that ask for what this server does not keep or do, refused before anything else."""
-    for name in ("previous_response_id", "conversation"):
-        if fields.raw(name, None) is not None:
-            raise BadRequest(f"'{name}' is not supported: {NO_STATE}", param=name)
+    if fields.raw("conversation", None) is not None:
+        raise BadRequest(f"'conversation' is not supported: {NO_STATE}", param="conversation")
     if fields.raw("background", None) not in (None, False):
         raise BadRequest("'background' is not supported: responses are answered while the request waits "
                          "(stream it, or send it as a batch job: /v1/batches)", param="background")
@@ -117,15 +135,17 @@ def _refuse_what_needs_state(fields: FieldReader) -> None:
                          "is refused, never cut", param="truncation")
 
 
-def _chat_messages(value: Any) -> list[dict[str, Any]]:
+def _chat_messages(value: Any, earlier: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    if not isinstance(value, list) or not value:
+        value = [{"role": "user", "content": value}]
+    elif not isinstance(value, list) or not value:
         raise BadRequest("'input' must be a string or a non-empty list of input items", param="input")
     out: list[dict[str, Any]] = []
     call_ids: set[str] = set()
-    for i, item in enumerate(value):
-        where = f"input[{i}]"
+    # Errors name the request's own input items; the earlier ones were read once already.
+    places = [f"previous_response_id's item {i}" for i in range(len(earlier))] + [
+        f"input[{i}]" for i in range(len(value))]
+    for where, item in zip(places, [*earlier, *value]):
         if not isinstance(item, dict):
             raise BadRequest(f"'{where}' must be an input item (an object)", param=where)
         kind = item.get("type", "message" if "role" in item else None)

@@ -135,3 +135,11 @@ def engine_requests(specs: Sequence[GenerationSpec], request_ids: Sequence[str],
 
     return [spec.request(request_id, render(spec), draft_scope)
             for spec, request_id in zip(specs, request_ids, strict=True)]
+
+
+def prompt_token_count(spec: GenerationSpec, chat: ChatFormatter) -> int:
+    """How many tokens a chat spec's prompt renders to, rendered as engine_requests renders it
+    (the same messages, the same tools): the token-counting routes. Tokenizes: run it off the
+    event loop."""
+    assert isinstance(spec.prompt, ChatPrompt)
+    return len(chat.render(list(spec.prompt.messages), spec.tools).token_ids)

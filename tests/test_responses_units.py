@@ -127,8 +127,9 @@ def test_store_and_a_reasoning_that_asks_for_nothing_are_accepted():
 
 
 REFUSED = [
-    ({"previous_response_id": "resp_1"}, "previous_response_id", "keeps no responses"),
-    ({"conversation": "conv_1"}, "conversation", "keeps no responses"),
+    ({"previous_response_id": ""}, "previous_response_id", "the id of a stored response"),
+    ({"previous_response_id": 7}, "previous_response_id", "the id of a stored response"),
+    ({"conversation": "conv_1"}, "conversation", "not conversations"),
     ({"background": True}, "background", "not supported"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type", "built-in"),
     ({"tools": [{"type": "file_search", "vector_store_ids": []}]}, "tools[0].type", "built-in"),
@@ -147,7 +148,7 @@ REFUSED = [
     ({"include": ["message.output_text.logprobs"]}, "include", "not supported"),
     ({"truncation": "auto"}, "truncation", "never cut"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type", "not an input item"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "keeps no responses"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "not conversations or their items"),
     ({"input": [{"content": "no role or type"}]}, "input[0]", "'type'"),
     ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "x"}]}, "input[0].call_id",
      "names no earlier function_call"),
