@@ -1,4 +1,4 @@
-"""The Responses API's routes around stored responses, and its token count:
+"""The Responses API's routes around stored responses (get, delete, input items) and its token count.
 
     GET    /v1/responses/{id}               the response as it was answered
     DELETE /v1/responses/{id}               {"id", "object": "response", "deleted": true}

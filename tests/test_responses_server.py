@@ -73,7 +73,7 @@ def test_create_answers_a_response_with_text_and_usage(client):
                                                     input="Say hello.", max_output_tokens=24, temperature=0)
     response = raw.parse()
     assert raw.headers["x-request-id"] == response.id and response.id.startswith("resp_")
-    assert (response.object, response.model, response.store) == ("response", MODEL, False)
+    assert (response.object, response.model, response.store) == ("response", MODEL, True)  # a data dir: stored
     assert response.output_text and response.status in ("completed", "incomplete")
     assert response.instructions == "Answer in one short sentence." and response.max_output_tokens == 24
     usage = response.usage
@@ -157,15 +157,18 @@ def test_service_tier_is_echoed(client, tier):
 # ---------------------------------------------------------------- refusals
 def test_the_sdk_raises_its_own_errors(client):
     with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL, input="Hi", conversation="conv_abc")
+    assert err.value.status_code == 400 and err.value.param == "conversation"
+    with pytest.raises(openai.NotFoundError) as err:  # as OpenAI answers an id it does not know
         client.responses.create(model=MODEL, input="Hi", previous_response_id="resp_abc")
-    assert err.value.status_code == 400 and err.value.param == "previous_response_id"
+    assert err.value.param == "previous_response_id"
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="not-served-here", input="Hi")
 
 
 MALFORMED = [
     ("input missing", {"input": None}, 400, "input"),
-    ("previous_response_id", {"previous_response_id": "resp_1"}, 400, "previous_response_id"),
+    ("previous_response_id unknown", {"previous_response_id": "resp_1"}, 404, "previous_response_id"),
     ("conversation", {"conversation": "conv_1"}, 400, "conversation"),
     ("background", {"background": True}, 400, "background"),
     ("web search", {"tools": [{"type": "web_search"}]}, 400, "tools[0].type"),

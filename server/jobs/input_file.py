@@ -16,7 +16,8 @@ import json
 from pathlib import Path
 from typing import IO, Any, Iterator, NamedTuple
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+# OpenAI's Batch API takes /v1/responses lines too; /v1/messages lines run Anthropic's dialect.
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 MAX_REQUESTS = 50_000  # per batch, as OpenAI's
 MAX_ERRORS_LISTED = 100
 MAX_LINE_BYTES = 4 * 1024 * 1024  # far above any context's worth of text

@@ -78,7 +78,8 @@ async def _run(todo: list[InputRequest], total: int, done: int, out: BinaryIO, a
                 out.write(outcome_line("offline", request.custom_id, request.index, outcome))
                 out.flush()  # in the OS's hands: survives the process being killed
                 usage = (outcome.response or {}).get("usage") or {}
-                meter.advance(usage.get("completion_tokens", 0))
+                # chat and completions count completion_tokens; Responses and Messages output_tokens
+                meter.advance(usage.get("completion_tokens", usage.get("output_tokens", 0)))
 
         await asyncio.gather(*(worker() for _ in range(max(1, in_flight))))
         os.fsync(out.fileno())
