@@ -226,3 +226,27 @@ def test_without_a_data_directory_nothing_is_stored_and_asking_to_is_refused():
             assert r.status_code == 400 and r.json()["error"]["param"] == param and "data directory" in r.text
         r = http.get("/v1/responses/resp_1")
         assert r.status_code == 404 and "data directory" in r.text
+
+
+# ---------------------------------------------------------------- a store that cannot write
+def test_a_store_that_cannot_write_loses_no_response(tmp_path):
+    """Answers go on while the disk is full; the responses are found meanwhile and written after."""
+    from tests.store_faults import FaultyStore
+
+    engine = shared_engine()
+    with running_server(lambda: engine, engine, data_dir=tmp_path) as server, \
+            httpx.Client(base_url=server.url, timeout=120) as http:
+        keeper = server.ctx.responses
+        real = keeper.store
+        faulty = keeper.store = FaultyStore(real, {"outage": [0, 600], "error": "full"})
+        first = http.post("/v1/responses", json={"model": MODEL, "input": "Say hi.", "max_output_tokens": 4}).json()
+        assert first["store"] is True and http.get(f"/v1/responses/{first['id']}").json() == first
+        second = http.post("/v1/responses", json={"model": MODEL, "input": "Again.", "max_output_tokens": 4,
+                                                  "previous_response_id": first["id"]})
+        assert second.status_code == 200 and second.json()["store"] is True
+        assert stored_count(tmp_path) == 0 and keeper.health()["held"] == 2  # both are held
+        faulty.set_plan({})  # the disk has room again
+        wait_until(lambda: keeper.health()["held"] == 0, 30, "the held responses were not written")
+        assert stored_count(tmp_path) == 2
+        keeper.store = real
+    assert stored_count(tmp_path) == 2
