@@ -168,6 +168,8 @@ def _plain(handler: Handler, ctx: ServerContext) -> Callable[[Request], Awaitabl
 async def health(request: Request, ctx: ServerContext) -> Response:
     jobs = request.app.state.jobs
     payload = health_payload(ctx.state, None if jobs is None else jobs.runner.health())
+    if ctx.responses is not None:  # responses held in memory while their store cannot write, and why
+        payload["stored_responses"] = ctx.responses.health()
     return JSONResponse(payload, status_code=200 if ctx.state.status == OK else 503)
 
 

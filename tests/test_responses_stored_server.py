@@ -245,8 +245,10 @@ def test_a_store_that_cannot_write_loses_no_response(tmp_path):
                                                   "previous_response_id": first["id"]})
         assert second.status_code == 200 and second.json()["store"] is True
         assert stored_count(tmp_path) == 0 and keeper.health()["held"] == 2  # both are held
+        shown = http.get("/health").json()["stored_responses"]
+        assert shown["held"] == 2 and "cannot write" in shown["reason"]
         faulty.set_plan({})  # the disk has room again
         wait_until(lambda: keeper.health()["held"] == 0, 30, "the held responses were not written")
-        assert stored_count(tmp_path) == 2
+        assert stored_count(tmp_path) == 2 and http.get("/health").json()["stored_responses"]["held"] == 0
         keeper.store = real
     assert stored_count(tmp_path) == 2
