@@ -28,7 +28,7 @@ ASK = "What is the weather in Paris?"
 RESPONSES_LINES = {
     "text": {"input": "Say hello.", "max_output_tokens": 8, "temperature": 0},
     "call": {"input": ASK, "tools": [{"type": "function", "name": "get_weather", "parameters": PARAMS}],
-             "tool_choice": "required", "max_output_tokens": 60, "temperature": 0},
+             "tool_choice": "required", "parallel_tool_calls": False, "max_output_tokens": 60, "temperature": 0},
     "store": {"input": "Hi", "store": True},
     "previous": {"input": "Hi", "previous_response_id": "resp_1"},
     "stream": {"input": "Hi", "stream": True},

@@ -124,12 +124,13 @@ def test_previous_response_id_continues_a_call_from_the_prefix_cache(client):
 
 
 def test_a_stream_is_stored_and_continued(client):
-    events = list(client.responses.create(model=MODEL, input="Name a colour.", max_output_tokens=8, temperature=0,
-                                          stream=True))
+    events = list(client.responses.create(model=MODEL, instructions=INSTRUCTIONS, max_output_tokens=8,
+                                          input="Name a colour the sky can have at sunset over the sea.",
+                                          temperature=0, stream=True))
     final = events[-1].response
     assert final.store is True and client.responses.retrieve(final.id).output_text == final.output_text
-    second = client.responses.create(model=MODEL, input="Another one.", previous_response_id=final.id,
-                                     max_output_tokens=8, temperature=0)
+    second = client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input="Another one.",
+                                     previous_response_id=final.id, max_output_tokens=8, temperature=0)
     assert second.usage.input_tokens_details.cached_tokens >= final.usage.input_tokens // BLOCK * BLOCK > 0
 
 
