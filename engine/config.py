@@ -59,6 +59,11 @@ class EngineConfig:
     priority_scheduling: bool = setting(True, "two priority tiers (off: one FIFO queue, request priority ignored)",
                                         flag="--priority")
     batch_min_share: float = setting(0.25, "share of slots, prompt tokens and steps batch work always keeps")
+    # Off is the same-run baseline of `cobatch bench tenants`: one script's flood then takes a tier.
+    fair_share: bool = setting(
+        True, "within each tier, admit first from the waiting tenant (API key) with the least service per unit "
+              "of weight, tokens counted as computed (off: first come, first served; docs/tenants.md)",
+        on_off=True)
     # Aborting later wastes more batch work than it saves: the step's last part, the output
     # projection, cannot be aborted by llama.cpp, so a late abort only discards a finished step.
     interrupt_window: float = setting(
@@ -148,4 +153,4 @@ class EngineConfig:
             return FifoPolicy()
         target_s = None if self.interactive_token_ms is None else self.interactive_token_ms / 1000.0
         return TwoTierPolicy(self.max_running, self.step_token_budget, self.batch_min_share, self.interrupt_window > 0,
-                             self.interactive_batch_rows, target_s, step_cost)
+                             self.interactive_batch_rows, target_s, step_cost, fair_share=self.fair_share)

@@ -33,13 +33,19 @@ For a slot, a batch sequence is suspended (it keeps its KV and resumes without r
 only when KV blocks run short is one released and later recomputed. `batch_min_share` bounds
 what batch work pays: it keeps that fraction of running slots and of each step's prompt tokens,
 and runs in at least one of every 1/batch_min_share steps.
+
+Within a tier, tenants share by weight (engine/fair_share.py, `fair_share`): the next admission
+is the first waiting sequence of the backlogged tenant with the least weighted service, and a
+victim is taken from the tenant with the most (then by the rules above). Off, or with one
+tenant, the tier's queue is first come, first served.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
+from engine.fair_share import FairShare
 from engine.ownership import SingleWriter
 from engine.prompt_scores import scored_positions
 from engine.request import Priority
@@ -66,6 +72,7 @@ class QueueView(Protocol):
 
     def n_running(self, tier: Priority) -> int: ...
 
+    def queue(self, tier: Priority) -> Iterable[Sequence]: ...  # waiting, in queue order
 
 
 @dataclass
@@ -139,6 +146,22 @@ class SchedulingPolicy(SingleWriter):
     def interactive_intervals(self, seconds: list[float]) -> None:
         """Interactive sequences just got tokens, these many seconds after their previous ones."""
 
+    # ---- what the scheduler reports, for policies that share tiers among tenants --------------
+    def queued(self, seq: Sequence) -> None:
+        """`seq` joined its tier's queue (new, or displaced back into it)."""
+
+    def dequeued(self, seq: Sequence) -> None:
+        """`seq` left its tier's queue (admitted, or finished while waiting)."""
+
+    def admitted(self, seq: Sequence) -> None:
+        """`seq` starts running (new, resumed, or adopted from the first-token lane)."""
+
+    def computed(self, seq: Sequence, start: int, rows: int) -> None:
+        """A completed step (or the first-token lane) computed `rows` of `seq` from `start`."""
+
+    def released(self, seq: Sequence) -> None:
+        """`seq` finished or was cancelled, in whatever state."""
+
 
 class FifoPolicy(SchedulingPolicy):
     pass
@@ -148,7 +171,7 @@ class TwoTierPolicy(SchedulingPolicy):
     def __init__(self, max_running: int, step_token_budget: int, batch_min_share: float = 0.25,
                  interrupt_steps: bool = True, interactive_batch_rows: int | None = None,
                  interactive_token_s: float | None = None, step_cost: StepCostModel | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, fair_share: bool = True) -> None:
         if not 0.0 <= batch_min_share < 1.0:
             raise ValueError(f"batch_min_share must be at least 0 and below 1, got {batch_min_share}")
         if interactive_batch_rows is not None and interactive_batch_rows < 1:
@@ -178,6 +201,7 @@ class TwoTierPolicy(SchedulingPolicy):
         self.max_batchless_steps = (round(1 / share) - 1) if share > 0 else None
         self._steps_without_batch = 0  # consecutive steps in which waiting batch work made no progress
         self._waited_before_step = 0
+        self.fair = FairShare() if fair_share else None  # None: each tier first come, first served
 
     # ---- admission ----------------------------------------------------------------------------
     def next_candidate(self, view: QueueView, blocked: set[Priority]) -> Sequence | None:
@@ -187,7 +211,7 @@ class TwoTierPolicy(SchedulingPolicy):
         if view.n_running(BATCH) < self.batch_slots:
             order.reverse()  # batch is below its guaranteed share of slots
         for tier in order:
-            seq = view.head(tier) if tier not in blocked else None
+            seq = self._head(view, tier) if tier not in blocked else None
             if seq is None:
                 continue
             if tier is INTERACTIVE and not self._interactive_slot_free(view):
@@ -202,18 +226,20 @@ class TwoTierPolicy(SchedulingPolicy):
         # most recently admitted of those): the delay is spread over the batch tier instead of
         # holding back one sequence again and again, which would leave it finishing alone in
         # steps of a few rows. max() keeps the first of equals: ties go to the latest admitted.
-        return max(reversed(self._displaceable(view, seq)), key=lambda s: s.n_generated, default=None)
+        # Among tenants, the one with most weighted service gives way first.
+        return max(reversed(self._displaceable(view, seq)), key=lambda s: (self._service(s), s.n_generated),
+                   default=None)
 
     def kv_victim(self, view: QueueView, seq: Sequence) -> Sequence | None:
-        batch = self._displaceable(view, seq)
-        return batch[-1] if batch else None  # the most recently admitted has least to recompute
+        # The most recently admitted has least to recompute (of the most served tenant).
+        return max(reversed(self._displaceable(view, seq)), key=self._service, default=None)
 
     def may_release_suspended_for(self, seq: Sequence) -> bool:
         return seq.request.priority is INTERACTIVE
 
     def growth_victim(self, view: QueueView) -> Sequence:
         batch = [s for s in view.running if s.request.priority is BATCH]
-        return batch[-1] if batch else view.running[-1]
+        return max(reversed(batch or view.running), key=self._service)
 
     def ranks_before(self, running: Sequence, candidate: Sequence) -> bool:
         return candidate.request.priority is BATCH or running.request.priority is INTERACTIVE
@@ -340,6 +366,38 @@ class TwoTierPolicy(SchedulingPolicy):
                 self.calibration = min(high, self.calibration * (1 + CALIBRATION_UP))
             else:
                 self.calibration = max(low, self.calibration * (1 - CALIBRATION_DOWN))
+
+    # ---- fair share within a tier --------------------------------------------------------------
+    def queued(self, seq: Sequence) -> None:
+        if self.fair is not None:
+            self.fair.queued(seq)
+
+    def dequeued(self, seq: Sequence) -> None:
+        if self.fair is not None:
+            self.fair.dequeued(seq)
+
+    def admitted(self, seq: Sequence) -> None:
+        if self.fair is not None:
+            self.fair.admitted(seq)
+
+    def computed(self, seq: Sequence, start: int, rows: int) -> None:
+        if self.fair is not None:
+            self.fair.computed(seq, start, rows)
+
+    def released(self, seq: Sequence) -> None:
+        if self.fair is not None:
+            self.fair.released(seq)
+
+    def _head(self, view: QueueView, tier: Priority) -> Sequence | None:
+        """The tier's next sequence: its queue's head, or with several tenants waiting, the
+        first waiting sequence of the least served (displaced ones stand first in the queue)."""
+        least = self.fair.least_served(tier) if self.fair is not None else None
+        if least is None:
+            return view.head(tier)
+        return next((s for s in view.queue(tier) if s.request.tenant in least), None)
+
+    def _service(self, seq: Sequence) -> float:
+        return self.fair.of(seq) if self.fair is not None else 0.0
 
     # ---- helpers ------------------------------------------------------------------------------
     def _waited(self, decoding: list[Sequence], now: float) -> float:

@@ -144,6 +144,10 @@ class Request:
     # Whose finished outputs may propose drafts for it (engine/drafts.py): requests of one
     # scope only, so one client's text is never guessed for another's (the server sets the key).
     draft_scope: str = ""
+    # Who sent it (engine/fair_share.py): within its tier, the backlogged tenant with the least
+    # service per unit of weight is admitted first. "" is the one tenant of a server without keys.
+    tenant: str = ""
+    weight: float = 1.0  # this tenant's share relative to others' (3 against 1: three times the tokens)
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt, str):
@@ -204,6 +208,11 @@ class Request:
                                         field="speculative")
         if not isinstance(self.draft_scope, str):
             raise InvalidParameterError("draft_scope must be a string", field="draft_scope")
+        if not isinstance(self.tenant, str):
+            raise InvalidParameterError("tenant must be a string", field="tenant")
+        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not (
+                0 < self.weight < float("inf")):
+            raise InvalidParameterError(f"weight must be a positive number, got {self.weight!r}", field="weight")
         try:
             object.__setattr__(self, "priority", Priority(self.priority))
         except ValueError:

@@ -18,7 +18,7 @@ import collections
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from engine.kv_cache import KvCache
 from engine.ownership import SingleWriter
@@ -70,6 +70,9 @@ class Scheduler(SingleWriter):
     def n_running(self, tier: Priority) -> int:
         return sum(1 for s in self.running if s.request.priority is tier)
 
+    def queue(self, tier: Priority) -> Iterable[Sequence]:
+        return iter(self.waiting[tier])
+
     @property
     def n_waiting(self) -> int:
         return sum(len(q) for q in self.waiting.values())
@@ -82,6 +85,7 @@ class Scheduler(SingleWriter):
         seq.state = SequenceState.WAITING
         seq.arrival_order = next(self._arrivals)
         self.waiting[seq.request.priority].append(seq)
+        self.policy.queued(seq)
 
     def adopt(self, seq: Sequence, import_cells: Callable[[int], bool]) -> bool:
         """Run a sequence whose prompt was computed elsewhere. A full set of slots makes room as
@@ -98,6 +102,7 @@ class Scheduler(SingleWriter):
         if victim is not None:
             self.suspend(victim)
         seq.arrival_order = next(self._arrivals)
+        self.policy.computed(seq, 0, seq.n_computed)  # its prompt, computed in the lane's context
         self._start_running(seq)
         return True
 
@@ -112,6 +117,7 @@ class Scheduler(SingleWriter):
         """The step's tokens are in the KV cache (an aborted step's are not: llama.cpp rolled it back)."""
         for chunk in plan.chunks:
             self.kv.computed(chunk.seq, chunk.length)
+            self.policy.computed(chunk.seq, chunk.start, chunk.n_rows)  # drafted rows cost a step as much
         self.tokens_prefilled += plan.prompt_tokens
 
     def step_aborted(self) -> None:
@@ -127,9 +133,12 @@ class Scheduler(SingleWriter):
             self.kv.release(seq)
         elif seq.state is SequenceState.SUSPENDED:
             self.waiting[seq.request.priority].remove(seq)
+            self.policy.dequeued(seq)
             self.kv.release(seq)
         elif seq.state is SequenceState.WAITING:
             self.waiting[seq.request.priority].remove(seq)
+            self.policy.dequeued(seq)
+        self.policy.released(seq)
         seq.state = SequenceState.FINISHED
 
     def preempt(self, seq: Sequence) -> None:
@@ -166,6 +175,7 @@ class Scheduler(SingleWriter):
         while i < len(queue) and queue[i].admitted_at is not None and queue[i].arrival_order < seq.arrival_order:
             i += 1
         queue.insert(i, seq)
+        self.policy.queued(seq)
 
     def _release_suspended(self) -> bool:
         """Free the KV of the suspended sequence that will resume last (it will recompute);
@@ -211,6 +221,7 @@ class Scheduler(SingleWriter):
                 return False
             self.preempt(victim)
         self.waiting[seq.request.priority].remove(seq)
+        self.policy.dequeued(seq)
         self._start_running(seq)
         return True
 
@@ -228,6 +239,7 @@ class Scheduler(SingleWriter):
             seq.admitted_at = time.perf_counter()
         self.tiers[seq.request.priority].admitted += 1
         self.running.append(seq)
+        self.policy.admitted(seq)
 
     def _budget_ahead_of(self, seq: Sequence) -> int:
         """Step tokens left for `seq` after the work that comes before it in this step."""

@@ -1,0 +1,121 @@
+"""Fair sharing within a tier: virtual token counters per tenant (Sheng et al., "Fairness in
+Serving Large Language Models", OSDI 2024: the Virtual Token Counter).
+
+Each tenant of a tier has a counter of the service it received there: every token computed for
+one of its sequences (prompt, recomputed prompt after a preemption, generated, drafted) adds
+1 / weight. Generated tokens count as the step that computes them completes; the prompt (what an
+admitted sequence has yet to compute) counts when it is admitted, as in the paper, so several
+slots freed at once do not all go to the tenant that was least served before any of them.
+Among the tier's *backlogged* tenants (with a sequence waiting in its queue), admission goes to
+the one whose counter is least, so tenants that stay backlogged are served tokens in proportion
+to their weights, and a tenant alone gets everything (nobody else's counter can hold it back:
+the rule only orders who waits).
+
+A tenant that joins the backlog is lifted to the least counter of the backlogged tenants (to
+the counter of the tenant that left the queue last, when none is waiting), never lowered: time
+spent idle is not banked as a claim on the tier later.
+
+Engine thread only (the policy that holds it is called from the scheduler).
+"""
+from __future__ import annotations
+
+from engine.ownership import SingleWriter
+from engine.request import Priority
+from engine.sequence import Sequence
+
+# Counters of tenants that are neither waiting nor ahead of the floor carry no information (they
+# would be lifted on return anyway): past this many, they are forgotten, so a Python caller
+# naming a new tenant in every request cannot grow the table without bound.
+KEPT_IDLE_TENANTS = 256
+
+
+class FairShare(SingleWriter):
+    """Virtual token counters, per tier and tenant."""
+
+    def __init__(self) -> None:
+        self.service: dict[Priority, dict[str, float]] = {p: {} for p in Priority}
+        self._waiting: dict[Priority, dict[str, int]] = {p: {} for p in Priority}  # backlogged: count > 0
+        self._last_left: dict[Priority, str | None] = {p: None for p in Priority}
+        # Running sequences charged at admission for their tokens up to this position.
+        self._prepaid: dict[Sequence, int] = {}
+
+    # ---- queue membership (the scheduler reports every change) --------------------------------
+    def queued(self, seq: Sequence) -> None:
+        """`seq` joined its tier's queue (new, or displaced back into it)."""
+        tier, tenant = seq.request.priority, seq.request.tenant
+        waiting = self._waiting[tier]
+        if not waiting.get(tenant):
+            floor = self._floor(tier)
+            service = self.service[tier]
+            service[tenant] = max(service.get(tenant, 0.0), floor)
+            if len(service) > KEPT_IDLE_TENANTS + len(waiting):
+                self._forget_idle(tier, floor)
+        waiting[tenant] = waiting.get(tenant, 0) + 1
+
+    def dequeued(self, seq: Sequence) -> None:
+        """`seq` left its tier's queue (admitted, finished, cancelled)."""
+        tier, tenant = seq.request.priority, seq.request.tenant
+        waiting = self._waiting[tier]
+        left = waiting.get(tenant, 0) - 1
+        if left > 0:
+            waiting[tenant] = left
+        else:
+            waiting.pop(tenant, None)
+            self._last_left[tier] = tenant
+
+    def admitted(self, seq: Sequence) -> None:
+        """`seq` starts running: it is charged now for the tokens it has yet to compute."""
+        self._charge(seq, len(seq.tokens) - seq.n_computed)
+        self._prepaid[seq] = len(seq.tokens)
+
+    def computed(self, seq: Sequence, start: int, rows: int) -> None:
+        """A completed step computed `rows` of `seq` from position `start` (or the first-token
+        lane its prompt): charged but for the positions paid at admission."""
+        paid = self._prepaid.get(seq)
+        if paid is not None:
+            if start + rows >= paid:
+                del self._prepaid[seq]
+            rows = max(0, start + rows - max(start, paid))
+        self._charge(seq, rows)
+
+    def released(self, seq: Sequence) -> None:
+        """`seq` is finished (or cancelled): nothing it prepaid is left to match."""
+        self._prepaid.pop(seq, None)
+
+    # ---- what the policy asks -----------------------------------------------------------------
+    def least_served(self, tier: Priority) -> frozenset[str] | None:
+        """The backlogged tenants of `tier` with the least counter (ties all of them); None when
+        fewer than two are backlogged, when the queue's own order decides."""
+        waiting = self._waiting[tier]
+        if len(waiting) < 2:
+            return None
+        service = self.service[tier]
+        least = min(service.get(t, 0.0) for t in waiting)
+        return frozenset(t for t in waiting if service.get(t, 0.0) == least)
+
+    def of(self, seq: Sequence) -> float:
+        """The counter of `seq`'s tenant in its tier."""
+        return self.service[seq.request.priority].get(seq.request.tenant, 0.0)
+
+    def backlogged(self, tier: Priority) -> dict[str, int]:
+        """Tenant → sequences waiting in `tier` (a copy)."""
+        return dict(self._waiting[tier])
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def _charge(self, seq: Sequence, tokens: int) -> None:
+        if tokens > 0:
+            service = self.service[seq.request.priority]
+            tenant = seq.request.tenant
+            service[tenant] = service.get(tenant, 0.0) + tokens / seq.request.weight
+
+    def _floor(self, tier: Priority) -> float:
+        service, waiting = self.service[tier], self._waiting[tier]
+        if waiting:
+            return min(service.get(t, 0.0) for t in waiting)
+        last = self._last_left[tier]
+        return service.get(last, 0.0) if last is not None else 0.0
+
+    def _forget_idle(self, tier: Priority, floor: float) -> None:
+        service, waiting, last = self.service[tier], self._waiting[tier], self._last_left[tier]
+        for tenant in [t for t, c in service.items() if t not in waiting and t != last and c <= floor]:
+            del service[tenant]
