@@ -350,6 +350,7 @@ class EngineCore(SingleWriter):
             latency_calibration=scheduler.policy.calibration,
             lane_first_tokens=self.lane_first_tokens,
             speculation=None if self.speculator is None else self.speculator.stats(),
+            tenants_waiting=scheduler.policy.waiting_by_tenant(),
         )
 
 

@@ -101,6 +101,13 @@ class FairShare(SingleWriter):
         """Tenant → sequences waiting in `tier` (a copy)."""
         return dict(self._waiting[tier])
 
+    def waiting_by_tenant(self) -> dict[str, int]:
+        """Tenant → sequences waiting in either tier (a new dict: published as a snapshot)."""
+        interactive, batch = self._waiting[Priority.INTERACTIVE], self._waiting[Priority.BATCH]
+        if not interactive:
+            return dict(batch)
+        return {t: interactive.get(t, 0) + batch.get(t, 0) for t in interactive.keys() | batch.keys()}
+
     # ---- helpers ------------------------------------------------------------------------------
     def _charge(self, seq: Sequence, tokens: int) -> None:
         if tokens > 0:

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol
+from types import MappingProxyType
+from typing import Callable, Iterable, Mapping, Protocol
 
 from engine.fair_share import FairShare
 from engine.ownership import SingleWriter
@@ -57,6 +58,7 @@ from engine.tuning import (
 )
 
 INTERACTIVE, BATCH = Priority.INTERACTIVE, Priority.BATCH
+EMPTY_MAPPING: Mapping[str, int] = MappingProxyType({})
 
 
 class QueueView(Protocol):
@@ -161,6 +163,10 @@ class SchedulingPolicy(SingleWriter):
 
     def released(self, seq: Sequence) -> None:
         """`seq` finished or was cancelled, in whatever state."""
+
+    def waiting_by_tenant(self) -> Mapping[str, int]:
+        """Tenant → sequences waiting in either tier (empty unless the policy shares by tenant)."""
+        return EMPTY_MAPPING
 
 
 class FifoPolicy(SchedulingPolicy):
@@ -387,6 +393,9 @@ class TwoTierPolicy(SchedulingPolicy):
     def released(self, seq: Sequence) -> None:
         if self.fair is not None:
             self.fair.released(seq)
+
+    def waiting_by_tenant(self) -> Mapping[str, int]:
+        return EMPTY_MAPPING if self.fair is None else self.fair.waiting_by_tenant()
 
     def _head(self, view: QueueView, tier: Priority) -> Sequence | None:
         """The tier's next sequence: its queue's head, or with several tenants waiting, the

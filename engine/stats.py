@@ -3,7 +3,7 @@ any thread), the board it is published on, and where its step time goes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from engine.ownership import SingleWriter
 
@@ -42,6 +42,7 @@ class EngineStats:
     latency_calibration: float | None = None  # the plan's interval / predicted step seconds (p95)
     lane_first_tokens: int = 0  # requests whose first token the first-token lane gave (counted when handed back)
     speculation: SpeculationStats | None = None  # None: speculative decoding is off
+    tenants_waiting: Mapping[str, int] = field(default_factory=dict)  # tenant → queued sequences (fair share on)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from server.anthropic_schemas import in_anthropic_terms, parse_count_tokens_body
 from server.context import ServerContext
 from server.replies import reply_in_dialect
 from server.spec import prompt_token_count
+from server.auth import caller_of
 from server.tiers import route_default
 from server.validation import read_json_object
 
@@ -26,7 +27,8 @@ COUNT_TOKENS = "messages_count_tokens"
 async def messages(request: Request, ctx: ServerContext) -> Response:
     body = await read_json_object(request, ctx.settings.max_body_bytes)
     engine = ctx.require_engine()
-    parsed = parse_messages_body(body, n_ctx=engine.n_ctx, tier=route_default(ctx.settings.default_tier, MESSAGES))
+    tier = route_default(ctx.settings.default_tier, MESSAGES, caller_of(request).tenant.default_tier)
+    parsed = parse_messages_body(body, n_ctx=engine.n_ctx, tier=tier)
     model_id = ctx.served_model_id(parsed.model)
     spec = parsed.spec
     return await reply_in_dialect(

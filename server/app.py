@@ -33,6 +33,7 @@ from server.jobs.routes import Jobs, job_routes
 from server.metrics import ServerMetrics
 from server.responses_keeper import ResponseKeeper
 from server.responses_stored_routes import stored_response_routes
+from server.quotas import Quotas
 from server.state import DRAINING, OK, ServingState
 
 log = logging.getLogger("cobatch.server")
@@ -61,8 +62,9 @@ def create_app(
         # Readable while serving and draining; after close the engine is gone as far as we care.
         return state.engine.stats() if state.engine is not None and state.status in (OK, DRAINING) else None
 
-    metrics = ServerMetrics(engine_stats, lambda: state.in_flight)
-    ctx = ServerContext(settings, state, metrics, GenerationService(state, metrics))
+    quotas = Quotas()
+    metrics = ServerMetrics(engine_stats, lambda: state.in_flight, quotas.in_flight)
+    ctx = ServerContext(settings, state, metrics, GenerationService(state, metrics, quotas))
 
     jobs: Jobs | None = None
 
@@ -109,8 +111,8 @@ def create_app(
               methods=["POST"]),
     ]
     middleware, own_headers = [], {}
-    if settings.api_keys or settings.admin_api_keys:
-        check = KeyCheck(settings.api_keys, settings.admin_api_keys)
+    if settings.api_keys or settings.admin_api_keys or settings.tenant_keys:
+        check = KeyCheck(settings.api_keys, settings.admin_api_keys, settings.tenant_keys)
         open_paths = OPEN_PATHS if settings.protect_metrics else OPEN_PATHS | {"/metrics"}
         middleware.append(Middleware(RequireKeys, check=check, open_paths=open_paths))
         own_headers = {"Authorization": f"Bearer {check.internal_key}"}

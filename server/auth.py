@@ -9,8 +9,12 @@ shape (OpenAI's, or Anthropic's on the Messages routes: server/error_shapes.py),
 raises as its AuthenticationError.
 
 A request that passes carries its Caller: the owner id of its key (what files and batches are
-filed under; `owner_for_key`, a digest, never the key), and whether it may see every owner's (an
-admin key, or the server's own job requests). Without keys every request is the anonymous owner.
+filed under; `owner_for_key`, a digest, never the key, or the tenant's name for a key from a keys
+file), whether it may see every owner's (an admin key, or the server's own job requests), and
+its tenant (server/tenants.py: weight, default tier, limits). Without keys every request is the
+anonymous owner and tenant. The server's own requests for a batch job name the job's owner in
+`x-cobatch-batch-owner`, honoured only under the server's internal key, so a job's lines count
+for the tenant that created it.
 """
 from __future__ import annotations
 
@@ -24,7 +28,9 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from server.error_shapes import error_response
 from server.errors import APIError
+from server.jobs.in_process import BATCH_OWNER_HEADER
 from server.jobs.store import ANONYMOUS
+from server.tenants import ANONYMOUS_TENANT, Tenant, TenantKey, key_digest, tenant_for_plain_key
 
 ENV_VAR = "COBATCH_API_KEY"  # one key, or several separated by commas
 OPEN_PATHS = frozenset({"/health"})  # and /metrics unless it is protected too
@@ -57,6 +63,8 @@ def read_keys(keys: Iterable[str] = (), key_file: Path | None = None, environ: d
 class Caller:
     owner: str  # files and batches are filed under this
     sees_all: bool = False  # an admin key or the server itself: every owner's files and batches
+    tenant: Tenant = ANONYMOUS_TENANT
+    internal: bool = False  # the server's own key (batch jobs through its routes)
 
     @property
     def scope(self) -> str | None:
@@ -68,9 +76,14 @@ ANONYMOUS_CALLER = Caller(ANONYMOUS)
 
 
 def owner_for_key(key: str) -> str:
-    """The owner id of a key: stable across restarts, and no way back to the key. Named tenants
-    (issue 47) replace this one function."""
+    """The owner id of a key given by itself (--api-key): stable across restarts, and no way back
+    to the key. A keys file's tenants own theirs by name (`owner_for_tenant`)."""
     return "key-" + hashlib.sha256(b"cobatch-owner\0" + key.encode("utf-8")).hexdigest()[:32]
+
+
+def owner_for_tenant(tenant: Tenant) -> str:
+    """Every key of a keys-file tenant files under one owner: rotating a key keeps its batches."""
+    return f"tenant-{tenant.name}"
 
 
 def caller_of(request: Any) -> Caller:
@@ -79,11 +92,31 @@ def caller_of(request: Any) -> Caller:
 
 
 class KeyCheck:
-    def __init__(self, keys: Iterable[str], admin_keys: Iterable[str] = ()) -> None:
-        # (digest, is admin); the server's own calls (batch jobs through its routes) carry internal_key.
+    def __init__(self, keys: Iterable[str], admin_keys: Iterable[str] = (),
+                 tenant_keys: Iterable[TenantKey] = ()) -> None:
+        # (digest, its caller); the server's own calls (batch jobs through its routes) carry internal_key.
         self.internal_key = secrets.token_urlsafe(32)
-        self._digests = [(_digest(k), False) for k in keys] + [(_digest(k), True) for k in admin_keys]
-        self._digests.append((_digest(self.internal_key), True))
+        self._callers: list[tuple[bytes, Caller]] = [
+            (key_digest(k), Caller(owner_for_key(k), admin, tenant_for_plain_key(k, admin)))
+            for keys_, admin in ((keys, False), (admin_keys, True)) for k in keys_]
+        self._callers += [(t.digest, Caller(owner_for_tenant(t.tenant), t.tenant.admin, t.tenant))
+                          for t in tenant_keys]
+        self._by_owner = {caller.owner: caller for _, caller in self._callers}
+        self._callers.append((key_digest(self.internal_key),
+                              Caller(owner_for_key(self.internal_key), True, internal=True)))
+
+    @property
+    def tenants(self) -> list[Tenant]:
+        """Every configured tenant, once each (the server's own key has none of its own)."""
+        return list({c.tenant.name: c.tenant for _, c in self._callers if not c.internal}.values())
+
+    def on_behalf_of(self, caller: Caller, owner: str | None) -> Caller:
+        """The caller a request counts for: a batch job's owner when the server itself sends it
+        (its tenant, if the key that made it is still configured), else `caller`."""
+        if not caller.internal or not owner:
+            return caller
+        found = self._by_owner.get(owner)
+        return Caller(owner, sees_all=True, tenant=found.tenant if found else ANONYMOUS_TENANT)
 
     def identify(self, authorization: str | None) -> Caller | None:
         """The caller a bearer key names, or None if it names no configured key."""
@@ -97,17 +130,12 @@ class KeyCheck:
         presented = (presented or "").strip()
         if not presented:
             return None
-        candidate = _digest(presented)
-        matched = admin = False
-        for digest, is_admin in self._digests:  # no early exit: the time taken says nothing of which matched
-            hit = hmac.compare_digest(candidate, digest)
-            matched |= hit
-            admin |= hit and is_admin
-        return Caller(owner_for_key(presented), sees_all=admin) if matched else None
-
-
-def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode("utf-8")).digest()
+        candidate = key_digest(presented)
+        matched: Caller | None = None
+        for digest, caller in self._callers:  # no early exit: the time taken says nothing of which matched
+            if hmac.compare_digest(candidate, digest):
+                matched = caller
+        return matched
 
 
 class RequireKeys:
@@ -126,6 +154,8 @@ class RequireKeys:
         api_key = headers.get(b"x-api-key", b"").decode("latin-1")
         caller = self.check.identify(authorization) or self.check.identify_key(api_key)
         if caller is not None:
+            owner = headers.get(BATCH_OWNER_HEADER.encode(), b"").decode("latin-1")
+            caller = self.check.on_behalf_of(caller, owner)
             scope.setdefault("state", {})["caller"] = caller
             return await self.app(scope, receive, send)
         message = ("this server needs an API key: send Authorization: Bearer <key> or x-api-key: <key>"

@@ -29,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.command == "serve":
         options.api_keys = _api_keys(parser, options)
         options.admin_api_keys = _admin_keys(parser, options)
+        options.tenant_keys = _tenant_keys(parser, options)
     if options.command == "batch":
         return run_batch(parser, options)
     if options.replicas is not None or options.ray_address is not None:
@@ -68,6 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     keys.add_argument("--admin-api-key", action="append", default=[], metavar="KEY",
                       help="an accepted key that also sees every key's files and batches (repeatable); "
                            "any other key sees only its own")
+    keys.add_argument("--keys-file", type=Path, default=None,
+                      help="tenants and their keys (TOML, or JSON if it ends in .json; keys may be sha256:<hex>): "
+                           "each tenant's weight in its tier, default tier, allowed tiers and limits "
+                           "(docs/tenants.md)")
     keys.add_argument("--protect-metrics", action="store_true", help="/metrics needs a key too")
     add_engine_flags(serve_cmd.add_argument_group("engine (engine/config.py's EngineConfig, one flag per field)"))
     cluster = serve_cmd.add_argument_group("several engines (Ray Serve; needs the extra: pip install 'cobatch[ray]')")
@@ -166,6 +171,17 @@ def _admin_keys(parser: argparse.ArgumentParser, options: argparse.Namespace) ->
     return keys
 
 
+def _tenant_keys(parser: argparse.ArgumentParser, options: argparse.Namespace) -> tuple[Any, ...]:
+    from server.tenants import read_keys_file
+
+    if options.keys_file is None:
+        return ()
+    try:
+        return tuple(read_keys_file(options.keys_file))
+    except (OSError, ValueError) as exc:
+        parser.error(f"--keys-file: {exc}")
+
+
 def engine_options_from(options: argparse.Namespace) -> dict[str, Any]:
     """The Engine keyword arguments that `cobatch serve`'s flags select (a flag left at None
     leaves the setting to the Engine)."""
@@ -242,7 +258,7 @@ def serve(options: argparse.Namespace) -> int:
                               data_dir=options.data_dir, max_upload_bytes=options.max_upload_bytes,
                               jobs_in_flight=in_flight_for(EngineConfig(**engine_options).max_running),
                               api_keys=options.api_keys, admin_api_keys=options.admin_api_keys,
-                              protect_metrics=options.protect_metrics,
+                              tenant_keys=options.tenant_keys, protect_metrics=options.protect_metrics,
                               default_tier=options.default_tier)
     try:
         app = create_app(load_engine, settings, on_load_failure=on_load_failure)

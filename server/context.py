@@ -9,6 +9,7 @@ from server.errors import NotFound
 from server.generation import GenerationService
 from server.metrics import ServerMetrics
 from server.state import OK, ModelInfo, ServingState
+from server.tenants import TenantKey
 
 if TYPE_CHECKING:
     from server.responses_keeper import ResponseKeeper
@@ -44,6 +45,7 @@ class ServerSettings:
     jobs_in_flight: int = 40  # batch-job requests in the engine at once (server.jobs.runner.in_flight_for)
     api_keys: tuple[str, ...] = ()  # none: no authentication (server/auth.py)
     admin_api_keys: tuple[str, ...] = ()  # accepted as any key, and see every key's files and batches
+    tenant_keys: tuple[TenantKey, ...] = ()  # a keys file's: each key's tenant, weight, tiers, limits
     protect_metrics: bool = False  # /metrics needs a key too (/health never does)
     default_tier: str = "auto"  # a request naming no tier: server/tiers.py route_default
 

@@ -55,6 +55,11 @@ class BadRequest(APIError):
     error_type = "invalid_request_error"
 
 
+class Forbidden(APIError):
+    status_code = 403
+    error_type = "permission_error"
+
+
 class NotFound(APIError):
     status_code = 404
     error_type = "not_found_error"

@@ -35,7 +35,8 @@ ENDPOINT = "generate"
 async def generate(request: Request, ctx: ServerContext) -> Response:
     body = await read_json_object(request, ctx.settings.max_body_bytes)
     engine = ctx.require_engine()
-    specs = parse_generate(body, n_ctx=engine.n_ctx, tier=route_default(ctx.settings.default_tier, ENDPOINT))
+    tier = route_default(ctx.settings.default_tier, ENDPOINT, caller_of(request).tenant.default_tier)
+    specs = parse_generate(body, n_ctx=engine.n_ctx, tier=tier)
     handles = (await ctx.service.submit(specs, ENDPOINT, "gen-", caller_of(request))).handles
     # Its id is the engine's id of the (first) choice, as /generate has always given it.
     request_id = handles[0].request_id

@@ -1,9 +1,11 @@
 """Submitting a validated request to the engine and following it to the end from asyncio.
 
-Shared by every generation route: admission, turning the specs into the engine's Requests (chats
+Shared by every generation route: admission, the caller's tenant (its tiers and limits, checked
+before anything is queued: server/quotas.py), turning the specs into the engine's Requests (chats
 rendered) under one id, engine refusals → HTTP errors, accounting of each finished request
-(metrics, drain tracking), and waiting for the results while watching the ASGI receive channel,
-so a client that hangs up cancels its requests instead of leaving them running.
+(metrics, the request's log line, drain tracking), and waiting for the results while watching
+the ASGI receive channel, so a client that hangs up cancels its requests instead of leaving them
+running.
 """
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ from engine import (
     RequestError,
     RequestHandle,
 )
-from server.errors import APIError, BadRequest, ServiceUnavailable, TooManyRequests
+from server.errors import APIError, BadRequest, Forbidden, ServiceUnavailable, TooManyRequests
 from server.auth import Caller
+from server.quotas import Admission, Quotas, RateLimited
 from server.engine_protocol import ServedEngine
 from server.hangup import Receive, wait_for_disconnect
 from server.metrics import ServerMetrics
@@ -47,53 +50,85 @@ class Submitted:
 
 
 class GenerationService:
-    def __init__(self, state: ServingState, metrics: ServerMetrics) -> None:
+    def __init__(self, state: ServingState, metrics: ServerMetrics, quotas: Quotas | None = None) -> None:
         self.state = state
         self.metrics = metrics
+        self.quotas = quotas or Quotas()
         self._accounting: set[asyncio.Task] = set()
 
     async def submit(self, specs: list[GenerationSpec], endpoint: str, id_prefix: str, caller: Caller) -> Submitted:
         """Queue the specs (one per choice) as the engine's Requests, all of them, under one id
         `{id_prefix}{random}` (the prefix ends with its API's separator: `chatcmpl-`, `msg_`), or raise the APIError that says why not (nothing is queued then).
         The caller's owner id is the requests' draft scope: only its own outputs propose drafts.
+        Its tenant's tiers and limits are checked first: 403 for a tier it may not use, 429 past
+        a limit (a request the server sends for a batch job is paced by the job runner instead).
         Runs on a worker thread: rendering a chat and tokenizing a long prompt take milliseconds
         per 10 kB and must not stall the event loop that streams everyone else's tokens."""
-        future = asyncio.get_running_loop().run_in_executor(None, self._submit_blocking, specs, id_prefix,
-                                                            caller.owner)
+        tenant = caller.tenant
+        tier = specs[0].priority
+        if tier not in tenant.tiers:
+            self.metrics.observe_tenant_refusal(tenant.name, "tier_not_allowed")
+            raise Forbidden(f"this API key may not use the {tier} tier; it may use "
+                            f"{' and '.join(sorted(tenant.tiers))}", param="service_tier", code="tier_not_allowed")
+        future = asyncio.get_running_loop().run_in_executor(None, self._submit_blocking, specs, id_prefix, caller)
         try:
-            submitted = await asyncio.shield(future)
+            submitted, admission = await asyncio.shield(future)
         except asyncio.CancelledError:
             future.add_done_callback(self._abandon)  # cancelled mid-submit: don't leave them running
             raise
+        except RateLimited as exc:
+            self.metrics.observe_tenant_refusal(tenant.name, exc.reason)
+            raise
+        tally = _Tally(admission, len(submitted.handles))
         for handle, spec in zip(submitted.handles, specs):
-            task = asyncio.get_running_loop().create_task(self._account(handle, endpoint, spec.priority))
+            task = asyncio.get_running_loop().create_task(self._account(handle, endpoint, spec.priority, tenant.name,
+                                                                        tally))
             self._accounting.add(task)  # the loop keeps only weak references to tasks
             task.add_done_callback(self._accounting.discard)
         return submitted
 
     def _abandon(self, future: asyncio.Future) -> None:
         if not future.cancelled() and future.exception() is None:
-            for handle in future.result().handles:
+            submitted, admission = future.result()
+            for handle in submitted.handles:
                 handle.cancel()
                 self.state.untrack(handle)
+            if admission is not None:
+                admission.finish()
 
-    def _submit_blocking(self, specs: list[GenerationSpec], id_prefix: str, draft_scope: str) -> Submitted:
+    def _submit_blocking(self, specs: list[GenerationSpec], id_prefix: str,
+                         caller: Caller) -> tuple[Submitted, Admission | None]:
+        tenant = caller.tenant
         with self.state.admit() as engine:
             request_id = f"{id_prefix}{uuid.uuid4().hex[:24]}"
             ids = [request_id] if len(specs) == 1 else [f"{request_id}-{i}" for i in range(len(specs))]
             try:
-                requests = engine_requests(specs, ids, self.state.chat, draft_scope)
+                requests = engine_requests(specs, ids, self.state.chat, caller.owner, tenant.name, tenant.weight)
             except RequestError as exc:
                 raise refusal_error(exc, specs[0]) from None
-            handles = submit_all(engine, requests, specs)
+            admission = None if caller.internal else \
+                self.quotas.admit(tenant, lambda: _prompt_tokens(engine, requests), sum(r.max_tokens for r in requests))
+            try:
+                handles = submit_all(engine, requests, specs)
+            except BaseException:
+                if admission is not None:
+                    admission.refund()  # refused by the engine: the request is charged nothing
+                raise
             for handle in handles:
                 self.state.track(handle)
-            return Submitted(request_id, handles)
+            return Submitted(request_id, handles), admission
 
-    async def _account(self, handle: RequestHandle, endpoint: str, priority: str) -> None:
+    async def _account(self, handle: RequestHandle, endpoint: str, priority: str, tenant: str,
+                       tally: "_Tally") -> None:
+        result = None
         try:
             result = await handle
-            self.metrics.observe_result(endpoint, priority, result)
+            self.metrics.observe_result(endpoint, priority, result, tenant)
+            m = result.metrics
+            log.info("%s %s tenant=%s tier=%s finish=%s prompt_tokens=%d generated=%d queue_ms=%.0f ttft_ms=%s "
+                     "latency_ms=%.0f", handle.request_id, endpoint, tenant, priority, result.finish_reason.value,
+                     m.prompt_tokens, m.tokens_generated, m.queue_time_ms,
+                     "-" if m.ttft_ms is None else f"{m.ttft_ms:.0f}", m.latency_ms)
         except asyncio.CancelledError:
             handle.cancel()
             raise
@@ -101,6 +136,7 @@ class GenerationService:
             log.exception("accounting for %s failed", handle.request_id)
         finally:
             self.state.untrack(handle)
+            tally.ended(handle, result)
 
     async def wait(self, handles: list[RequestHandle], receive: Receive, endpoint: str,
                    priority: str) -> list[GenerationResult] | None:
@@ -126,6 +162,31 @@ class GenerationService:
         if not handle.done():
             handle.cancel()
             self.metrics.observe_disconnect(endpoint, priority)
+
+
+class _Tally:
+    """One HTTP request's choices as they end: its hold on the tenant's limits ends with the last,
+    charged what they computed (its prompts, plus every token generated)."""
+
+    def __init__(self, admission: Admission | None, n: int) -> None:
+        self._admission = admission
+        self._left = n
+        self._generated: int | None = 0
+
+    def ended(self, handle: RequestHandle, result: GenerationResult | None) -> None:
+        self._left -= 1
+        if self._generated is not None:
+            # Without every result the charge stays at the most the request could compute.
+            self._generated = None if result is None else self._generated + result.metrics.tokens_generated
+        if self._left == 0 and self._admission is not None:
+            self._admission.finish(self._generated)
+
+
+def _prompt_tokens(engine: ServedEngine, requests: list[Request]) -> int:
+    """Prompt tokens of the requests' distinct prompts (a chat's choices share one)."""
+    distinct = {r.prompt if isinstance(r.prompt, str) else tuple(r.prompt): r for r in requests}
+    return sum(len(engine.tokenize(p, add_bos=r.add_bos)) if isinstance(p, str) else len(p)
+               for p, r in distinct.items())
 
 
 def submit_all(engine: ServedEngine, requests: list[Request], specs: list[GenerationSpec]) -> list[RequestHandle]:

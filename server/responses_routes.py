@@ -25,6 +25,7 @@ from server.responses_answers import Keep, ResponseAnswer
 from server.responses_items import continued_items, listed_items
 from server.responses_schemas import ResponsesRequest, in_responses_terms, parse_responses_body, previous_response_id
 from server.responses_store import StoredResponse
+from server.auth import caller_of
 from server.tiers import route_default
 from server.validation import read_json_object
 
@@ -35,8 +36,8 @@ NO_DATA_DIR = "this server keeps no responses: it runs without a data directory 
 async def responses(request: Request, ctx: ServerContext) -> Response:
     body = await read_json_object(request, ctx.settings.max_body_bytes)
     engine = ctx.require_engine()
-    parsed, earlier = await parse_with_history(request, ctx, body, n_ctx=engine.n_ctx,
-                                               tier=route_default(ctx.settings.default_tier, RESPONSES))
+    tier = route_default(ctx.settings.default_tier, RESPONSES, caller_of(request).tenant.default_tier)
+    parsed, earlier = await parse_with_history(request, ctx, body, n_ctx=engine.n_ctx, tier=tier)
     model_id = ctx.served_model_id(parsed.model)
     keep = _keeper_for(request, ctx, parsed, earlier, body["input"])
     spec = parsed.spec

@@ -80,10 +80,13 @@ class GenerationSpec:
             return self.logprobs
         return None
 
-    def request(self, request_id: str, rendered: RenderedChat | None = None, draft_scope: str = "") -> Request:
+    def request(self, request_id: str, rendered: RenderedChat | None = None, draft_scope: str = "",
+                tenant: str = "", weight: float = 1.0) -> Request:
         """The engine's Request for this spec; `rendered` is its ChatPrompt rendered (and only
-        then given); `draft_scope`, whose earlier outputs may propose drafts for it. Raises InvalidParameterError where the engine's own checks are stricter than
-        the HTTP layer's (the caller turns it into a 400)."""
+        then given); `draft_scope`, whose earlier outputs may propose drafts for it; `tenant` and
+        `weight`, whose share of the tier it takes (engine/fair_share.py). Raises
+        InvalidParameterError where the engine's own checks are stricter than the HTTP layer's
+        (the caller turns it into a 400)."""
         if isinstance(self.prompt, ChatPrompt) != (rendered is not None):
             raise TypeError("a chat prompt is rendered first, and only a chat prompt is")
         prompt = self.prompt if rendered is None else rendered.token_ids
@@ -113,11 +116,14 @@ class GenerationSpec:
             request_id=request_id,
             speculative=self.speculative,
             draft_scope=draft_scope,
+            tenant=tenant,
+            weight=weight,
         )
 
 
 def engine_requests(specs: Sequence[GenerationSpec], request_ids: Sequence[str],
-                    chat: ChatFormatter | None, draft_scope: str = "") -> list[Request]:
+                    chat: ChatFormatter | None, draft_scope: str = "", tenant: str = "",
+                    weight: float = 1.0) -> list[Request]:
     """The engine's Request for each spec, with its id; `draft_scope` is the caller's (its
     owner id): only its own earlier outputs propose drafts for it. A chat is rendered once
     however many choices share it. Tokenizes: runs on the submit worker, not the event loop."""
@@ -133,7 +139,7 @@ def engine_requests(specs: Sequence[GenerationSpec], request_ids: Sequence[str],
         rendered.append((spec.prompt, chat.render(list(spec.prompt.messages), spec.tools)))
         return rendered[-1][1]
 
-    return [spec.request(request_id, render(spec), draft_scope)
+    return [spec.request(request_id, render(spec), draft_scope, tenant, weight)
             for spec, request_id in zip(specs, request_ids, strict=True)]
 
 

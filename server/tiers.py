@@ -2,7 +2,7 @@
 
 OpenAI's `service_tier` is the field ordinary clients know (the `openai` SDK has it as a
 parameter): "priority" is the interactive tier, "flex" the batch tier, "auto" / "default" /
-absent the route's default (on /v1/responses too). cobatch's own `priority` ("interactive" | "batch") wins over it when
+absent the route's default (on /v1/responses too), or the key's (server/tenants.py). cobatch's own `priority` ("interactive" | "batch") wins over it when
 both are given. The route's default comes from `--default-tier` (docs/tiers.md says why
 "auto" is interactive for chats, OpenAI's and Anthropic's, and batch for completions).
 Anthropic's `service_tier` values ask for no tier of ours (server/anthropic_schemas.py).
@@ -25,10 +25,13 @@ _ROUTE_DEFAULT = ("auto", "default")
 CHAT_ROUTES = frozenset({"chat_completions", "messages", "responses"})
 
 
-def route_default(setting: str, endpoint: str) -> str:
-    """The tier a request on `endpoint` gets when it names none, under `--default-tier setting`."""
+def route_default(setting: str, endpoint: str, key_default: str | None = None) -> str:
+    """The tier a request on `endpoint` gets when it names none: its key's default tier (the keys
+    file's `default_tier`, server/tenants.py) if it has one, else `--default-tier setting`'s."""
     if setting not in DEFAULT_TIER_CHOICES:
         raise ValueError(f"default tier must be one of {DEFAULT_TIER_CHOICES}, not {setting!r}")
+    if key_default is not None:
+        return key_default
     if setting != "auto":
         return setting
     return INTERACTIVE if endpoint in CHAT_ROUTES else BATCH

@@ -273,8 +273,8 @@ def test_a_drain_sends_nothing_more_and_refusals_stay_bounded(tmp_path):
     class Draining(FakeRoute):
         draining = False
 
-        async def __call__(self, url, body):
-            outcome = await super().__call__(url, body)
+        async def __call__(self, url, body, owner="anonymous"):
+            outcome = await super().__call__(url, body, owner)
             return None if self.draining else outcome
 
     async def main():

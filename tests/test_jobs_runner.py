@@ -33,7 +33,7 @@ class FakeRoute:
         self.most_in_flight = 0
         self.later_once: set[str] = set()
 
-    async def __call__(self, url: str, body: dict):
+    async def __call__(self, url: str, body: dict, owner: str = "anonymous"):
         prompt = body["prompt"]
         self.calls.append(prompt)
         self.in_flight += 1

@@ -15,7 +15,10 @@ import httpx
 
 from server.error_shapes import anthropic_error_body, speaks_anthropic
 from server.errors import CLIENT_CLOSED_REQUEST, BadRequest
-from server.jobs.store import Outcome
+from server.jobs.store import ANONYMOUS, Outcome
+
+# Read by server/auth.py, and only under the server's own key (a client cannot claim another's batch).
+BATCH_OWNER_HEADER = "x-cobatch-batch-owner"
 
 RESPONSES_URL = "/v1/responses"
 
@@ -30,7 +33,7 @@ class InProcessRoutes:
         self._client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cobatch.jobs",
                                          timeout=None, headers=headers)
 
-    async def __call__(self, url: str, body: dict[str, Any]) -> Outcome | None:
+    async def __call__(self, url: str, body: dict[str, Any], owner: str = ANONYMOUS) -> Outcome | None:
         refusal = _refusal(url, body)
         if refusal is not None:
             shaped = anthropic_error_body(refusal) if speaks_anthropic({"path": url}) else refusal.body()
@@ -38,7 +41,7 @@ class InProcessRoutes:
         body = {**body, "priority": "batch"}
         if url == RESPONSES_URL:
             body["store"] = False
-        response = await self._client.post(url, json=body)
+        response = await self._client.post(url, json=body, headers={BATCH_OWNER_HEADER: owner})
         if response.status_code in RETRY_LATER:
             return None
         try:

@@ -33,15 +33,16 @@ from typing import Any, Awaitable, Callable, Iterator
 from server.jobs import input_file
 from server.jobs.output_file import write_outputs
 from server.jobs.store import (
-    ACTIVE, CANCELLED, CANCELLING, COMPLETED, EXPIRED, FINALIZING, IN_PROGRESS, VALIDATING, JobStore, Outcome,
+    ACTIVE, ANONYMOUS, CANCELLED, CANCELLING, COMPLETED, EXPIRED, FINALIZING, IN_PROGRESS, VALIDATING, JobStore, Outcome,
     PendingRequest, store_unavailable,
 )
 from server.jobs.store_thread import StoreThread
 
 log = logging.getLogger("cobatch.jobs")
 
-# (url, body) -> the request's outcome, or None when the answer is "not now" (retry later).
-Execute = Callable[[str, dict[str, Any]], Awaitable[Outcome | None]]
+# (url, body, owner=the batch's owner) -> the request's outcome, or None when the answer is
+# "not now" (retry later). The owner makes the request count for the tenant that made the batch.
+Execute = Callable[..., Awaitable[Outcome | None]]
 
 MAX_ATTEMPTS = 3  # a request that raised, or a result the store refused, this often ends as an error line
 _IDLE_POLL_S = 1.0  # expiry and retries are looked at within this
@@ -61,6 +62,7 @@ def in_flight_for(max_running: int) -> int:
 class _Job:
     batch_id: str
     endpoint: str
+    owner: str = ANONYMOUS
     queued: deque[PendingRequest] = field(default_factory=deque)
     last_line: int = -1  # the last line read from the store
     exhausted: bool = False  # no pending line after last_line
@@ -313,7 +315,7 @@ class JobRunner:
                 with self._guard(f"opening {batch_id}"):
                     batch = await self._db(self.store.batch_row, batch_id)
                     if now < batch["expires_at"]:
-                        self._jobs[batch_id] = _Job(batch_id, batch["endpoint"])
+                        self._jobs[batch_id] = _Job(batch_id, batch["endpoint"], batch["owner"])
         room = self._limit() - self.in_flight
         while room > 0 and not self._stopping and not self.pause_reason:
             progressed = False
@@ -345,7 +347,7 @@ class JobRunner:
     async def _one(self, job: _Job, request: PendingRequest) -> None:
         try:
             try:
-                outcome = await self._execute(job.endpoint, request.body)
+                outcome = await self._execute(job.endpoint, request.body, owner=job.owner)
             except asyncio.CancelledError:
                 return  # its batch was cancelled or expired: the request stays without an outcome
             except Exception as exc:
