@@ -116,7 +116,7 @@ class KeyCheck:
         if not caller.internal or not owner:
             return caller
         found = self._by_owner.get(owner)
-        return Caller(owner, sees_all=True, tenant=found.tenant if found else ANONYMOUS_TENANT)
+        return Caller(owner, sees_all=True, tenant=found.tenant if found else ANONYMOUS_TENANT, internal=True)
 
     def identify(self, authorization: str | None) -> Caller | None:
         """The caller a bearer key names, or None if it names no configured key."""
