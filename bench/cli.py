@@ -26,6 +26,7 @@ BENCHMARKS = {
     "shared-cpu": "bench.shared_cpu",
     "speculative": "bench.speculative",
     "structured": "bench.structured",
+    "tenants": "bench.tenants",
     "tools": "bench.tools",
     "versions": "bench.versions",  # another benchmark, from two checkouts
 }

@@ -29,6 +29,12 @@ def test_benchmark_runs_in_quick_mode_and_stores_its_run(name, capsys, tmp_path)
     assert (folder / "summary.md").read_text().count("|") > 10
     (row,) = list(csv.DictReader((tmp_path / "index.csv").open()))
     assert row["benchmark"] == name and row["folder"] == folder.name and row["headline"]
+    if name == "tenants":  # every rule measured in every tier, each against FIFO of the same run
+        assert {(t["rule"], t["tier"], t["scenario"]) for t in trials} == {
+            (rule, tier, scenario) for tier in ("batch", "interactive")
+            for rule, scenarios in (("fifo", ("backlogged", "light")), ("fair 1:1", ("backlogged", "light")),
+                                    ("fair 3:1", ("backlogged",))) for scenario in scenarios}
+        assert all(t["tok_s"] > 0 and sum(t["requests"].values()) > 0 for t in trials)
     if name in PLOTTABLE:
         pytest.importorskip("matplotlib")
         assert main(["plot", str(folder)]) == 0

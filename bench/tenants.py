@@ -1,0 +1,228 @@
+"""Tenants: two API keys sharing a tier, fair share against FIFO admission in the same run.
+
+`cobatch serve` in a child process with a keys file of two tenants, A and B, three times per
+trial: `--fair-share off` (first come, first served within the tier: the baseline), and
+`--fair-share on` with weights 1:1 and 3:1. Each tenant runs closed-loop clients (the `openai`
+client, chat completions of exactly --tokens tokens: ignore_eos), each sending its next request
+as soon as its last is answered, all in the batch tier (service_tier "flex"), then all in the
+interactive tier ("priority"). Per server and tier, windows of --warmup + --duration seconds:
+
+  backlogged  A keeps --a-in-flight requests in flight, B --b-in-flight (together more than the
+              running slots): each tenant's share of the tokens generated in the window
+  light       A as above, B keeps --light-in-flight: B's median request latency
+
+Targets (issue 47), per tier: backlogged with equal weights, B's share >= 0.45 (FIFO: about
+b / (a + b)); with weights 3:1, shares within 0.05 of 0.75 / 0.25; light, B's median latency
+<= 0.5x its latency under FIFO; total tok/s >= 0.95 of FIFO's in both scenarios.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.http_targets import SpawnedServer
+from bench.prompts import benchmark_prompts
+from bench.record import RunRecord, add_common_arguments, publish_report
+from bench.table import markdown_table
+
+KEYS = {"a": "sk-bench-tenant-a", "b": "sk-bench-tenant-b"}
+SERVICE_TIER = {"batch": "flex", "interactive": "priority"}
+# (rule, --fair-share, A's weight against B's 1, scenarios run under it)
+SERVERS = (("fifo", "off", 1, ("backlogged", "light")),
+           ("fair 1:1", "on", 1, ("backlogged", "light")),
+           ("fair 3:1", "on", 3, ("backlogged",)))
+
+
+def keys_file(folder: Path, weight_a: float) -> Path:
+    path = folder / "keys.toml"
+    path.write_text(f'[tenants.a]\nkeys = ["{KEYS["a"]}"]\nweight = {weight_a}\n\n'
+                    f'[tenants.b]\nkeys = ["{KEYS["b"]}"]\nweight = 1\n')
+    return path
+
+
+async def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace) -> dict:
+    """Closed-loop clients for warmup + duration seconds; what finished inside the measured part."""
+    import openai
+
+    clients = {t: openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEYS[t], max_retries=0, timeout=600)
+               for t in in_flight}
+    prompts = benchmark_prompts(64)
+    finished: list[dict[str, Any]] = []
+    failures = {t: 0 for t in in_flight}
+    t0 = time.perf_counter()
+
+    async def client_loop(tenant: str, i: int) -> None:
+        n = i
+        while True:
+            start = time.perf_counter()
+            try:
+                answer = await clients[tenant].chat.completions.create(
+                    model=model, max_tokens=args.tokens, service_tier=SERVICE_TIER[tier],
+                    messages=[{"role": "user", "content": prompts[n % len(prompts)]}],
+                    temperature=0.0, extra_body={"ignore_eos": True})
+            except Exception as exc:  # a failure is counted, not measured
+                failures[tenant] += 1
+                if failures[tenant] == 1:
+                    print(f"{tenant}: request failed: {exc}", file=sys.stderr)
+                await asyncio.sleep(0.2)
+                continue
+            end = time.perf_counter()
+            finished.append({"tenant": tenant, "start": start - t0, "end": end - t0,
+                             "tokens": answer.usage.completion_tokens if answer.usage else 0})
+            n += len(prompts) // 2 + 1
+
+    tasks = [asyncio.ensure_future(client_loop(t, i)) for t, n in in_flight.items() for i in range(n)]
+    await asyncio.sleep(args.warmup + args.duration)
+    for task in tasks:
+        task.cancel()  # the requests still out are cancelled by the server when their clients go
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for client in clients.values():
+        await client.close()
+    lo, hi = args.warmup, args.warmup + args.duration
+    inside = [f for f in finished if lo <= f["end"] <= hi]
+    tokens = {t: sum(f["tokens"] for f in inside if f["tenant"] == t) for t in in_flight}
+    latencies = {t: [f["end"] - f["start"] for f in inside if f["tenant"] == t] for t in in_flight}
+    total = sum(tokens.values())
+    return {
+        "tokens": tokens,
+        "requests": {t: len(v) for t, v in latencies.items()},
+        "share": {t: (n / total if total else float("nan")) for t, n in tokens.items()},
+        "median_latency_s": {t: (statistics.median(v) if v else float("nan")) for t, v in latencies.items()},
+        "tok_s": total / args.duration,
+        "failures": failures,
+    }
+
+
+def wait_drained(url: str, timeout: float = 120.0) -> None:
+    """Until no generation request is in flight (the last window's cancelled ones have ended)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = httpx.get(url + "/metrics", timeout=10).text
+        match = re.search(r"^cobatch_http_generation_requests_in_flight ([0-9.e+]+)$", text, re.M)
+        if match and float(match.group(1)) == 0:
+            return
+        time.sleep(0.2)
+    raise RuntimeError("requests still in flight after the window")
+
+
+def one_trial(args: argparse.Namespace, trial: int, record: RunRecord) -> None:
+    import openai
+
+    for rule, fair, weight_a, scenarios in SERVERS:
+        with tempfile.TemporaryDirectory(prefix="cobatch-bench-tenants-") as tmp:
+            extra = ["--keys-file", str(keys_file(Path(tmp), weight_a)), "--fair-share", fair]
+            with SpawnedServer(args.model, args.threads, args.max_running, args.n_ctx, extra) as server:
+                client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEYS["a"], max_retries=0, timeout=600)
+                model = client.models.list().data[0].id
+                client.chat.completions.create(model=model, max_tokens=4,  # warm-up, not measured
+                                               messages=[{"role": "user", "content": "Hi"}])
+                for tier in args.tiers:
+                    for scenario in scenarios:
+                        b = args.b_in_flight if scenario == "backlogged" else args.light_in_flight
+                        result = asyncio.run(window(server.url, model, tier, {"a": args.a_in_flight, "b": b}, args))
+                        wait_drained(server.url)
+                        record.trial(trial=trial, rule=rule, weight_a=weight_a, tier=tier, scenario=scenario,
+                                     in_flight={"a": args.a_in_flight, "b": b}, **result)
+                        print(f"trial {trial} {rule} {tier} {scenario}: B share {result['share']['b']:.3f}, "
+                              f"B median {result['median_latency_s']['b']:.2f} s, {result['tok_s']:.1f} tok/s",
+                              file=sys.stderr)
+
+
+def _find(record: RunRecord, trial: int, rule: str, tier: str, scenario: str) -> dict | None:
+    return next((t for t in record.trials if t["trial"] == trial and t["rule"] == rule and t["tier"] == tier
+                 and t["scenario"] == scenario), None)
+
+
+def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    rows = []
+    for t in record.trials:
+        fifo = _find(record, t["trial"], "fifo", t["tier"], t["scenario"])
+        rows.append([t["trial"], t["tier"], t["scenario"], t["rule"], f'{t["in_flight"]["a"]}/{t["in_flight"]["b"]}',
+                     f'{t["share"]["a"]:.3f}', f'{t["share"]["b"]:.3f}', t["requests"]["b"],
+                     f'{t["median_latency_s"]["b"]:.2f}',
+                     f'{t["median_latency_s"]["b"] / fifo["median_latency_s"]["b"]:.2f}' if fifo else "-",
+                     f'{t["tok_s"]:.1f}', f'{t["tok_s"] / fifo["tok_s"]:.3f}' if fifo and fifo["tok_s"] else "-",
+                     sum(t["failures"].values())])
+    table = markdown_table(["trial", "tier", "scenario", "rule", "in flight A/B", "A share", "B share", "B requests",
+                            "B median latency s", "B latency / FIFO", "tok/s", "tok/s / FIFO", "failures"], rows)
+    checks: dict[str, list[float]] = {"equal_b_share_min": [], "weighted_share_error_max": [],
+                                      "light_latency_vs_fifo_max": [], "tok_s_vs_fifo_min": [], "fifo_b_share": []}
+    for t in record.trials:
+        fifo = _find(record, t["trial"], "fifo", t["tier"], t["scenario"])
+        if t["rule"] == "fifo":
+            if t["scenario"] == "backlogged":
+                checks["fifo_b_share"].append(t["share"]["b"])
+            continue
+        if fifo and fifo["tok_s"]:
+            checks["tok_s_vs_fifo_min"].append(t["tok_s"] / fifo["tok_s"])
+        if t["scenario"] == "backlogged" and t["weight_a"] == 1:
+            checks["equal_b_share_min"].append(t["share"]["b"])
+        elif t["scenario"] == "backlogged":
+            expected_a = t["weight_a"] / (t["weight_a"] + 1)
+            checks["weighted_share_error_max"].append(abs(t["share"]["a"] - expected_a))
+        elif fifo:
+            checks["light_latency_vs_fifo_max"].append(t["median_latency_s"]["b"] / fifo["median_latency_s"]["b"])
+    headline = {
+        "equal_weights_b_share_min": round(min(checks["equal_b_share_min"], default=float("nan")), 3),
+        "fifo_b_share_max": round(max(checks["fifo_b_share"], default=float("nan")), 3),
+        "weights_3_1_share_error_max": round(max(checks["weighted_share_error_max"], default=float("nan")), 3),
+        "light_b_latency_vs_fifo_max": round(max(checks["light_latency_vs_fifo_max"], default=float("nan")), 2),
+        "tok_s_vs_fifo_min": round(min(checks["tok_s_vs_fifo_min"], default=float("nan")), 3),
+    }
+    met = (headline["equal_weights_b_share_min"] >= 0.45, headline["weights_3_1_share_error_max"] <= 0.05,
+           headline["light_b_latency_vs_fifo_max"] <= 0.5, headline["tok_s_vs_fifo_min"] >= 0.95)
+    summary = (
+        f"Tenants: two keys, closed-loop `openai` chat clients of {args.tokens}-token answers; backlogged: A keeps "
+        f"{args.a_in_flight} in flight, B {args.b_in_flight}; light: B keeps {args.light_in_flight}; windows of "
+        f"{args.warmup:g} s warm-up + {args.duration:g} s measured; `cobatch serve --max-running {args.max_running} "
+        f"--threads {args.threads}`, `--fair-share off` (FIFO) or `on` with A's weight 1 or 3, in each tier.\n\n"
+        f"{table}\n\nTargets, worst over tiers and trials: equal weights, B's share >= 0.45: "
+        f"{_verdict(met[0])} ({headline['equal_weights_b_share_min']}; FIFO {headline['fifo_b_share_max']}); "
+        f"weights 3:1, shares within 0.05 of 0.75 / 0.25: {_verdict(met[1])} "
+        f"(off by {headline['weights_3_1_share_error_max']}); light tenant's median latency <= 0.5x FIFO's: "
+        f"{_verdict(met[2])} ({headline['light_b_latency_vs_fifo_max']}x); total tok/s >= 0.95 of FIFO's: "
+        f"{_verdict(met[3])} ({headline['tok_s_vs_fifo_min']})."
+    )
+    return summary, headline
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "missed"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="cobatch bench tenants", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser, trials=2)
+    parser.add_argument("--tokens", type=int, default=64, help="tokens of every answer")
+    parser.add_argument("--a-in-flight", type=int, default=96)
+    parser.add_argument("--b-in-flight", type=int, default=24)
+    parser.add_argument("--light-in-flight", type=int, default=2)
+    parser.add_argument("--warmup", type=float, default=15.0, help="seconds before a window's measured part")
+    parser.add_argument("--duration", type=float, default=60.0, help="measured seconds of each window")
+    parser.add_argument("--tiers", nargs="+", choices=list(SERVICE_TIER), default=list(SERVICE_TIER))
+    parser.add_argument("--max-running", "--max-batch", type=int, default=32)
+    parser.add_argument("--n-ctx", type=int, default=8192)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.tokens, args.a_in_flight, args.b_in_flight, args.light_in_flight = 8, 8, 4, 1
+        args.warmup, args.duration, args.max_running, args.n_ctx, args.trials = 0.5, 2.5, 4, 2048, 1
+    record = RunRecord("tenants", args, args.model, argv)
+    for trial in range(args.trials):
+        one_trial(args, trial, record)
+    publish_report(record, lambda: report(record, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
