@@ -93,6 +93,16 @@ class FairShare(SingleWriter):
         least = min(service.get(t, 0.0) for t in waiting)
         return frozenset(t for t in waiting if service.get(t, 0.0) == least)
 
+    def may_go_ahead(self, seq: Sequence) -> bool:
+        """Whether `seq`, not queued, may take a slot before the waiting sequences of its tier:
+        none waits, or its tenant is not ahead of the least served of those who do."""
+        tier, tenant = seq.request.priority, seq.request.tenant
+        waiting = self._waiting[tier]
+        if not waiting:
+            return True
+        service = self.service[tier]
+        return service.get(tenant, 0.0) <= min(service.get(t, 0.0) for t in waiting)
+
     def of(self, seq: Sequence) -> float:
         """The counter of `seq`'s tenant in its tier."""
         return self.service[seq.request.priority].get(seq.request.tenant, 0.0)

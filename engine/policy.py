@@ -168,6 +168,10 @@ class SchedulingPolicy(SingleWriter):
         """Tenant → sequences waiting in either tier (empty unless the policy shares by tenant)."""
         return EMPTY_MAPPING
 
+    def may_adopt(self, seq: Sequence) -> bool:
+        """Whether a sequence whose prompt was computed elsewhere may run without queuing."""
+        return True
+
 
 class FifoPolicy(SchedulingPolicy):
     pass
@@ -396,6 +400,11 @@ class TwoTierPolicy(SchedulingPolicy):
 
     def waiting_by_tenant(self) -> Mapping[str, int]:
         return EMPTY_MAPPING if self.fair is None else self.fair.waiting_by_tenant()
+
+    def may_adopt(self, seq: Sequence) -> bool:
+        # The first-token lane must not be a way past the tier's queue for a tenant that is
+        # ahead of the others: such a sequence queues (and recomputes its short prompt).
+        return self.fair is None or self.fair.may_go_ahead(seq)
 
     def _head(self, view: QueueView, tier: Priority) -> Sequence | None:
         """The tier's next sequence: its queue's head, or with several tenants waiting, the

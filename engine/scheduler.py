@@ -6,7 +6,8 @@ out the step: decoding rows first, then prompt chunks. KV blocks are reserved in
 before llama_decode ever sees a token, so it never has to discover that the cache is full.
 
 Every choice with more than one defensible answer (who goes first, who gives way, which rows a
-step carries) is the policy's (engine/policy.py). Giving way comes in two strengths: a
+step carries) is the policy's (engine/policy.py); the scheduler tells it every change to the
+queues and every token computed, for its per-tenant shares (engine/fair_share.py). Giving way comes in two strengths: a
 *suspended* sequence gives up its slot but keeps its seq id and KV cells, and resumes without
 recomputing; a *preempted* one gives up its KV too, and recomputes later (through the prefix
 cache when its blocks are still there). Both keep their tokens and output and go back to the
@@ -90,8 +91,10 @@ class Scheduler(SingleWriter):
     def adopt(self, seq: Sequence, import_cells: Callable[[int], bool]) -> bool:
         """Run a sequence whose prompt was computed elsewhere. A full set of slots makes room as
         for an admission (the policy's victim is suspended); False, with nothing changed, if there
-        is no slot or no KV room for its cells (it then computes its prompt here, and would need
-        the slot anyway)."""
+        is no slot or no KV room for its cells, or the policy keeps the slot for its tier's queue
+        (it then computes its prompt here, and would need the slot anyway)."""
+        if not self.policy.may_adopt(seq):
+            return False
         victim = None
         if len(self.running) >= self.max_running:
             victim = self.policy.slot_victim(self, seq)

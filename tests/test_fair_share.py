@@ -172,6 +172,41 @@ def test_a_victim_comes_from_the_tenant_with_most_weighted_service():
     assert [s.request.tenant for s in suspended] == ["greedy"]
 
 
+def test_the_first_token_lane_takes_a_free_slot_only_for_a_tenant_not_ahead_of_those_waiting():
+    import time as _time
+
+    from engine.outputs import append_token
+    from tests.fake_backend import expected_tokens
+
+    c = Core(max_running=2)
+    for _ in range(2):
+        c.add("heavy", 1.0, 4, 3, priority="interactive")
+    c.core.step()
+    waiting = c.add("light", 1.0, 4, 3, priority="interactive")  # lifted to heavy's counter
+    c.core.step()
+    c.core.step()  # heavy's two finish: two free slots, light still queued (admission comes next step)
+    assert c.scheduler.waiting[Priority.INTERACTIVE] and len(c.scheduler.running) == 0
+
+    def lane_sequence(tenant: str, request_id: str):
+        tokens = [0, 5, 6, 7]
+        seq = c.intake.sequence(tokens, dict(max_tokens=3, request_id=request_id, priority="interactive",
+                                              temperature=0.0, tenant=tenant, ignore_eos=True))
+        append_token(seq, expected_tokens(tokens, 1)[0], FakeModel.eog_tokens, c.core.n_ctx)
+        seq.lane_gave_first_token(_time.perf_counter())
+        return seq
+
+    ahead = lane_sequence("heavy", "heavy-lane")
+    c.core.adopt(ahead, bytes(ahead.n_prompt), None)
+    # heavy has been served more than light, who waits: its lane request queues behind light.
+    assert ahead not in c.scheduler.running and list(c.scheduler.waiting[Priority.INTERACTIVE]) == [waiting, ahead]
+    newcomer = lane_sequence("newcomer", "new-lane")
+    c.core.adopt(newcomer, bytes(newcomer.n_prompt), None)
+    assert newcomer in c.scheduler.running  # never served: not ahead of anyone
+    while c.core.has_work():
+        c.core.step()
+    assert list(ahead.handle.result(0).token_ids) == expected_tokens([0, 5, 6, 7], 3)
+
+
 def test_fair_share_off_keeps_no_counters_and_the_queue_order():
     c = Core(fair_share=False)
     assert c.fair is None
