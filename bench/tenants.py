@@ -31,7 +31,7 @@ import httpx
 
 from bench.http_targets import SpawnedServer
 from bench.prompts import benchmark_prompts
-from bench.record import RunRecord, add_common_arguments, publish_report
+from bench.record import RunRecord, add_common_arguments, run_trials
 from bench.table import markdown_table
 
 KEYS = {"a": "sk-bench-tenant-a", "b": "sk-bench-tenant-b"}
@@ -217,10 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.tokens, args.a_in_flight, args.b_in_flight, args.light_in_flight = 8, 8, 4, 1
         args.warmup, args.duration, args.max_running, args.n_ctx, args.trials = 0.5, 2.5, 4, 2048, 1
-    record = RunRecord("tenants", args, args.model, argv)
-    for trial in range(args.trials):
-        one_trial(args, trial, record)
-    publish_report(record, lambda: report(record, args))
+    run_trials("tenants", args, argv, one_trial, report)
     return 0
 
 
