@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Any, Callable, Protocol
 
 from bindings import DecodeOutcome
@@ -27,7 +28,7 @@ from engine.sequence import Sequence
 from engine.step_cost import StepCostModel
 from engine.speculation import Speculator
 from engine.step_plan import Chunk, StepPlan
-from engine.stats import EngineStats, StatsBoard, StepProfile, TierStats
+from engine.stats import RECENT_STEPS, EngineStats, StatsBoard, StepProfile, StepRecord, TierStats
 from engine.thread_governor import ThreadGovernor
 from engine.verify import verify
 from sampling.sampler import BatchSampler
@@ -87,6 +88,8 @@ class EngineCore(SingleWriter):
         self.steps_interrupted = 0
         self.lane_first_tokens = 0  # sequences adopted with their first token from the lane
         self._finished = {p: 0 for p in Priority}
+        self._tier_tokens = {p: [0, 0] for p in Priority}  # prompt tokens computed, tokens produced
+        self.recent_steps: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
         self._watch = watch or _Unwatched()
         self._on_finished = on_finished
         self._cut_by_governor = False
@@ -145,6 +148,7 @@ class EngineCore(SingleWriter):
             self.speculator.draft(plan, self.kv_cache, self.step_cost.estimate(),
                                   self.scheduler.step_token_budget - plan.n_tokens, self.n_ctx,
                                   self.scheduler.policy.draft_limit_s)
+        carried = _carried_by_tier(plan)
         t1 = clock()
         rows = self.runner.build_batch(plan)
         kind = _step_kind(plan)
@@ -157,6 +161,8 @@ class EngineCore(SingleWriter):
         t3 = clock()
         if outcome is not DecodeOutcome.OK:
             self._recover(outcome)
+            self._record_step(carried, (0, 0), clock() - t0, threads, done=False,
+                              interrupted=outcome is DecodeOutcome.ABORTED)
             return True
         self.scheduler.step_done(plan)
         self.runner.record_prompt_scores()
@@ -169,18 +175,32 @@ class EngineCore(SingleWriter):
         first_logits = logits if len(firsts) == len(rows) else logits[firsts]
         sampled = sample_rows(self.sampler, first_logits, seqs, self.n_ctx) if rows else None
         t4 = clock()
-        produced_before = sum(len(seq.tokens) for seq in seqs)
+        lengths_before = [len(seq.tokens) for seq in seqs]
         if sampled is not None:
             drafts = {c.seq: c for c in plan.chunks if c.draft}
             self._apply(seqs, sampled, lambda i: logits[firsts[i]:firsts[i] + 1 + len(drafts[seqs[i]].draft)], drafts)
         t5 = clock()
-        produced = sum(len(seq.tokens) for seq in seqs) - produced_before
+        made = [0, 0]  # interactive, batch
+        for seq, before in zip(seqs, lengths_before):
+            made[seq.request.priority is Priority.BATCH] += len(seq.tokens) - before
         profile = self.profiles["decode" if kind == "decode" else "mixed"]
-        profile.record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, produced)
+        profile.record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, made[0] + made[1])
+        self._record_step(carried, made, t5 - t0, threads, done=True, interrupted=False)
         self.step_cost.record(plan.n_tokens, self.runner.n_outputs, t5 - t0, threads)
         if DEBUG_CHECKS:
             self.kv_cache.check()
         return True
+
+    def _record_step(self, carried: tuple[int, int, int, int], made: Any, seconds: float, threads: int,
+                     done: bool, interrupted: bool) -> None:
+        self.recent_steps.append(StepRecord(self.steps_run, time.perf_counter(), seconds, *carried, *made,
+                                            threads, interrupted))
+        if done:  # a failed step's prompt tokens are fed again later, and counted then
+            for tier, prompt, tokens in ((Priority.INTERACTIVE, carried[2], made[0]),
+                                         (Priority.BATCH, carried[3], made[1])):
+                counts = self._tier_tokens[tier]
+                counts[0] += prompt
+                counts[1] += tokens
 
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         seq.finish_reason = reason
@@ -325,6 +345,8 @@ class EngineCore(SingleWriter):
                 suspensions=scheduler.tiers[p].suspensions,
                 preemptions=scheduler.tiers[p].preemptions,
                 finished=self._finished[p],
+                prompt_tokens=self._tier_tokens[p][0],
+                tokens_generated=self._tier_tokens[p][1],
             )
             for p in Priority
         }
@@ -351,7 +373,20 @@ class EngineCore(SingleWriter):
             lane_first_tokens=self.lane_first_tokens,
             speculation=None if self.speculator is None else self.speculator.stats(),
             tenants_waiting=scheduler.policy.waiting_by_tenant(),
+            recent_steps=tuple(self.recent_steps),
         )
+
+
+def _carried_by_tier(plan: StepPlan) -> tuple[int, int, int, int]:
+    """Decode rows and prompt tokens of the plan, interactive then batch."""
+    rows, prompt = [0, 0], [0, 0]
+    for c in plan.chunks:
+        batch = c.seq.request.priority is Priority.BATCH
+        if c.seq.is_decoding:
+            rows[batch] += c.n_rows
+        else:
+            prompt[batch] += c.length
+    return rows[0], rows[1], prompt[0], prompt[1]
 
 
 def _step_kind(plan: StepPlan) -> str:

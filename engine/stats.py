@@ -3,7 +3,7 @@ any thread), the board it is published on, and where its step time goes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 from engine.ownership import SingleWriter
 
@@ -18,6 +18,27 @@ class TierStats:
     suspensions: int  # gave up a slot to an interactive request, kept their KV
     preemptions: int  # gave up their KV cells (recomputed later)
     finished: int
+    prompt_tokens: int = 0  # prompt (and recomputed) tokens its sequences fed to llama_decode
+    tokens_generated: int = 0  # tokens its sequences produced: sampled, verified drafts, forced
+
+
+RECENT_STEPS = 64  # step records each snapshot carries: a few seconds of steps at the usual rates
+
+
+class StepRecord(NamedTuple):
+    """What one llama_decode carried, by tier, and how it went (the web page's step chart)."""
+
+    step: int  # its number (EngineStats.steps once it ran)
+    ended_at: float  # time.perf_counter() when it ended
+    seconds: float  # schedule to outputs applied (an interrupted step: to the abort)
+    interactive_rows: int  # decode rows (drafted rows included) of interactive sequences
+    batch_rows: int
+    interactive_prompt: int  # prompt tokens of interactive sequences
+    batch_prompt: int
+    interactive_tokens: int  # tokens produced for interactive sequences
+    batch_tokens: int
+    threads: int
+    interrupted: bool  # aborted for an arriving interactive request (or cut by the thread governor)
 
 
 @dataclass(frozen=True)
@@ -43,6 +64,7 @@ class EngineStats:
     lane_first_tokens: int = 0  # requests whose first token the first-token lane gave (counted when handed back)
     speculation: SpeculationStats | None = None  # None: speculative decoding is off
     tenants_waiting: Mapping[str, int] = field(default_factory=dict)  # tenant → queued sequences (fair share on)
+    recent_steps: tuple[StepRecord, ...] = ()  # the last RECENT_STEPS steps, oldest first
 
 
 @dataclass(frozen=True)
