@@ -9,6 +9,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["engine*", "bindings*", "sampling*", "server*", "bench*"]),
+    # The web page at / is static files read from the installed package (server/web/page.py).
+    package_data={"server.web": ["static/*.html", "static/*.css", "static/*.svg", "static/js/*.js"]},
     install_requires=[
         # Builds from source (12 minutes measured on 2 cores); the low-level API we use is pinned.
         "llama-cpp-python==0.3.36",

@@ -35,6 +35,11 @@ from server.responses_keeper import ResponseKeeper
 from server.responses_stored_routes import stored_response_routes
 from server.quotas import Quotas
 from server.state import DRAINING, OK, ServingState
+from server.web.conversation_routes import Conversations, conversation_routes
+from server.web.conversations import ConversationStore
+from server.web.events import engine_events
+from server.web.page import page_routes
+from server.web.schema_check import validate
 
 log = logging.getLogger("cobatch.server")
 
@@ -67,6 +72,7 @@ def create_app(
     ctx = ServerContext(settings, state, metrics, GenerationService(state, metrics, quotas))
 
     jobs: Jobs | None = None
+    conversations: Conversations | None = None
 
     def begin_drain() -> None:
         """Shutdown's first step (on SIGTERM, or when the lifespan ends): the job runner stops
@@ -85,6 +91,8 @@ def create_app(
         await run_in_threadpool(state.wait_stopped, settings.drain_timeout + SHUTDOWN_BACKSTOP_S)
         if ctx.responses is not None:
             await ctx.responses.close()
+        if conversations is not None:
+            await conversations.close()
         if jobs is not None:
             await jobs.close()  # last: it holds the data directory's lock
 
@@ -109,11 +117,19 @@ def create_app(
         Route("/v1/messages", _api(anthropic_routes.messages, ctx, anthropic_routes.MESSAGES), methods=["POST"]),
         Route("/v1/messages/count_tokens", _api(anthropic_routes.count_tokens, ctx, anthropic_routes.COUNT_TOKENS),
               methods=["POST"]),
+        Route("/v1/engine/events", _api(engine_events, ctx, "engine_events"), methods=["GET"]),
     ]
+    page_paths: frozenset[str] = frozenset()
+    if settings.web:
+        pages, page_paths = page_routes()
+        routes += [Route(r.path, _api(lambda request, c, serve=r.endpoint: serve(request), ctx, "web"),
+                         methods=["GET"]) for r in pages]
+        routes.append(Route("/v1/web/validate", _api(lambda r, c: validate(r, c.settings.max_body_bytes), ctx,
+                                                     "web_validate"), methods=["POST"]))
     middleware, own_headers = [], {}
     if settings.api_keys or settings.admin_api_keys or settings.tenant_keys:
         check = KeyCheck(settings.api_keys, settings.admin_api_keys, settings.tenant_keys)
-        open_paths = OPEN_PATHS if settings.protect_metrics else OPEN_PATHS | {"/metrics"}
+        open_paths = OPEN_PATHS | page_paths if settings.protect_metrics else OPEN_PATHS | page_paths | {"/metrics"}
         middleware.append(Middleware(RequireKeys, check=check, open_paths=open_paths))
         own_headers = {"Authorization": f"Bearer {check.internal_key}"}
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
@@ -126,9 +142,14 @@ def create_app(
         app.router.routes.extend(job_routes(jobs, lambda handler, name: _api(lambda r, c: handler(r), ctx, name)))
         try:  # under the lock Jobs.open took
             ctx.responses = ResponseKeeper.open(settings.data_dir)
+            if settings.web:
+                conversations = Conversations(ConversationStore(settings.data_dir), settings.max_body_bytes)
         except BaseException:
             jobs.data_dir_lock.release()
             raise
+        if conversations is not None:
+            app.router.routes.extend(conversation_routes(
+                conversations, lambda handler, name: _api(lambda r, c: handler(r), ctx, name)))
     app.state.jobs = jobs
     app.state.begin_drain = begin_drain
     return app

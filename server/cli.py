@@ -61,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
                                 "interactive for chats (chat completions, responses, messages) and batch for "
                                 "completions and /generate "
                                 "(default: %(default)s; docs/tiers.md)")
+    serve_cmd.add_argument("--no-web", dest="web", action="store_false",
+                           help="no web page at / (nor its conversation routes); the API is unchanged (docs/web.md)")
     keys = serve_cmd.add_argument_group("API keys (any given: every route but /health needs Authorization: Bearer KEY "
                                         "or x-api-key: KEY)")
     keys.add_argument("--api-key", action="append", default=[], metavar="KEY", help="an accepted key (repeatable)")
@@ -259,7 +261,7 @@ def serve(options: argparse.Namespace) -> int:
                               jobs_in_flight=in_flight_for(EngineConfig(**engine_options).max_running),
                               api_keys=options.api_keys, admin_api_keys=options.admin_api_keys,
                               tenant_keys=options.tenant_keys, protect_metrics=options.protect_metrics,
-                              default_tier=options.default_tier)
+                              default_tier=options.default_tier, web=options.web)
     try:
         app = create_app(load_engine, settings, on_load_failure=on_load_failure)
     except DataDirInUse as exc:

@@ -64,7 +64,7 @@ def _flag_rows(group: argparse._ArgumentGroup) -> list[str]:
         shown = " ".join(_code(n) for n in names)
         if action.choices:
             shown += " " + _code("{" + ",".join(map(str, action.choices)) + "}")
-        if isinstance(action, argparse._StoreTrueAction):
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
             default = ""
         elif action.dest in PORTABLE_DEFAULTS:
             default = PORTABLE_DEFAULTS[action.dest]

@@ -48,6 +48,7 @@ class ServerSettings:
     tenant_keys: tuple[TenantKey, ...] = ()  # a keys file's: each key's tenant, weight, tiers, limits
     protect_metrics: bool = False  # /metrics needs a key too (/health never does)
     default_tier: str = "auto"  # a request naming no tier: server/tiers.py route_default
+    web: bool = True  # the web page at / and its routes (server/web/)
 
 
 @dataclass

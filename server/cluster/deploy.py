@@ -52,6 +52,7 @@ def build_application(
     default_tier: str = "auto",
     admin_api_keys: tuple[str, ...] = (),
     tenant_keys: tuple[Any, ...] = (),
+    web: bool = True,
 ) -> Any:
     """The Serve application: an ingress over `replicas` engine replicas. engine_options are
     Engine keyword arguments; n_threads=None means the replica's node cores / replicas. With a
@@ -83,7 +84,7 @@ def build_application(
         graceful_shutdown_timeout_s=drain_timeout + INGRESS_STOP_BACKSTOP_S,
     ).bind(engine, model_path, replicas, _ingress_settings(engine_options, replicas, drain_timeout, model_id, data_dir,
                                                            max_upload_bytes, api_keys, protect_metrics,
-                                                           default_tier, admin_api_keys, tenant_keys),
+                                                           default_tier, admin_api_keys, tenant_keys, web),
               stats_interval)
     return ingress
 
@@ -91,7 +92,8 @@ def build_application(
 def _ingress_settings(engine_options: dict[str, Any], replicas: int, drain_timeout: float, model_id: str | None,
                       data_dir: Path | None, max_upload_bytes: int | None, api_keys: tuple[str, ...],
                       protect_metrics: bool, default_tier: str,
-                      admin_api_keys: tuple[str, ...], tenant_keys: tuple[Any, ...] = ()) -> ServerSettings:
+                      admin_api_keys: tuple[str, ...], tenant_keys: tuple[Any, ...] = (),
+                      web: bool = True) -> ServerSettings:
     from engine import EngineConfig
 
     max_running = EngineConfig(**{k: v for k, v in engine_options.items() if v is not None}).max_running
@@ -99,7 +101,7 @@ def _ingress_settings(engine_options: dict[str, Any], replicas: int, drain_timeo
     return ServerSettings(drain_timeout=drain_timeout, model_id=model_id, data_dir=data_dir,
                           jobs_in_flight=replicas * in_flight_for(max_running), api_keys=api_keys,
                           protect_metrics=protect_metrics, default_tier=default_tier,
-                          admin_api_keys=admin_api_keys, tenant_keys=tenant_keys, **extra)
+                          admin_api_keys=admin_api_keys, tenant_keys=tenant_keys, web=web, **extra)
 
 
 def remove_app(app_name: str) -> None:
@@ -137,7 +139,7 @@ def serve_cluster(options: Any, engine_options: dict[str, Any]) -> int:
         model_id=options.model_id, replica_cpus=options.replica_cpus, data_dir=options.data_dir,
         max_upload_bytes=options.max_upload_bytes, api_keys=options.api_keys, admin_api_keys=options.admin_api_keys,
         tenant_keys=options.tenant_keys, protect_metrics=options.protect_metrics,
-        default_tier=options.default_tier,
+        default_tier=options.default_tier, web=options.web,
     )
     serve.run(app, name=APP_NAME, route_prefix="/")
     log.info("serving %d engine replicas on http://%s:%d (routing: %s)", options.replicas, options.host,
