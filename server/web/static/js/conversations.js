@@ -71,7 +71,7 @@ export class Conversations {
   }
 
   row(c) {
-    const li = el("li", { class: c.id === this.currentId ? "current" : "", "data-id": c.id });
+    const li = el("li", { class: c.id === this.currentId ? "current" : "", "data-id": c.id, "data-count": c.message_count });
     const open = el("button", { class: "open", type: "button", title: c.title, onclick: () => this.open(c.id) }, c.title);
     const rename = el("button", { class: "icon", type: "button", "aria-label": `Rename ${c.title}`, title: "Rename",
                                   onclick: () => this.editTitle(li, c) }, "✎");
