@@ -8,6 +8,7 @@ import { color, lines, splitBar, stackedBars } from "./charts.js";
 
 const KEPT_STEPS = 120;  // bars in the step chart
 const KEPT_POINTS = 120;  // 30 s of rates at four events a second
+const RATE_WINDOW_S = 2;
 
 export class EngineView {
   constructor() {
@@ -15,7 +16,7 @@ export class EngineView {
     this.steps = [];
     this.rates = { interactive: [], batch: [], at: [] };
     this.latency = [];
-    this.previous = null;
+    this.samples = [];  // {now, interactive, batch}: tokens generated so far, over the rate window
     this.progress = new Map();  // batch id -> first {at, done} seen, for its ETA
     this.eventsSeen = 0;
   }
@@ -42,7 +43,7 @@ export class EngineView {
         if (controller.signal.aborted) return;
         $("engine-status").textContent = `stream lost (${err.message}); reconnecting…`;
       }
-      this.previous = null;
+      this.samples = [];  // a restarted server counts from zero
       await new Promise((resolve) => setTimeout(resolve, 2000));
     }
   }
@@ -67,15 +68,17 @@ export class EngineView {
     this.drawCharts(event);
   }
 
+  // Rates over the last RATE_WINDOW_S: a step can take longer than the gap between two events,
+  // so a rate between neighbouring events would swing between zero and twice the truth.
   trackRates(event) {
-    const prev = this.previous;
-    this.previous = event;
-    if (!prev) return;
-    const seconds = event.now - prev.now;
+    this.samples.push({ now: event.now, interactive: event.tiers.interactive.tokens_generated,
+                        batch: event.tiers.batch.tokens_generated });
+    while (this.samples.length > 2 && event.now - this.samples[1].now >= RATE_WINDOW_S) this.samples.shift();
+    const first = this.samples[0];
+    const seconds = event.now - first.now;
     if (seconds <= 0) return;
     for (const tier of ["interactive", "batch"]) {
-      const made = event.tiers[tier].tokens_generated - prev.tiers[tier].tokens_generated;
-      this.rates[tier].push(made / seconds);
+      this.rates[tier].push((this.samples[this.samples.length - 1][tier] - first[tier]) / seconds);
       this.rates[tier].splice(0, Math.max(0, this.rates[tier].length - KEPT_POINTS));
     }
   }
