@@ -168,6 +168,20 @@ def test_the_page_loads_and_every_view_runs_without_console_errors(browser, serv
     by_id(browser, "tab-batches").click()
     assert by_id(browser, "upload-form").is_displayed() and not by_id(browser, "steps-chart").is_displayed()
     by_id(browser, "tab-chat").click()
+    # A phone-width screen: nothing wider than the screen; and the system's dark mode is followed.
+    browser.set_window_size(390, 844)
+    try:
+        wait_for(lambda: browser.execute_script("return window.innerWidth") <= 400, 5, "the window did not narrow")
+        assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+        background = "return getComputedStyle(document.body).backgroundColor"
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme",
+                                                                               "value": "dark"}]})
+        assert browser.execute_script(background) == "rgb(21, 24, 28)"
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme",
+                                                                               "value": "light"}]})
+        assert browser.execute_script(background) == "rgb(255, 255, 255)"
+    finally:
+        browser.set_window_size(1280, 1000)
     assert console_errors(browser) == []
 
 
