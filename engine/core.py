@@ -191,8 +191,8 @@ class EngineCore(SingleWriter):
             self.kv_cache.check()
         return True
 
-    def _record_step(self, carried: tuple[int, int, int, int], made: Any, seconds: float, threads: int,
-                     done: bool, interrupted: bool) -> None:
+    def _record_step(self, carried: tuple[int, int, int, int], made: tuple[int, int] | list[int], seconds: float,
+                     threads: int, done: bool, interrupted: bool) -> None:
         self.recent_steps.append(StepRecord(self.steps_run, time.perf_counter(), seconds, *carried, *made,
                                             threads, interrupted))
         if done:  # a failed step's prompt tokens are fed again later, and counted then

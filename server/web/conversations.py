@@ -67,7 +67,8 @@ class ConversationStore:
         return [{"id": r["id"], "object": "conversation", "title": r["title"], "created_at": r["created_at"],
                  "updated_at": r["updated_at"], "message_count": r["n"]} for r in rows]
 
-    def update(self, conversation_id: str, changes: dict[str, Any], *, owner: str | None = None) -> dict[str, Any] | None:
+    def update(self, conversation_id: str, changes: dict[str, Any], *,
+               owner: str | None = None) -> dict[str, Any] | None:
         """Replace the fields given (title, messages, settings); None if there is no such conversation."""
         columns = {k: (v if k == "title" else json.dumps(v)) for k, v in changes.items()}
         assert set(columns) <= {"title", "messages", "settings"}
