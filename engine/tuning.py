@@ -128,3 +128,12 @@ ACCEPTANCE_WEIGHT = 0.2  # weight of each drafted token's outcome in the moving 
 # 16 streams drafted and lost 4-8% (bench speculative, paragraph and story at C=16, 2026-11-27:
 # auto / off 0.94-0.99 and 0.84-0.95 over 4 trials); rows cost 0.94 of a token there.
 DRAFT_GAIN_MARGIN = 1.2
+
+# ---- the draft model (engine/draft_model.py) ----------------------------------------------------
+# A draft model stops extending a draft at a token it gives less than this probability: each
+# drafted position costs it a decode and the main step a row (llama.cpp has the same cut,
+# `--draft-p-min`, off by default in the version we pin; the value is judgement).
+DRAFT_MODEL_P_MIN = 0.75
+# Rows of one catch-up decode in the draft model's context (a new sequence's prompt is fed in
+# pieces of this size; judgement, the main context's default step budget is 256).
+DRAFT_MODEL_CATCH_UP_ROWS = 512
