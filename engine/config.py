@@ -93,10 +93,15 @@ class EngineConfig:
         zero_is_none=True)
     # Drafts cost batch rows: they are verified only where the step-cost model says they pay.
     speculative: bool = setting(
-        True, "speculative decoding without a draft model: tokens guessed from the sequence's own earlier text and "
-              "recent outputs are verified in the step, where the step-cost model says they pay (greedy outputs "
+        True, "speculative decoding: tokens guessed from the sequence's own earlier text and recent outputs (and by "
+              "--draft-model, if given) are verified in the step, where the step-cost model says they pay (greedy outputs "
               "unchanged, sampled ones in distribution)", on_off=True, words=("auto", "off"))
     speculative_max_draft: int = setting(8, "drafted tokens per sequence and step at most")
+    # A draft model's decodes run between the main steps and are not weighed by the allotment:
+    # only a model several times smaller than the main one can pay for them (docs/speculative-decoding.md).
+    draft_model: str | None = setting(
+        None, "GGUF file (or owner/repo/file.gguf on Hugging Face) of a smaller model with the same vocabulary: "
+              "it drafts, in its own context, for sequences the model-free drafts have nothing for")
     jump_forward: bool = setting(
         True, "where a JSON schema allows one continuation only, append its tokens unsampled")
 
@@ -127,6 +132,10 @@ class EngineConfig:
             raise ValueError(f"idle_cells_per_prompt_token must be positive, got {self.idle_cells_per_prompt_token}")
         if self.speculative_max_draft < 1:
             raise ValueError(f"speculative_max_draft must be >= 1, got {self.speculative_max_draft}")
+        if self.draft_model is not None and not self.speculative:
+            raise ValueError("draft_model needs speculative decoding on (speculative auto)")
+        if self.draft_model is not None and not str(self.draft_model).strip():
+            raise ValueError("draft_model must name a GGUF file")
         if self.max_waiting < 1 or self.max_waiting_interactive < 1:
             raise ValueError("max_waiting and max_waiting_interactive must be >= 1")
         self.scheduling_policy()  # the policy checks its own settings

@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol
 
 from bindings import DecodeOutcome
 from engine.debug import ENABLED as DEBUG_CHECKS
+from engine.draft_model import DraftModel
 from engine.ownership import SingleWriter, claim_all
 from engine.config import EngineConfig
 from engine.jump_forward import JumpForward
@@ -62,6 +63,7 @@ class EngineCore(SingleWriter):
         watch: DecodeWatch | None = None,
         on_finished: Callable[[Sequence], None] = lambda seq: None,
         lane_busy: Callable[[], bool] = lambda: False,
+        draft_model: DraftModel | None = None,
     ) -> None:
         self.config = cfg = config
         self.model = model
@@ -81,7 +83,7 @@ class EngineCore(SingleWriter):
         self.jump = JumpForward(lambda text: model.tokenize(text, add_bos=False), model.token_bytes) \
             if cfg.jump_forward else None
         self.tokens_forced = 0  # appended by jump-forward, unsampled
-        self.speculator = Speculator(cfg.speculative_max_draft) if cfg.speculative else None
+        self.speculator = Speculator(cfg.speculative_max_draft, draft_model=draft_model) if cfg.speculative else None
         self.thread_governor = ThreadGovernor(cfg.n_threads, runner.interrupter, adaptive=cfg.adaptive_threads)
         self.profiles = {"decode": StepProfile(), "mixed": StepProfile()}
         self.steps_run = 0  # llama_decode calls, interrupted ones included
@@ -150,6 +152,8 @@ class EngineCore(SingleWriter):
                                   self.scheduler.policy.draft_limit_s)
         carried = _carried_by_tier(plan)
         t1 = clock()
+        # The draft model's decodes are its own cost, not the main step's (engine/draft_model.py).
+        draft_s = 0.0 if self.speculator is None else self.speculator.draft_model_s
         rows = self.runner.build_batch(plan)
         kind = _step_kind(plan)
         depth = max(c.start + c.n_rows for c in plan.chunks)
@@ -184,9 +188,10 @@ class EngineCore(SingleWriter):
         for seq, before in zip(seqs, lengths_before):
             made[seq.request.priority is Priority.BATCH] += len(seq.tokens) - before
         profile = self.profiles["decode" if kind == "decode" else "mixed"]
-        profile.record((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens, made[0] + made[1])
+        profile.record((t1 - t0 - draft_s, draft_s, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens,
+                       made[0] + made[1])
         self._record_step(carried, made, t5 - t0, threads, done=True, interrupted=False)
-        self.step_cost.record(plan.n_tokens, self.runner.n_outputs, t5 - t0, threads)
+        self.step_cost.record(plan.n_tokens, self.runner.n_outputs, t5 - t0 - draft_s, threads)
         if DEBUG_CHECKS:
             self.kv_cache.check()
         return True

@@ -25,7 +25,8 @@ from typing import Sequence as Seq
 from engine.tuning import DRAFT_NGRAM_MAX, DRAFT_NGRAM_MIN, RECENT_OUTPUT_NGRAMS, RECENT_OUTPUTS_NGRAM_MIN
 
 PROMPT_LOOKUP, RECENT_OUTPUTS = "prompt_lookup", "recent_outputs"
-SOURCES = (PROMPT_LOOKUP, RECENT_OUTPUTS)
+DRAFT_MODEL = "draft_model"  # a second model's drafts (engine/draft_model.py), when one is loaded
+SOURCES = (PROMPT_LOOKUP, RECENT_OUTPUTS, DRAFT_MODEL)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence as Seq
 from bindings import Model
 from engine.config import EngineConfig
 from engine.core import EngineCore
+from engine.draft_model import DraftModel, load_draft_model
 from engine.first_token_lane import FirstTokenLane
 from engine.handle import LoopWaker, RequestHandle
 from engine.inbox import Inbox
@@ -41,9 +42,15 @@ class Engine:
         base = config or EngineConfig()
         config = EngineConfig(**{**base.__dict__, **config_overrides}) if config_overrides else base
         model = Model(resolve_model(model_path))
+        runner = draft = None
         try:
             runner = ModelRunner(model, config)
+            if config.draft_model is not None:
+                draft = load_draft_model(config.draft_model, model, runner.n_ctx, config.sequence_ids,
+                                         config.n_threads, config.flash_attn)
         except BaseException:
+            if runner is not None:
+                runner.close()
             model.close()
             raise
 
@@ -54,7 +61,7 @@ class Engine:
                                   flash_attn=config.flash_attn, hand_over=inbox.hand_over, wake_engine=wakeup.set,
                                   published=waker.flush)
 
-        self._start(model, runner, config, time.perf_counter, lane)
+        self._start(model, runner, config, time.perf_counter, lane, draft)
 
     @classmethod
     def from_backend(cls, model: Any, runner: Any, config: EngineConfig, clock: Callable[[], float] = time.perf_counter) -> "Engine":
@@ -69,10 +76,11 @@ class Engine:
         return cls(None, **config_overrides)
 
     def _start(self, model: Any, runner: Any, config: EngineConfig, clock: Callable[[], float],
-               make_lane: LaneFactory) -> None:
+               make_lane: LaneFactory, draft_model: DraftModel | None = None) -> None:
         # Built in dependency order: each part gets, at construction, everything it talks to.
         self.config = config
         self.model = model
+        self.draft_model = draft_model
         self.n_ctx: int = runner.n_ctx
         self._board = StatsBoard()
         self._waker = LoopWaker()  # wakes the clients' event loops, once per engine turn
@@ -85,7 +93,8 @@ class Engine:
         self._lane = make_lane(self._inbox, wakeup, self._waker)
         self.core = EngineCore(model, runner, config, board=self._board, watch=self.interrupt_window,
                                on_finished=self._inbox.finished,
-                               lane_busy=(lambda: False) if self._lane is None else self._lane.is_busy)
+                               lane_busy=(lambda: False) if self._lane is None else self._lane.is_busy,
+                               draft_model=draft_model)
         self._loop = EngineLoop(self.core, self._inbox, wakeup, self._waker)
 
     # ---- client API -------------------------------------------------------------------------
@@ -157,11 +166,13 @@ class Engine:
         self._loop.drain(timeout)
 
     def close(self, drain_timeout: float = 0.0) -> None:
-        """Drain, then stop the engine thread and free the context and the model (in that order)."""
+        """Drain, then stop the engine thread and free the contexts and the models (in that order)."""
         self._loop.drain(drain_timeout)
         if self._lane is not None:
             self._lane.close()  # what it holds is handed over, and answered by the loop's stop
         self._loop.stop()
+        if self.draft_model is not None:
+            self.draft_model.close()
         self.core.runner.close()
         self.model.close()
 

@@ -23,12 +23,18 @@ is still judged, for free, against the tokens the sequence goes on to produce (a
 verification would: in structured text its first token is often the easy one). So a sequence whose drafts stopped paying goes on learning, and drafts again when its
 text starts repeating (an answer that turns to copying its prompt). In a step where even a full draft
 sure to be kept would not pay (a crowded batch), no drafts are looked for at all.
+
+A draft model (engine/draft_model.py), when one is loaded, is asked only for the sequences the
+model-free sources have nothing for: their drafts cost nothing but a lookup, and where they
+exist (text being copied) they are the better guess; the draft model's costs a decode per
+drafted position. Its drafts are allotted rows like the others, as their own source.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from engine.drafts import SOURCES, Draft, Drafter, NgramIndex
+from engine.draft_model import DraftModel
+from engine.drafts import DRAFT_MODEL, SOURCES, Draft, Drafter, NgramIndex
 from engine.kv_cache import KvCache
 from engine.ownership import SingleWriter
 from engine.request import Priority
@@ -55,19 +61,28 @@ class Speculator(SingleWriter):
     sources: dict[str, SourceCounts] = field(default_factory=lambda: {s: SourceCounts() for s in SOURCES})
     steps_with_drafts: int = 0
     verified_rows: int = 0  # output rows of drafted sequences: their sampling rows plus one per drafted token
+    draft_model: DraftModel | None = None
+    draft_model_s: float = 0.0  # this step's time in the draft model (outside the main step's cost)
 
     def draft(self, plan: StepPlan, kv: KvCache, cost: StepCost | None, room: int, n_ctx: int,
               limit_s: float | None) -> None:
         """Attach drafts to the plan's decoding chunks that pay for them, within `room` more rows
         and `limit_s` predicted seconds, with KV blocks reserved for every drafted token."""
+        self.draft_model_s = 0.0
         outputs = sum(1 for c in plan.chunks if c.wants_logits)
         if cost is None or room <= 0 or limit_s == 0.0 or not _a_certain_draft_pays(cost, plan.n_tokens, outputs, min(room, self.max_draft)):
             return  # looking for drafts costs Python time on every sequence: not where none can pay
         proposals: dict[Sequence, Draft] = {}
+        unproposed: dict[Sequence, int] = {}  # the draft limit of sequences the model-free sources left
         for chunk in plan.chunks:
-            draft = self._proposal(chunk, n_ctx)
+            limit = self._limit(chunk, n_ctx)
+            draft = self._proposal(chunk.seq, limit, n_ctx) if limit > 0 else None
             if draft is not None:
                 proposals[chunk.seq] = draft
+            elif limit > 0:
+                unproposed[chunk.seq] = limit
+        if unproposed and self.draft_model is not None:
+            proposals.update(self._draft_model_proposals(unproposed, n_ctx))
         if not proposals:
             return
         granted = self.allot(proposals, cost, plan.n_tokens, outputs, float(outputs), limit_s, room)
@@ -165,19 +180,38 @@ class Speculator(SingleWriter):
         seq.draft_acceptance = rate
 
     def finished(self, seq: Sequence) -> None:
-        """Its output may propose drafts for later requests of its scope."""
+        """Its output may propose drafts for later requests of its scope; the draft model's cells
+        for it are freed."""
         if seq.request.speculative and seq.n_generated:
             self.drafter.finished(seq.request.draft_scope, seq.tokens[seq.n_prompt:])
+        if self.draft_model is not None:
+            self.draft_model.release(seq)
 
-    def _proposal(self, chunk: Chunk, n_ctx: int) -> Draft | None:
+    def _limit(self, chunk: Chunk, n_ctx: int) -> int:
+        """How many tokens the chunk's sequence may have drafted (0: none)."""
         seq = chunk.seq
         if (not seq.request.speculative or not chunk.wants_logits or not seq.is_decoding
                 or seq.scores_prompt or chunk.draft):
-            return None
+            return 0
         # Drafted tokens and the one sampled after them must fit max_tokens and the context.
-        limit = min(self.max_draft, seq.token_budget(n_ctx) - 1)
-        if limit <= 0:
-            return None
+        return max(0, min(self.max_draft, seq.token_budget(n_ctx) - 1))
+
+    def _draft_model_proposals(self, limits: dict[Sequence, int], n_ctx: int) -> dict[Sequence, Draft]:
+        assert self.draft_model is not None
+        spent = self.draft_model.seconds
+        drafted = self.draft_model.propose(limits)
+        self.draft_model_s = self.draft_model.seconds - spent
+        proposals = {}
+        for seq, tokens in drafted.items():
+            draft = Draft(tokens, DRAFT_MODEL)
+            if seq.matcher is not None:
+                draft = _within_grammar(seq, draft, n_ctx)
+            if draft is not None:
+                proposals[seq] = draft
+        return proposals
+
+    def _proposal(self, seq: Sequence, limit: int, n_ctx: int) -> Draft | None:
+        """The model-free sources' draft of at most `limit` tokens."""
         if seq.ngrams is None:
             seq.ngrams = NgramIndex()
         draft = self.drafter.propose(seq.ngrams, seq.tokens, seq.request.draft_scope, limit)

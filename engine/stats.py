@@ -93,7 +93,8 @@ class StatsBoard:
             listener(stats)
 
 
-PHASES = ("schedule", "build_batch", "decode", "sample", "postprocess")
+# draft_model: a draft model's decodes (engine/draft_model.py), apart from the scheduling around them.
+PHASES = ("schedule", "draft_model", "build_batch", "decode", "sample", "postprocess")
 
 
 @dataclass
