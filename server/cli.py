@@ -23,7 +23,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.command not in ("serve", "batch"):
         parser.print_help()
         return 2
-    problem = _model_spec_problem(options.model) or _engine_options_problem(options)
+    problem = (_model_spec_problem(options.model) or _model_spec_problem(options.draft_model, "--draft-model")
+               or _engine_options_problem(options))
     if problem:
         parser.error(problem)
     if options.command == "serve":
@@ -134,7 +135,7 @@ def add_engine_flags(group: Any) -> None:
                                help=f"{meta['help']} (default: {'on' if default else 'off'})")
             group.add_argument("--no-" + flag[2:], dest=f.name, action="store_false", help=argparse.SUPPRESS)
         else:
-            kind = {"int": int, "float": float, "int | None": int, "float | None": float}[f.type]
+            kind = {"int": int, "float": float, "int | None": int, "float | None": float, "str | None": str}[f.type]
             shown = "" if default is None else f" (default: {default})"
             if meta.get("zero_is_none") and default is None:
                 default = 0
@@ -142,7 +143,7 @@ def add_engine_flags(group: Any) -> None:
                                help=meta["help"] + shown)
 
 
-def _model_spec_problem(spec: str | None) -> str | None:
+def _model_spec_problem(spec: str | None, flag: str = "--model") -> str | None:
     """Fail at once on a local path that does not exist (a Hugging Face spec is checked when loading)."""
     if spec is None or Path(spec).expanduser().is_file():
         return None
@@ -150,7 +151,7 @@ def _model_spec_problem(spec: str | None) -> str | None:
     parts = text.split("/")
     if len(parts) >= 3 and parts[-1].endswith(".gguf") and not Path(spec).is_absolute():
         return None
-    return f"--model {spec}: no such file (give a GGUF path, or owner/repo/file.gguf on Hugging Face)"
+    return f"{flag} {spec}: no such file (give a GGUF path, or owner/repo/file.gguf on Hugging Face)"
 
 
 def _api_keys(parser: argparse.ArgumentParser, options: argparse.Namespace) -> tuple[str, ...]:

@@ -38,7 +38,7 @@ def engine_table() -> str:
         if f.name in PORTABLE_DEFAULTS:
             serve_shown = PORTABLE_DEFAULTS[f.name]
         elif serve_default is None:
-            serve_shown = _code(0)
+            serve_shown = _code(0) if meta.get("zero_is_none") or f.type != "str | None" else "none"
         elif isinstance(serve_default, bool):
             serve_shown = _code(meta.get("words", ("on", "off"))[0 if serve_default else 1])
         else:

@@ -25,7 +25,7 @@ def test_flag_defaults_are_the_engines_own_but_where_the_server_says_otherwise()
     for f in fields(EngineConfig):
         if "serve_default" in f.metadata:
             continue
-        assert chosen[f.name] == f.default, f.name
+        assert chosen.get(f.name) == f.default, f.name  # a flag left at None leaves the Engine's default
     assert chosen["flash_attn"] is True and "n_threads" not in chosen  # the server's own defaults
 
 
@@ -48,6 +48,8 @@ def test_each_kind_of_flag_reaches_its_setting():
     (["--interactive-batch-rows", "-2"], "--interactive-batch-rows must be >= 1"),
     (["--batch-min-share", "1"], "--batch-min-share must be at least 0 and below 1"),
     (["--max-batch", "200", "--cache-holders", "100"], "--max-running + --cache-holders <= 256"),
+    (["--draft-model", "/nowhere/draft.gguf"], "--draft-model /nowhere/draft.gguf: no such file"),
+    (["--draft-model", __file__, "--speculative", "off"], "--draft-model needs speculative decoding on"),
 ])
 def test_a_bad_setting_is_refused_before_anything_loads_naming_its_flag(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
