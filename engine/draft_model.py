@@ -134,15 +134,27 @@ class DraftModel(SingleWriter):
 
     # ---- parts of propose --------------------------------------------------------------------
     def _slots_for(self, wanted: dict[Sequence, int]) -> dict[Sequence, _Slot]:
+        """The slots of the sequences it drafts for this time: those whose tokens and draft fit its
+        cells, after giving up those of sequences not asking, longest idle first. Without this
+        check, sequences that share a prefix in the main cache (one cell each there, one per
+        sequence here) would overflow the context at every step and be recomputed for nothing."""
         slots = {}
-        for seq in wanted:
+        n_ctx = self.context.n_ctx
+        used = sum(len(slot.held) for slot in self._slots.values())
+        for seq, limit in wanted.items():
             slot = self._slots.get(seq)
+            grow = len(seq.tokens) + limit - (0 if slot is None else len(slot.held))
+            if len(seq.tokens) + limit > n_ctx:
+                continue  # it never fits: nobody else need give up anything for it
+            while used + grow > n_ctx and self._evict(keep=wanted):
+                used = sum(len(s.held) for s in self._slots.values())
+            if used + grow > n_ctx or (slot is None and not self._free and not self._evict(keep=wanted)):
+                continue
             if slot is None:
-                if not self._free and not self._evict(keep=wanted):
-                    continue
                 slot = self._slots[seq] = _Slot(self._free.pop())
             slot.used = self._calls
             slots[seq] = slot
+            used += grow
         return slots
 
     def _catch_up(self, slots: dict[Sequence, _Slot]) -> dict[Sequence, tuple[int, float]]:

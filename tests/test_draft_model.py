@@ -158,10 +158,12 @@ def test_a_full_draft_context_gives_up_older_sequences_first(model_path):
     try:
         a, b = _Seq(list(long)), _Seq(list(long[:-1]))
         assert draft.propose({a: 2})
-        assert draft.propose({b: 2})  # 2 x 180 tokens do not fit 256 cells: a gives its up
+        assert draft.propose({b: 2})  # 2 x 180 tokens do not fit 256 cells: a gives its cells up
         assert draft.sequences == 1 and draft.cells_held() <= 256
         too_long = _Seq(model.tokenize("word " * 300))
-        assert draft.propose({too_long: 2}) == {}  # alone it does not fit: no draft, no slot
+        assert draft.propose({too_long: 2}) == {}  # alone it does not fit: no draft, and b keeps its cells
+        assert draft.sequences == 1 and draft.cells_held() == len(b.tokens) + 1
+        draft.release(b)
         assert draft.sequences == 0 and draft.cells_held() == 0
     finally:
         draft.close()
