@@ -133,7 +133,7 @@ class EngineConfig:
         if self.speculative_max_draft < 1:
             raise ValueError(f"speculative_max_draft must be >= 1, got {self.speculative_max_draft}")
         if self.draft_model is not None and not self.speculative:
-            raise ValueError("draft_model needs speculative decoding on (speculative auto)")
+            raise ValueError("draft_model needs speculative auto (it is off)")
         if self.draft_model is not None and not str(self.draft_model).strip():
             raise ValueError("draft_model must name a GGUF file")
         if self.max_waiting < 1 or self.max_waiting_interactive < 1:

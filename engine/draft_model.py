@@ -86,8 +86,10 @@ class _Slot:
 class DraftModel(SingleWriter):
     """A draft model's context and slots. Engine thread only; `close` after the engine stops."""
 
-    def __init__(self, model: Model, n_ctx: int, n_slots: int, n_threads: int, flash_attn: bool) -> None:
+    def __init__(self, model: Model, n_ctx: int, n_slots: int, n_threads: int, flash_attn: bool,
+                 p_min: float = DRAFT_MODEL_P_MIN) -> None:
         self.model = model
+        self.p_min = p_min
         n_batch = max(DRAFT_MODEL_CATCH_UP_ROWS, n_slots)
         # swa_full: drafted positions are removed again, and a sliding-window cache may already
         # have overwritten the cells the window needs after that (a draft model is small).
@@ -194,7 +196,7 @@ class DraftModel(SingleWriter):
         drafts: dict[Sequence, list[int]] = {}
         active: list[Sequence] = []
         for seq, (token, p) in nexts.items():
-            if p >= DRAFT_MODEL_P_MIN:
+            if p >= self.p_min:
                 drafts[seq] = [token]
                 if wanted[seq] > 1:
                     active.append(seq)
@@ -210,7 +212,7 @@ class DraftModel(SingleWriter):
                 break  # what was drafted so far stands (its slots are given up)
             active = []
             for seq, (token, p) in found.items():
-                if p < DRAFT_MODEL_P_MIN:
+                if p < self.p_min:
                     continue
                 drafts[seq].append(token)
                 if len(drafts[seq]) < wanted[seq]:
@@ -234,9 +236,12 @@ class DraftModel(SingleWriter):
             return False
         logits = self.context.logits(len(finishing))
         best = logits.argmax(axis=1)
-        top = logits[np.arange(len(finishing)), best]
-        # The softmax's top probability: 1 / sum(exp(logit - top)).
-        p = 1.0 / np.exp(logits - top[:, None]).sum(axis=1)
+        if self.p_min > 0.0:
+            # The softmax's top probability: 1 / sum(exp(logit - top)).
+            top = logits[np.arange(len(finishing)), best]
+            p = 1.0 / np.exp(logits - top[:, None]).sum(axis=1)
+        else:
+            p = np.ones(len(finishing))
         for seq, token, prob in zip(finishing, best.tolist(), p.tolist()):
             found[seq] = (token, prob)
         finishing.clear()

@@ -49,7 +49,7 @@ def test_each_kind_of_flag_reaches_its_setting():
     (["--batch-min-share", "1"], "--batch-min-share must be at least 0 and below 1"),
     (["--max-batch", "200", "--cache-holders", "100"], "--max-running + --cache-holders <= 256"),
     (["--draft-model", "/nowhere/draft.gguf"], "--draft-model /nowhere/draft.gguf: no such file"),
-    (["--draft-model", __file__, "--speculative", "off"], "--draft-model needs speculative decoding on"),
+    (["--draft-model", __file__, "--speculative", "off"], "--draft-model needs --speculative auto (it is off)"),
 ])
 def test_a_bad_setting_is_refused_before_anything_loads_naming_its_flag(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
