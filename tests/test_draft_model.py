@@ -154,14 +154,14 @@ def test_drafts_continue_from_kept_cells_and_slots_go_to_the_latest(model_path):
 @pytest.mark.model
 def test_a_full_draft_context_gives_up_older_sequences_first(model_path):
     with Model(model_path) as model:
-        long = model.tokenize("word " * 180)
+        long, longer = model.tokenize("word " * 180), model.tokenize("word " * 300)
     draft = DraftModel(Model(model_path), n_ctx=256, n_slots=2, n_threads=2, flash_attn=False, p_min=0.0)
     try:
         a, b = _Seq(list(long)), _Seq(list(long[:-1]))
         assert draft.propose({a: 2})
         assert draft.propose({b: 2})  # 2 x 180 tokens do not fit 256 cells: a gives its cells up
         assert draft.sequences == 1 and draft.cells_held() <= 256
-        too_long = _Seq(model.tokenize("word " * 300))
+        too_long = _Seq(longer)
         assert draft.propose({too_long: 2}) == {}  # alone it does not fit: no draft, and b keeps its cells
         assert draft.sequences == 1 and draft.cells_held() == len(b.tokens) + 1
         draft.release(b)
