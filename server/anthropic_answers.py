@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator
 from engine import FinishReason, GenerationResult, RequestHandle
 from server.error_shapes import anthropic_error_event
 from server.errors import APIError
-from server.replies import error_for_result, merged_deltas
+from server.replies import error_for_result, read_pieces
 from server.spec import GenerationSpec
 from server.sse import encode_event
 from server.tiers import BATCH, INTERACTIVE
@@ -91,12 +91,10 @@ class MessageAnswer:
         yield _event("message_start", message=self._message([], None, None, opening))
         yield _event("ping")
         blocks = _BlockStream()
-        async for _, item in merged_deltas(handles):
-            if isinstance(item, str):
-                pieces = [Text(item)] if self.reader is None else self.reader.feed(item)
-                for piece in pieces:
-                    for event in blocks.piece(piece):
-                        yield event
+        async for item in read_pieces(handles, self.reader):
+            if not isinstance(item, GenerationResult):
+                for event in blocks.piece(item):
+                    yield event
                 continue
             error = error_for_result(item)
             if error is not None:

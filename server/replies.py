@@ -17,6 +17,7 @@ from server.context import ServerContext
 from server.error_shapes import error_response
 from server.errors import CLIENT_CLOSED_REQUEST, APIError, GatewayTimeout, InternalError, ServiceUnavailable
 from server.sse import EventStreamResponse
+from server.tool_reader import Text, ToolOutputReader
 
 
 async def reply(
@@ -56,6 +57,17 @@ async def reply(
     if inspect.isawaitable(body):
         body = await body
     return JSONResponse(body, headers=headers)
+
+
+async def read_pieces(handles: list[RequestHandle], reader: ToolOutputReader | None) -> AsyncIterator[Any]:
+    """The choices' text as the tool reader's pieces (all plain Text without a reader), then each
+    choice's GenerationResult: the dialects that stream calls as blocks or items read this."""
+    async for _, item in merged_deltas(handles):
+        if isinstance(item, str):
+            for piece in [Text(item)] if reader is None else reader.feed(item):
+                yield piece
+        else:
+            yield item
 
 
 async def merged_deltas(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, str | GenerationResult]]:

@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from engine import FinishReason, GenerationResult, RequestHandle
 from server.errors import APIError
-from server.replies import error_for_result, merged_deltas
+from server.replies import error_for_result, read_pieces
 from server.spec import GenerationSpec
 from server.sse import encode_event
 from server.tiers import SERVICE_TIER_OF
@@ -109,12 +109,10 @@ class ResponseAnswer:
         yield self.event("response.created", response=opening)
         yield self.event("response.in_progress", response=opening)
         items = _ItemStream(self)
-        async for _, item in merged_deltas(handles):
-            if isinstance(item, str):
-                pieces = [Text(item)] if self.reader is None else self.reader.feed(item)
-                for piece in pieces:
-                    for event in items.piece(piece):
-                        yield event
+        async for item in read_pieces(handles, self.reader):
+            if not isinstance(item, GenerationResult):
+                for event in items.piece(item):
+                    yield event
                 continue
             error = error_for_result(item)
             if error is not None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server_fixtures import serve_process, spawn_serve, wait_serving
+from tests.server_fixtures import serve_process, spawn_serve, wait_serving, wait_until as wait_for
 
 pytestmark = pytest.mark.model
 
@@ -62,17 +62,6 @@ def served(tmp_path_factory):
 
 
 # ---- page helpers -------------------------------------------------------------------------------
-
-def wait_for(predicate, timeout: float = 60, message: str = "condition not met"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{message} within {timeout} s")
-        time.sleep(0.02)
-
 
 def by_id(driver, element_id: str):
     from selenium.webdriver.common.by import By
