@@ -112,6 +112,7 @@ class Speculator(SingleWriter):
         granted = dict.fromkeys(proposals, 0)
         best, best_rate = {}, expected_tokens / step_s
         predicted_s, weighed_s = step_s, step_s  # the latter with each added cost times the margin
+        rows = 0
         left = float("inf") if room is None else room
         while left > 0:
             open_ = [seq for seq, draft in proposals.items() if granted[seq] < min(len(draft.tokens), self.max_draft)]
@@ -119,16 +120,17 @@ class Speculator(SingleWriter):
                 break
             pick = max(open_, key=lambda s: (s.request.priority is Priority.INTERACTIVE, rates[s] ** (granted[s] + 1)))
             gain = rates[pick] ** (granted[pick] + 1)
-            added_s = row_s + (jump_s if predicted_s == step_s else 0.0)
+            added_s = row_s + (jump_s if rows == 0 else 0.0)
             if limit_s is not None and predicted_s + added_s > limit_s:
                 break
-            if predicted_s > step_s and gain * weighed_s <= DRAFT_GAIN_MARGIN * row_s * expected_tokens:
+            if rows and gain * weighed_s <= DRAFT_GAIN_MARGIN * row_s * expected_tokens:
                 break  # past the jump, rows cost alike and gains only shrink: none after pays either
             granted[pick] += 1
             expected_tokens += gain
             predicted_s += added_s
             weighed_s += DRAFT_GAIN_MARGIN * added_s
             left -= 1
+            rows += 1
             if expected_tokens / weighed_s > best_rate:
                 best, best_rate = {seq: k for seq, k in granted.items() if k}, expected_tokens / weighed_s
         return best

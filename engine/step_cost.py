@@ -79,9 +79,10 @@ class StepCostModel(SingleWriter):
             same = [s for s in self._steps if s[3] == threads] if threads is not None else []
             steps = same if len(same) >= STEP_COST_MIN_STEPS else list(self._steps)
             fit = _fit(steps)
-            if any(s[1] > 1 for s in steps) and any(s[1] == 1 for s in steps):
+            several = any(s[1] > 1 for s in steps)
+            if several and any(s[1] == 1 for s in steps):
                 self._jump_share = fit.multi_output_s / fit.seconds(1, 1)
-            elif self._jump_share and not any(s[1] > 1 for s in steps):
+            elif self._jump_share and not several:
                 # One stream that stopped drafting: the jump it measured still holds, as a share
                 # of its step; forgetting it would have it draft again to find out anew.
                 fit = fit._replace(multi_output_s=self._jump_share * fit.seconds(1, 1))
