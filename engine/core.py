@@ -290,8 +290,8 @@ class EngineCore(SingleWriter):
         verified = verify(self.sampler, logits, seq, first, chunk.draft, self.model.eog_tokens, self.n_ctx)
         self.kv_cache.computed(seq, verified.accepted)
         self.kv_cache.drop_uncomputed(seq)
-        assert self.speculator is not None and chunk.draft_source is not None
-        self.speculator.verified(seq, chunk.draft_source, len(chunk.draft), verified.accepted)
+        assert self.speculator is not None and chunk.granted is not None
+        self.speculator.verified(seq, chunk.granted, verified.accepted)
         return verified.reason, verified.error
 
     def _jump_forward(self, seq: Sequence) -> FinishReason | None:

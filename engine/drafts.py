@@ -13,6 +13,11 @@ in this order:
   ever being proposed for another's request: a draft never reaches a client unless the model
   computes the same tokens itself, but how fast it does could tell one client what another wrote.
 
+A draft carries the length of its match: how many of the sequence's last tokens equal those
+before the continuation it copies (up to DRAFT_MATCH_CAP). A long match is a passage being
+copied and its continuation is nearly sure; a two-token match is often chance
+(engine/speculation.py prices rows by it).
+
 Each sequence's index is built incrementally as tokens are appended, so a lookup costs a few
 dictionary reads per step.
 """
@@ -22,7 +27,7 @@ import collections
 from dataclasses import dataclass
 from typing import Sequence as Seq
 
-from engine.tuning import DRAFT_NGRAM_MAX, DRAFT_NGRAM_MIN, RECENT_OUTPUT_NGRAMS, RECENT_OUTPUTS_NGRAM_MIN
+from engine.tuning import DRAFT_MATCH_CAP, DRAFT_NGRAM_MAX, DRAFT_OCCURRENCES, DRAFT_NGRAM_MIN, RECENT_OUTPUT_NGRAMS, RECENT_OUTPUTS_NGRAM_MIN
 
 PROMPT_LOOKUP, RECENT_OUTPUTS = "prompt_lookup", "recent_outputs"
 DRAFT_MODEL = "draft_model"  # a second model's drafts (engine/draft_model.py), when one is loaded
@@ -33,33 +38,59 @@ SOURCES = (PROMPT_LOOKUP, RECENT_OUTPUTS, DRAFT_MODEL)
 class Draft:
     tokens: tuple[int, ...]
     source: str
+    match: int = 0  # tokens of context the source matched (0: not a copy, e.g. the draft model's)
+
+
+def match_length(source: Seq[int], start: int, tokens: Seq[int], cap: int = DRAFT_MATCH_CAP) -> int:
+    """How many tokens before `source[start]` equal the last ones of `tokens` (at most `cap`)."""
+    n, end = 0, len(tokens)
+    while n < cap and n < start and n < end and source[start - 1 - n] == tokens[end - 1 - n]:
+        n += 1
+    return n
 
 
 class NgramIndex:
-    """Where each n-gram (n in [n_min, n_max]) of a growing token list last occurred, as the
-    index of the token that followed it. Owned by its sequence's holder, like its tokens."""
+    """Where each n-gram (n in [n_min, n_max]) of a growing token list occurred lately (up to
+    DRAFT_OCCURRENCES times), as the index of the token that followed it. Owned by its sequence's
+    holder, like its tokens."""
 
     def __init__(self, n_min: int = DRAFT_NGRAM_MIN, n_max: int = DRAFT_NGRAM_MAX) -> None:
         self.n_min, self.n_max = n_min, n_max
-        self._after: dict[tuple[int, ...], int] = {}
+        self._after: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0  # positions below this have their preceding n-grams indexed
 
     def update(self, tokens: Seq[int]) -> None:
         # Position i is indexed once it exists: the n-grams ending just before it point at it.
         for i in range(max(self._indexed, self.n_min), len(tokens)):
             for n in range(self.n_min, min(self.n_max, i) + 1):
-                self._after[tuple(tokens[i - n:i])] = i
+                seen = self._after.setdefault(tuple(tokens[i - n:i]), [])
+                seen.append(i)
+                if len(seen) > DRAFT_OCCURRENCES:
+                    del seen[0]
         self._indexed = max(self._indexed, len(tokens))
 
-    def continuation(self, tokens: Seq[int], limit: int) -> tuple[int, ...]:
-        """The tokens that followed the longest earlier occurrence of the list's last n-gram."""
+    def continuation(self, tokens: Seq[int], limit: int) -> tuple[tuple[int, ...], int]:
+        """What followed the earlier occurrence of the list's longest final n-gram whose match
+        runs back furthest (the latest among equals), and the length of that match. A passage
+        being copied matches its original far back; the same words elsewhere match a few tokens."""
         self.update(tokens)
         end = len(tokens)
         for n in range(min(self.n_max, end), self.n_min - 1, -1):
-            start = self._after.get(tuple(tokens[end - n:end]))
-            if start is not None:
-                return tuple(tokens[start:start + limit])
-        return ()
+            seen = self._after.get(tuple(tokens[end - n:end]))
+            if seen:
+                match, start = max((match_length(tokens, i, tokens), i) for i in seen)
+                return _copied(tokens, start, limit), match
+        return (), 0
+
+
+def _copied(tokens: Seq[int], start: int, limit: int) -> tuple[int, ...]:
+    """`limit` tokens copied from `start` on, the copy running on into itself past the end: text
+    caught in a loop (a small model repeating itself) is drafted whole, not one period at a time."""
+    end = len(tokens)
+    copy: list[int] = []
+    for i in range(start, start + limit):
+        copy.append(tokens[i] if i < end else copy[i - end])
+    return tuple(copy)
 
 
 class RecentOutputs:
@@ -93,7 +124,7 @@ class RecentOutputs:
                 if not outputs:
                     del self._pending[oldest_scope]
 
-    def continuation(self, scope: str, tokens: Seq[int], limit: int) -> tuple[int, ...]:
+    def continuation(self, scope: str, tokens: Seq[int], limit: int) -> tuple[tuple[int, ...], int]:
         if scope in self._pending:
             self._index(scope)
         end = len(tokens)
@@ -101,8 +132,8 @@ class RecentOutputs:
             found = self._after.get((scope, tuple(tokens[end - n:end])))
             if found is not None:
                 output, start = found
-                return output[start:start + limit]
-        return ()
+                return output[start:start + limit], match_length(output, start, tokens)
+        return (), 0
 
     def __len__(self) -> int:
         return len(self._after) + self._pending_ngrams
@@ -133,11 +164,11 @@ class Drafter:
         self.recent = recent or RecentOutputs()
 
     def propose(self, index: NgramIndex, tokens: Seq[int], scope: str, limit: int) -> Draft | None:
-        own = index.continuation(tokens, limit)
+        own, match = index.continuation(tokens, limit)
         if own:
-            return Draft(own, PROMPT_LOOKUP)
-        other = self.recent.continuation(scope, tokens, limit)
-        return Draft(other, RECENT_OUTPUTS) if other else None
+            return Draft(own, PROMPT_LOOKUP, match)
+        other, match = self.recent.continuation(scope, tokens, limit)
+        return Draft(other, RECENT_OUTPUTS, match) if other else None
 
     def finished(self, scope: str, output: Seq[int]) -> None:
         if output:

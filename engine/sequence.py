@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from engine.drafts import NgramIndex
+from engine.drafts import Draft, NgramIndex
 from engine.handle import RequestHandle
 from engine.ownership import SingleWriter
 from engine.request import FinishReason, GenerationResult, Request, RequestMetrics
@@ -72,10 +72,9 @@ class Sequence(SingleWriter):
         self.forced_tokens = 0  # output tokens appended by jump-forward, unsampled
         self.first_token_from_lane = False  # its first token came from engine/first_token_lane.py
         self.ngrams: NgramIndex | None = None  # its own n-grams, built when it first drafts (engine/drafts.py)
-        self.draft_acceptance: float | None = None  # moving average of its drafted tokens' outcomes
-        # A proposal that got no rows, judged against the tokens that follow: (source, its
-        # tokens not yet judged, the position the first of them would take).
-        self.unverified_draft: tuple[str, tuple[int, ...], int] | None = None
+        # A proposal that got no rows, judged against the tokens that follow: (the draft, the
+        # position its first token would take).
+        self.unverified_draft: tuple[Draft, int] | None = None
         self.drafted_tokens = 0
         self.accepted_tokens = 0
         self.arrival_order = 0  # when the scheduler got it, relative to the others (FIFO)

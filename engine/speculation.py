@@ -17,12 +17,13 @@ likely row cannot pay back but a run of them can; so rows are added past where t
 once the jump is in, and the best prefix of that order (the most tokens per weighed second)
 is granted. A policy may bound the step's predicted time (the per-token latency target).
 
-Acceptance is tracked per source (engine/drafts.py) and per sequence, as moving averages of the
-drafted tokens' outcomes; a sequence starts from its source's rate. A proposal that got no rows
-is still judged, for free, against the tokens the sequence goes on to produce (all of it, as
-verification would: in structured text its first token is often the easy one). So a sequence whose drafts stopped paying goes on learning, and drafts again when its
-text starts repeating (an answer that turns to copying its prompt). In a step where even a full draft
-sure to be kept would not pay (a crowded batch), no drafts are looked for at all.
+Acceptance is learned per source and per length of the match a draft continues
+(engine/acceptance.py): a long match is a passage being copied, whose continuation is kept for
+many tokens, so it earns long drafts, while a chance match of two tokens earns none. A proposal
+that got no rows is still judged, for free, against the tokens the sequence goes on to produce
+(all of it, as verification would: in structured text its first token is often the easy one), so
+rates go on learning where drafts stopped. In a step where even a full draft sure to be kept
+would not pay (a crowded batch), no drafts are looked for at all.
 
 A draft model (engine/draft_model.py), when one is loaded, is asked only for the sequences the
 model-free sources have nothing for: their drafts cost nothing but a lookup, and where they
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from engine.acceptance import AcceptanceRates
 from engine.draft_model import DraftModel
 from engine.drafts import DRAFT_MODEL, SOURCES, Draft, Drafter, NgramIndex
 from engine.kv_cache import KvCache
@@ -42,14 +44,13 @@ from engine.sequence import Sequence
 from engine.stats import SpeculationStats
 from engine.step_cost import StepCost
 from engine.step_plan import Chunk, StepPlan
-from engine.tuning import ACCEPTANCE_PRIOR, ACCEPTANCE_WEIGHT, DRAFT_GAIN_MARGIN
+from engine.tuning import DRAFT_GAIN_MARGIN, DRAFT_MODEL_MAX_DRAFT
 
 
 @dataclass
 class SourceCounts(SingleWriter):
     drafted: int = 0  # drafted tokens checked by the model
     accepted: int = 0
-    rate: float = ACCEPTANCE_PRIOR  # moving average of its drafted tokens' outcomes
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Speculator(SingleWriter):
     max_draft: int
     drafter: Drafter = field(default_factory=Drafter)
     sources: dict[str, SourceCounts] = field(default_factory=lambda: {s: SourceCounts() for s in SOURCES})
+    acceptance: AcceptanceRates = field(default_factory=AcceptanceRates)
     steps_with_drafts: int = 0
     verified_rows: int = 0  # output rows of drafted sequences: their sampling rows plus one per drafted token
     draft_model: DraftModel | None = None
@@ -80,46 +82,47 @@ class Speculator(SingleWriter):
             if draft is not None:
                 proposals[chunk.seq] = draft
             elif limit > 0:
-                unproposed[chunk.seq] = limit
+                unproposed[chunk.seq] = min(limit, DRAFT_MODEL_MAX_DRAFT)
         if unproposed and self.draft_model is not None:
             proposals.update(self._draft_model_proposals(unproposed, n_ctx))
         if not proposals:
             return
-        granted = self.allot(proposals, cost, plan.n_tokens, outputs, float(outputs), limit_s, room)
+        gains = {seq: self.acceptance.gains(draft, self.max_draft) for seq, draft in proposals.items()}
+        granted = self.allot(gains, cost, plan.n_tokens, outputs, float(outputs), limit_s, room)
         drafted = False
         for i, chunk in enumerate(plan.chunks):
             k = granted.get(chunk.seq, 0)
             if k and kv.try_reserve(chunk.seq, len(chunk.seq.tokens) + k):
                 proposal = proposals[chunk.seq]
-                plan.chunks[i] = replace(chunk, draft=proposal.tokens[:k], draft_source=proposal.source)
+                plan.chunks[i] = replace(chunk, draft=proposal.tokens[:k], granted=replace(proposal, tokens=proposal.tokens[:k]))
                 drafted = True
             elif chunk.seq in proposals and chunk.seq.unverified_draft is None:
-                proposal = proposals[chunk.seq]
-                chunk.seq.unverified_draft = (proposal.source, proposal.tokens, len(chunk.seq.tokens))
+                chunk.seq.unverified_draft = (proposals[chunk.seq], len(chunk.seq.tokens))
         self.steps_with_drafts += drafted
 
-    def allot(self, proposals: dict[Sequence, Draft], cost: StepCost, tokens: int, outputs: int,
+    @staticmethod
+    def allot(gains: dict[Sequence, list[float]], cost: StepCost, tokens: int, outputs: int,
               expected_tokens: float, limit_s: float | None = None, room: int | None = None) -> dict[Sequence, int]:
-        """Draft rows per sequence (the rule in the module docstring). The planned step feeds
-        `tokens` rows, `outputs` of them with logits, and is expected to produce
+        """Draft rows per sequence (the rule in the module docstring), given the tokens each
+        draft row is expected to add (`gains[seq][i]` for its i-th row, non-increasing). The planned
+        step feeds `tokens` rows, `outputs` of them with logits, and is expected to produce
         `expected_tokens`; `limit_s` bounds its predicted seconds, `room` its extra rows."""
         row_s = cost.per_token_s + cost.per_output_s
         step_s = cost.seconds(tokens, outputs)
         # A step with one output row pays the jump to a matrix product with its first draft row:
         # that row is judged with the rows after it, as the best prefix of the greedy order.
         jump_s = cost.multi_output_s if outputs == 1 else 0.0
-        rates = {seq: self.rate(seq, draft.source) for seq, draft in proposals.items()}
-        granted = dict.fromkeys(proposals, 0)
+        granted = dict.fromkeys(gains, 0)
         best, best_rate = {}, expected_tokens / step_s
         predicted_s, weighed_s = step_s, step_s  # the latter with each added cost times the margin
         rows = 0
         left = float("inf") if room is None else room
         while left > 0:
-            open_ = [seq for seq, draft in proposals.items() if granted[seq] < min(len(draft.tokens), self.max_draft)]
+            open_ = [seq for seq in gains if granted[seq] < len(gains[seq])]
             if not open_:
                 break
-            pick = max(open_, key=lambda s: (s.request.priority is Priority.INTERACTIVE, rates[s] ** (granted[s] + 1)))
-            gain = rates[pick] ** (granted[pick] + 1)
+            pick = max(open_, key=lambda s: (s.request.priority is Priority.INTERACTIVE, gains[s][granted[s]]))
+            gain = gains[pick][granted[pick]]
             added_s = row_s + (jump_s if rows == 0 else 0.0)
             if limit_s is not None and predicted_s + added_s > limit_s:
                 break
@@ -141,20 +144,15 @@ class Speculator(SingleWriter):
             accepted={s: c.accepted for s, c in self.sources.items()},
             steps_with_drafts=self.steps_with_drafts, verified_rows=self.verified_rows)
 
-    def rate(self, seq: Sequence, source: str) -> float:
-        own = seq.draft_acceptance
-        return own if own is not None else self.sources[source].rate
-
-    def verified(self, seq: Sequence, source: str, drafted: int, accepted: int) -> None:
-        """A draft of `drafted` tokens was checked and its first `accepted` kept."""
-        counts = self.sources[source]
-        counts.drafted += drafted
+    def verified(self, seq: Sequence, draft: Draft, accepted: int) -> None:
+        """A draft was checked and its first `accepted` tokens kept."""
+        counts = self.sources[draft.source]
+        counts.drafted += len(draft.tokens)
         counts.accepted += accepted
-        self.verified_rows += drafted + 1
-        # Each kept token is a success, the first rejected one (if any) a failure; the rest unseen.
+        self.verified_rows += len(draft.tokens) + 1
         seq.unverified_draft = None  # judged by the model instead
-        self._learn(seq, source, [1.0] * accepted + ([0.0] if accepted < drafted else []))
-        seq.drafted_tokens += drafted
+        self.acceptance.learn(draft, accepted)
+        seq.drafted_tokens += len(draft.tokens)
         seq.accepted_tokens += accepted
 
     def sampled(self, seq: Sequence, token: int) -> None:
@@ -163,23 +161,15 @@ class Speculator(SingleWriter):
         first token: in structured text the first is often the easy one)."""
         if seq.unverified_draft is None:
             return
-        source, proposed, position = seq.unverified_draft
-        known = [*seq.tokens[position:], token]
+        draft, position = seq.unverified_draft
+        proposed, known = draft.tokens, [*seq.tokens[position:], token]
         kept = 0
         while kept < min(len(proposed), len(known)) and proposed[kept] == known[kept]:
             kept += 1
         if kept < len(proposed) and kept == len(known):
             return  # right so far: judged when the rest is known
         seq.unverified_draft = None
-        self._learn(seq, source, [1.0] * kept + ([0.0] if kept < len(proposed) else []))
-
-    def _learn(self, seq: Sequence, source: str, outcomes: list[float]) -> None:
-        counts = self.sources[source]
-        rate = self.rate(seq, source)
-        for outcome in outcomes:
-            rate += ACCEPTANCE_WEIGHT * (outcome - rate)
-            counts.rate += ACCEPTANCE_WEIGHT * (outcome - counts.rate)
-        seq.draft_acceptance = rate
+        self.acceptance.learn(draft, kept)
 
     def finished(self, seq: Sequence) -> None:
         """Its output may propose drafts for later requests of its scope; the draft model's cells
@@ -205,7 +195,7 @@ class Speculator(SingleWriter):
         self.draft_model_s = self.draft_model.seconds - spent
         proposals = {}
         for seq, tokens in drafted.items():
-            draft = Draft(tokens, DRAFT_MODEL)
+            draft = Draft(tokens, DRAFT_MODEL)  # no match: its rate is one bucket's
             if seq.matcher is not None:
                 draft = _within_grammar(seq, draft, n_ctx)
             if draft is not None:
@@ -242,4 +232,4 @@ def _within_grammar(seq: Sequence, draft: Draft, n_ctx: int) -> Draft | None:
         budget -= 1
         if matcher.is_finished:
             break
-    return Draft(draft.tokens[:kept], draft.source) if kept else None
+    return replace(draft, tokens=draft.tokens[:kept]) if kept else None

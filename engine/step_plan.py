@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.drafts import Draft
 from engine.sequence import Sequence
 
 
@@ -14,7 +15,7 @@ class Chunk:
     # Tokens guessed to follow seq.tokens (engine/drafts.py), fed after them with logits on
     # every row: the model verifies them in this step (engine/verify.py).
     draft: tuple[int, ...] = ()
-    draft_source: str | None = None
+    granted: Draft | None = None  # the proposal `draft` was cut from (its source and match): learned from
 
     @property
     def n_rows(self) -> int:

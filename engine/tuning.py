@@ -117,12 +117,23 @@ REUSE_PRIOR_SHARE, REUSE_PRIOR_TOKENS = 0.5, 1_024
 # Prompt lookup matches the sequence's last 4, 3 or 2 tokens (the longest found wins): single
 # tokens recur too often to predict what follows (judgement, after prompt-lookup decoding's n <= 3).
 DRAFT_NGRAM_MIN, DRAFT_NGRAM_MAX = 2, 4
+# Of each n-gram, the latest occurrences kept; the one whose match runs back furthest is copied
+# (random sentences over a small vocabulary repeat 4-grams; judgement).
+DRAFT_OCCURRENCES = 8
 # Other requests' outputs need a longer match before their continuation is trusted (judgement).
 RECENT_OUTPUTS_NGRAM_MIN = 3
 RECENT_OUTPUT_NGRAMS = 65_536  # n-grams kept of recent outputs, all scopes together: about 20 MB
-# A source's rate before any of its drafts was checked: presumed good, so that it is tried.
-ACCEPTANCE_PRIOR = 0.8
-ACCEPTANCE_WEIGHT = 0.2  # weight of each drafted token's outcome in the moving averages (judgement)
+# A draft's match is measured up to this many tokens: past it a copied passage is as sure as it
+# gets (llama-server's ngram-mod matches 24, its ngram-simple 12; judgement).
+DRAFT_MATCH_CAP = 32
+# Acceptance is learned per source and per bucket of match length (these are the buckets' lower
+# bounds): copied passages are kept in runs that end where the copy ends, so one rate for all
+# drafts either stops drafting at the first miss or drafts chance matches (judgement).
+MATCH_BUCKETS = (0, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+# A bucket's rate before any of its drafts was checked, by bucket: presumed good, so that it is
+# tried, and better the longer the match (judgement).
+ACCEPTANCE_PRIORS = (0.8, 0.8, 0.8, 0.8, 0.8, 0.9, 0.9, 0.95, 0.95, 0.95)
+ACCEPTANCE_WEIGHT = 0.1  # weight of each drafted token's outcome in its bucket's moving average (judgement)
 # A draft row must promise this many times its cost: acceptance comes in runs (a copied passage
 # is accepted until it ends), so a rate learned on a run overstates the next row. Without it,
 # 16 streams drafted and lost 4-8% (bench speculative, paragraph and story at C=16, 2026-11-27:
@@ -134,6 +145,9 @@ DRAFT_GAIN_MARGIN = 1.2
 # drafted position costs it a decode and the main step a row (llama.cpp has the same cut,
 # `--draft-p-min`, off by default in the version we pin; the value is judgement).
 DRAFT_MODEL_P_MIN = 0.75
+# Its drafts are also cut at this many tokens, each costing it a decode, whatever
+# `speculative_max_draft` allows the model-free sources (llama.cpp's `--draft-max` default).
+DRAFT_MODEL_MAX_DRAFT = 16
 # Rows of one catch-up decode in the draft model's context (a new sequence's prompt is fed in
 # pieces of this size; judgement, the main context's default step budget is 256).
 DRAFT_MODEL_CATCH_UP_ROWS = 512

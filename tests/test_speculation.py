@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 import math
 
 from engine import FinishReason, Priority, Request
-from engine.drafts import PROMPT_LOOKUP, RECENT_OUTPUTS, Draft, Drafter, NgramIndex, RecentOutputs
+from engine.acceptance import AcceptanceRates
+from engine.drafts import PROMPT_LOOKUP, RECENT_OUTPUTS, Draft, Drafter, NgramIndex, RecentOutputs, match_length
 from engine.speculation import Speculator
-from engine.tuning import DRAFT_GAIN_MARGIN
+from engine.tuning import DRAFT_GAIN_MARGIN, MATCH_BUCKETS
 from engine.step_cost import StepCost, StepCostModel
 from engine.verify import verify
 from sampling.params import SamplingParams
@@ -23,45 +24,80 @@ from tests.fake_backend import N_VOCAB, expected_tokens, fake_engine
 FIXED_HEAVY = StepCost(fixed_s=0.030, per_token_s=0.0005, per_output_s=0.0015)
 # A batch that is compute-bound: rows are what a step costs.
 ROW_HEAVY = StepCost(fixed_s=0.002, per_token_s=0.004, per_output_s=0.004)
+# One stream whose first draft row turns the output projection into a matrix product.
+JUMPY = StepCost(fixed_s=0.012, per_token_s=0.0005, per_output_s=0.0045, multi_output_s=0.018)
 
 
 class _Seq:
     """What the allotment reads of a sequence."""
 
-    def __init__(self, priority: Priority = Priority.BATCH, acceptance: float | None = None) -> None:
+    def __init__(self, priority: Priority = Priority.BATCH, acceptance: float = 0.8) -> None:
         self.request = Request([1], priority=priority)
-        self.draft_acceptance = acceptance
+        self.acceptance = acceptance  # each drafted token's chance, given those before it were kept
 
 
 # ---- draft sources ---------------------------------------------------------------------------
 def test_prompt_lookup_proposes_what_followed_the_longest_earlier_match():
     tokens = [5, 6, 7, 8, 9, 1, 2, 6, 7, 3, 4, 6, 7]
     index = NgramIndex(n_min=2, n_max=4)
-    assert index.continuation(tokens, 3) == (3, 4, 6)  # (6, 7) last seen at 7-8, followed by 3
+    assert index.continuation(tokens, 3) == ((3, 4, 6), 2)  # (6, 7) last seen at 7-8, followed by 3
     tokens += [8]
-    assert index.continuation(tokens, 2) == (9, 1)  # (6, 7, 8) is a longer match, from the start
-    assert index.continuation([1, 2, 3], 4) == ()  # nothing repeats
-    assert NgramIndex().continuation([4, 4, 4, 4], 3) == (4,)  # self-overlap stops at the end
+    assert index.continuation(tokens, 2) == ((9, 1), 3)  # (6, 7, 8) is a longer match, from the start
+    assert index.continuation([1, 2, 3], 4) == ((), 0)  # nothing repeats
+
+
+def test_prompt_lookup_copies_the_occurrence_whose_match_runs_back_furthest():
+    # "6 7" occurs twice before the end; the first occurrence's context (1 6 7) is the end's.
+    tokens = [1, 6, 7, 2, 3, 9, 6, 7, 4, 5, 8, 1, 6, 7]
+    assert NgramIndex(n_min=2, n_max=2).continuation(tokens, 2) == ((2, 3), 3)
+    assert match_length(tokens, 3, tokens) == 3 and match_length(tokens, 8, tokens) == 2
+    assert match_length(tokens, 3, tokens, cap=1) == 1
+
+
+def test_a_loop_is_drafted_past_the_end_of_its_last_period():
+    # Text repeating with period 3: the copy runs on into itself.
+    assert NgramIndex().continuation([1, 2, 3, 1, 2, 3, 1, 2], 7) == ((3, 1, 2, 3, 1, 2, 3), 5)
+    assert NgramIndex().continuation([4, 4, 4, 4], 3) == ((4, 4, 4), 3)
 
 
 def test_recent_outputs_keep_scopes_apart_and_forget_the_oldest():
     recent = RecentOutputs(n_min=3, n_max=3, capacity=3)
     recent.add("alice", [1, 2, 3, 4, 5])
-    assert recent.continuation("alice", [9, 1, 2, 3], 2) == (4, 5)
-    assert recent.continuation("bob", [9, 1, 2, 3], 2) == ()
+    assert recent.continuation("alice", [9, 1, 2, 3], 2) == ((4, 5), 3)
+    assert recent.continuation("bob", [9, 1, 2, 3], 2) == ((), 0)
     recent.add("alice", [7, 8, 9, 10, 11])
-    assert len(recent) == 3 and recent.continuation("alice", [1, 2, 3], 2) == ()  # evicted
+    assert len(recent) == 3 and recent.continuation("alice", [1, 2, 3], 2) == ((), 0)  # evicted
     drafter = Drafter(recent)
     own = drafter.propose(NgramIndex(), [7, 8, 9, 5, 7, 8, 9], "alice", 2)
-    assert own == Draft((5, 7), PROMPT_LOOKUP)
-    assert drafter.propose(NgramIndex(), [0, 7, 8, 9], "alice", 2) == Draft((10, 11), RECENT_OUTPUTS)
+    assert own == Draft((5, 7), PROMPT_LOOKUP, 3)
+    assert drafter.propose(NgramIndex(), [0, 7, 8, 9], "alice", 2) == Draft((10, 11), RECENT_OUTPUTS, 3)
+
+
+# ---- acceptance by match length --------------------------------------------------------------
+def test_acceptance_is_learned_per_match_length_so_a_copy_earns_long_drafts_and_chance_none():
+    rates = AcceptanceRates(priors=(0.8,) * len(MATCH_BUCKETS), weight=0.2)
+    for _ in range(30):
+        rates.learn(Draft((1, 2, 3), PROMPT_LOOKUP, 2), kept=0)  # two-token matches miss at once
+        rates.learn(Draft(tuple(range(32)), PROMPT_LOOKUP, 16), kept=32)  # copies are kept whole
+    chance, copy = rates.gains(Draft((1,) * 8, PROMPT_LOOKUP, 2), 8), rates.gains(Draft((1,) * 32, PROMPT_LOOKUP, 16), 32)
+    assert chance[0] < 0.05 and copy[-1] > 0.9
+    assert all(a >= b for a, b in zip(copy, copy[1:]))  # a token counts only if all before it were kept
+    assert Speculator.allot({_Seq(): chance}, JUMPY, 1, 1, 1.0) == {}
+    assert list(Speculator.allot({(seq := _Seq()): copy}, JUMPY, 1, 1, 1.0).values()) == [32]
+    assert len(rates.gains(Draft((1,) * 5, RECENT_OUTPUTS, 9), 32)) == 5  # no more rows than tokens
+    # A kept token extends the match: a draft from a 3-token match that is kept for 2 tokens
+    # teaches buckets 3 and 4 a success and bucket 4 (the 5-token match's) a failure.
+    rates = AcceptanceRates(priors=(0.5,) * len(MATCH_BUCKETS), weight=1.0)
+    rates.learn(Draft((1, 2, 3, 4), PROMPT_LOOKUP, 3), kept=2)
+    table = dict(zip(MATCH_BUCKETS, rates.rates[PROMPT_LOOKUP]))
+    assert (table[2], table[3], table[4], table[6]) == (0.5, 1.0, 0.0, 0.5)
+
 
 
 # ---- the allotment ---------------------------------------------------------------------------
-def _allot(seqs, cost, offered=8, max_draft=8, **kw):
-    spec = Speculator(max_draft)
-    proposals = {s: Draft(tuple(range(offered)), PROMPT_LOOKUP) for s in seqs}
-    return spec.allot(proposals, cost, tokens=len(seqs), outputs=len(seqs), expected_tokens=float(len(seqs)), **kw)
+def _allot(seqs, cost, offered=8, **kw):
+    gains = {s: [s.acceptance ** (i + 1) for i in range(offered)] for s in seqs}
+    return Speculator.allot(gains, cost, tokens=len(seqs), outputs=len(seqs), expected_tokens=float(len(seqs)), **kw)
 
 
 def test_drafts_pay_at_one_stream_and_not_in_a_compute_bound_batch():
@@ -87,7 +123,7 @@ def test_the_allotment_follows_the_break_even_rule_with_its_margin():
 def test_at_one_stream_the_jump_to_a_matrix_product_is_paid_only_by_a_run_of_likely_rows():
     # One stream's first draft row turns the output projection into a matrix product, which
     # costs most of a step; the rows after it cost little.
-    jumpy = StepCost(fixed_s=0.012, per_token_s=0.0005, per_output_s=0.0045, multi_output_s=0.018)
+    jumpy = JUMPY
     likely, doubtful = _Seq(acceptance=0.9), _Seq(acceptance=0.6)
     assert _allot([likely], jumpy)[likely] >= 6  # one row would not pay its jump; a run does
     assert _allot([doubtful], jumpy) == {}  # at 0.6 no run pays it back
@@ -118,29 +154,36 @@ def test_a_step_where_no_draft_can_pay_looks_for_none():
 
 def test_a_proposal_without_rows_is_judged_against_the_tokens_that_follow_and_counts_no_draft():
     spec = Speculator(8)
-    seq = _Seq(acceptance=0.3)  # too low to be given rows in a crowded step
+    spec.acceptance = AcceptanceRates(priors=(0.3,) * len(MATCH_BUCKETS), weight=0.2)
+    seq = _Seq()
     seq.tokens = [5, 6]
+    proposal = Draft((42, 43), PROMPT_LOOKUP, 8)
+
+    def chance() -> float:
+        return spec.acceptance.gains(proposal, 1)[0]
+
     for _ in range(3):  # its text starts repeating: each proposal matches what follows
-        seq.unverified_draft = (PROMPT_LOOKUP, (42, 43), len(seq.tokens))
+        seq.unverified_draft = (proposal, len(seq.tokens))
         spec.sampled(seq, 42)
         assert seq.unverified_draft is not None  # right so far; its second token is not known yet
         seq.tokens.append(42)
         spec.sampled(seq, 43)
         seq.tokens.append(43)
         assert seq.unverified_draft is None
-    assert seq.draft_acceptance > 0.75
-    assert _allot([seq], FIXED_HEAVY)  # so it drafts again
+    assert chance() > 0.6
     # A draft whose first token is easy and whose second misses counts a success and a failure.
-    before = seq.draft_acceptance
-    seq.unverified_draft = (PROMPT_LOOKUP, (42, 43, 44), len(seq.tokens))
+    before = list(spec.acceptance.rates[PROMPT_LOOKUP])
+    seq.unverified_draft = (Draft((42, 43, 44), PROMPT_LOOKUP, 2), len(seq.tokens))
     spec.sampled(seq, 42)
     seq.tokens.append(42)
     spec.sampled(seq, 7)
-    assert seq.unverified_draft is None and seq.draft_acceptance < before
+    after = spec.acceptance.rates[PROMPT_LOOKUP]
+    assert seq.unverified_draft is None and after[1] > before[1] and after[2] < before[2]  # buckets 2 and 3
     assert spec.stats().drafted[PROMPT_LOOKUP] == 0 and spec.stats().accepted[PROMPT_LOOKUP] == 0
-    before = seq.draft_acceptance
+    before = list(after)
     spec.sampled(seq, 7)  # nothing proposed: nothing learned
-    assert seq.draft_acceptance == before
+    assert spec.acceptance.rates[PROMPT_LOOKUP] == before
+
 
 def test_interactive_sequences_draft_first_and_a_limit_or_no_room_stops_drafts():
     chat, job = _Seq(Priority.INTERACTIVE, acceptance=0.6), _Seq(acceptance=0.95)
