@@ -44,6 +44,11 @@ Same-run baseline, always (unless --no-raw-loop): right after each level, the ra
 loop (bench/raw_loop.py) decodes C sequences together in this process, with its own copy of the
 model; cobatch/raw loop is the fraction of this machine's decode ceiling that reaches HTTP clients.
 
+--page-view runs every cobatch level twice, once as above and once with the web page open: its
+files loaded and its live view's event stream (GET /v1/engine/events) read throughout, as a
+browser tab would; the two alternate in order from trial to trial, and "page open / closed" is
+the median of their per-trial tok/s ratios (the view must cost the engine nothing).
+
 --trials sweeps every level that many times. Within a level, cobatch, the peer and the raw loop
 run back to back, so a drift in machine speed hits them alike; ratios are taken within a trial,
 then their median. Each server gets one warm-up request first.
@@ -71,6 +76,7 @@ from bench.http_targets import Cobatch, InProcessServer, LlamaCpp, Sample, Spawn
 from bench.stats import percentile
 from bench.table import markdown_table
 from engine.model_source import resolve_model
+from server.web.page import static_files
 
 
 
@@ -133,9 +139,11 @@ class LevelRuns:
     cobatch: list[Level] = field(default_factory=list)
     peer: list[Level] = field(default_factory=list)
     raw_tok_s: list[float] = field(default_factory=list)
+    viewed: list[Level] = field(default_factory=list)  # cobatch with the web page open (--page-view)
 
     def sides(self) -> list[tuple[str, list[Level]]]:
-        return [("cobatch", self.cobatch)] + ([("peer", self.peer)] if self.peer else [])
+        return ([("cobatch", self.cobatch)] + ([("cobatch_page_open", self.viewed)] if self.viewed else [])
+                + ([("peer", self.peer)] if self.peer else []))
 
 
 def side_cells(levels: list[Level]) -> list[object]:
@@ -160,9 +168,37 @@ def paired_ratio(mine: list[Level], other: list[Level] | list[float]) -> float |
     return statistics.median(ratios) if ratios else None
 
 
+@contextlib.asynccontextmanager
+async def page_open(client: httpx.AsyncClient, url: str):
+    """What a browser tab on the web page costs the server: its files, then its live view's
+    event stream read as it comes, until the block ends."""
+    for path in static_files():
+        (await client.get(url + path)).raise_for_status()
+    events = 0
+
+    async def watch() -> None:
+        nonlocal events
+        async with client.stream("GET", url + "/v1/engine/events") as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                events += line.startswith("data:")
+
+    task = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            raise RuntimeError(f"the page's event stream failed: {task.exception()}")
+        if events == 0:
+            raise RuntimeError("the page's event stream sent nothing during the level")
+
+
 async def sweep(url: str, peer_url: str | None, levels: list[int], per_level: Callable[[int], int],
                 tokens: int, ignore_eos: str, trials: int,
-                raw_loop: Callable[[int], float] | None) -> tuple[list[LevelRuns], dict]:
+                raw_loop: Callable[[int], float] | None, page_view: bool = False) -> tuple[list[LevelRuns], dict]:
     timeout = httpx.Timeout(600.0, connect=30.0)
     limits = httpx.Limits(max_connections=max(levels) * 2, max_keepalive_connections=max(levels) * 2)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
@@ -181,8 +217,13 @@ async def sweep(url: str, peer_url: str | None, levels: list[int], per_level: Ca
             for runs in results:
                 prompts = benchmark_prompts(per_level(runs.concurrency))
                 for t in targets:
-                    level = await run_level(t, client, prompts, runs.concurrency)
-                    (runs.cobatch if t.name == "cobatch" else runs.peer).append(level)
+                    if t.name != "cobatch":
+                        runs.peer.append(await run_level(t, client, prompts, runs.concurrency))
+                        continue
+                    for viewed in ((False, True) if trial % 2 == 0 else (True, False)) if page_view else (False,):
+                        async with page_open(client, url) if viewed else contextlib.nullcontext():
+                            level = await run_level(t, client, prompts, runs.concurrency)
+                        (runs.viewed if viewed else runs.cobatch).append(level)
                 if raw_loop is not None:
                     runs.raw_tok_s.append(raw_loop(runs.concurrency))
                 print(f"trial {trial} C={runs.concurrency}: "
@@ -201,6 +242,9 @@ def render(results: list[LevelRuns], per_level: Callable[[int], int], notes: dic
         headers += ["raw loop tok/s (B=C)", "cobatch/raw loop"]
     if peer:
         headers += [f"peer {s}" for s in stats] + ["tok/s cobatch/peer"]
+    viewed = bool(results[0].viewed)
+    if viewed:
+        headers += ["page open tok/s", "page open TTFT p95 ms", "tok/s page open / closed (per trial)"]
     rows = []
     for runs in results:
         row: list[object] = [runs.concurrency, per_level(runs.concurrency)] + side_cells(runs.cobatch)
@@ -210,6 +254,12 @@ def render(results: list[LevelRuns], per_level: Callable[[int], int], notes: dic
         if peer:
             ratio = paired_ratio(runs.cobatch, runs.peer)
             row += side_cells(runs.peer) + ["-" if ratio is None else ratio]
+        if viewed:
+            open_ = side_cells(runs.viewed)
+            each = [paired_ratio([a], [b]) for a, b in zip(runs.viewed, runs.cobatch)]
+            ratio = paired_ratio(runs.viewed, runs.cobatch)
+            row += [open_[1], open_[3], "-" if ratio is None else
+                    f"{ratio:.3f} ({', '.join('-' if r is None else f'{r:.3f}' for r in each)})"]
         rows.append(row)
     trials = len(results[0].cobatch)
     lines = [f"{trials} trial(s) per level. req/s and tok/s are medians over trials, ratios the median "
@@ -296,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                              "when --url points elsewhere)")
     parser.add_argument("--neighbour", choices=MODES, default="none",
                         help="a busy process on the machine for the whole sweep (bench/neighbour.py)")
+    parser.add_argument("--page-view", action="store_true",
+                        help="also run each cobatch level with the web page open (its event stream read), alternating")
     parser.add_argument("--quick", action="store_true", help="tiny settings, for tests")
     add_record_arguments(parser)
     args = parser.parse_args(argv)
@@ -341,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         with peer as peer_url, neighbour(args.neighbour):
             args.peer_url = peer_url
             results, notes = asyncio.run(sweep(url, peer_url, levels, per_level, args.tokens, args.ignore_eos,
-                                               args.trials, raw_loop))
+                                               args.trials, raw_loop, args.page_view))
     except (RuntimeError, OSError) as exc:  # a server that is not there or refuses the workload
         print(f"http-load: {exc}", file=sys.stderr)
         return 1
@@ -375,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     for runs in results:
         if runs.peer and (ratio := paired_ratio(runs.cobatch, runs.peer)) is not None:
             headline[f"ratio_c{runs.concurrency}"] = round(ratio, 2)
+        if runs.viewed and (ratio := paired_ratio(runs.viewed, runs.cobatch)) is not None:
+            headline[f"page_open_over_closed_c{runs.concurrency}"] = round(ratio, 3)
     publish(record, summary, headline)
     return 0
 

@@ -11,6 +11,12 @@ interactive tier ("priority"). Per server and tier, windows of --warmup + --dura
               running slots): each tenant's share of the tokens generated in the window
   light       A as above, B keeps --light-in-flight: B's median request latency
 
+A fourth server gives A a limit of --quota-in-flight requests in flight (B none), with B light:
+`within` A keeps exactly its limit in flight, `hammering` A keeps --a-in-flight in flight, all but
+the limit refused with 429 and retried after its Retry-After (1 s), as the `openai` SDK would
+(each client retries on its own, so about --a-in-flight refusals a second). B's median latency while A hammers, over
+its latency while A keeps within its limit: what refusals cost the others (target: about 1).
+
 Targets (issue 47), per tier: backlogged with equal weights, B's share >= 0.45 (FIFO: about
 b / (a + b)); with weights 3:1, shares within 0.05 of 0.75 / 0.25; light, B's median latency
 <= 0.5x its latency under FIFO; total tok/s >= 0.95 of FIFO's in both scenarios.
@@ -39,18 +45,29 @@ SERVICE_TIER = {"batch": "flex", "interactive": "priority"}
 # (rule, --fair-share, A's weight against B's 1, scenarios run under it)
 SERVERS = (("fifo", "off", 1, ("backlogged", "light")),
            ("fair 1:1", "on", 1, ("backlogged", "light")),
-           ("fair 3:1", "on", 3, ("backlogged",)))
+           ("fair 3:1", "on", 3, ("backlogged",)),
+           ("quota", "on", 1, ("within", "hammering")))
 
 
-def keys_file(folder: Path, weight_a: float) -> Path:
+def keys_file(folder: Path, weight_a: float, a_in_flight_limit: int | None = None) -> Path:
     path = folder / "keys.toml"
-    path.write_text(f'[tenants.a]\nkeys = ["{KEYS["a"]}"]\nweight = {weight_a}\n\n'
+    limit = "" if a_in_flight_limit is None else f"max_in_flight = {a_in_flight_limit}\n"
+    path.write_text(f'[tenants.a]\nkeys = ["{KEYS["a"]}"]\nweight = {weight_a}\n{limit}\n'
                     f'[tenants.b]\nkeys = ["{KEYS["b"]}"]\nweight = 1\n')
     return path
 
 
-async def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace) -> dict:
-    """Closed-loop clients for warmup + duration seconds; what finished inside the measured part."""
+def in_flight(scenario: str, args: argparse.Namespace) -> dict[str, int]:
+    """Requests each tenant's clients keep in flight."""
+    a = args.quota_in_flight if scenario == "within" else args.a_in_flight
+    b = args.b_in_flight if scenario == "backlogged" else args.light_in_flight
+    return {"a": a, "b": b}
+
+
+async def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace,
+                 retry_s: float = 0.2) -> dict:
+    """Closed-loop clients for warmup + duration seconds; what finished inside the measured part.
+    A client whose request failed sends again `retry_s` later."""
     import openai
 
     clients = {t: openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEYS[t], max_retries=0, timeout=600)
@@ -73,7 +90,7 @@ async def window(url: str, model: str, tier: str, in_flight: dict[str, int], arg
                 failures[tenant] += 1
                 if failures[tenant] == 1:
                     print(f"{tenant}: request failed: {exc}", file=sys.stderr)
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(retry_s)
                 continue
             end = time.perf_counter()
             finished.append({"tenant": tenant, "start": start - t0, "end": end - t0,
@@ -119,7 +136,8 @@ def one_trial(args: argparse.Namespace, trial: int, record: RunRecord) -> None:
 
     for rule, fair, weight_a, scenarios in SERVERS:
         with tempfile.TemporaryDirectory(prefix="cobatch-bench-tenants-") as tmp:
-            extra = ["--keys-file", str(keys_file(Path(tmp), weight_a)), "--fair-share", fair]
+            limit = args.quota_in_flight if rule == "quota" else None
+            extra = ["--keys-file", str(keys_file(Path(tmp), weight_a, limit)), "--fair-share", fair]
             with SpawnedServer(args.model, args.threads, args.max_running, args.n_ctx, extra) as server:
                 client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEYS["a"], max_retries=0, timeout=600)
                 model = client.models.list().data[0].id
@@ -127,14 +145,22 @@ def one_trial(args: argparse.Namespace, trial: int, record: RunRecord) -> None:
                                                messages=[{"role": "user", "content": "Hi"}])
                 for tier in args.tiers:
                     for scenario in scenarios:
-                        b = args.b_in_flight if scenario == "backlogged" else args.light_in_flight
-                        result = asyncio.run(window(server.url, model, tier, {"a": args.a_in_flight, "b": b}, args))
+                        wanted = in_flight(scenario, args)
+                        retry_s = 1.0 if scenario == "hammering" else 0.2  # a 429's Retry-After
+                        result = asyncio.run(window(server.url, model, tier, wanted, args, retry_s))
                         wait_drained(server.url)
                         record.trial(trial=trial, rule=rule, weight_a=weight_a, tier=tier, scenario=scenario,
-                                     in_flight={"a": args.a_in_flight, "b": b}, **result)
+                                     in_flight=wanted, **result)
                         print(f"trial {trial} {rule} {tier} {scenario}: B share {result['share']['b']:.3f}, "
                               f"B median {result['median_latency_s']['b']:.2f} s, {result['tok_s']:.1f} tok/s",
                               file=sys.stderr)
+
+
+def _baseline(record: RunRecord, t: dict) -> dict | None:
+    """What a trial row is compared with: FIFO's same scenario, or for the quota server, A within its limit."""
+    if t["rule"] == "quota":
+        return _find(record, t["trial"], "quota", t["tier"], "within")
+    return _find(record, t["trial"], "fifo", t["tier"], t["scenario"])
 
 
 def _find(record: RunRecord, trial: int, rule: str, tier: str, scenario: str) -> dict | None:
@@ -145,7 +171,7 @@ def _find(record: RunRecord, trial: int, rule: str, tier: str, scenario: str) ->
 def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     rows = []
     for t in record.trials:
-        fifo = _find(record, t["trial"], "fifo", t["tier"], t["scenario"])
+        fifo = _baseline(record, t)
         rows.append([t["trial"], t["tier"], t["scenario"], t["rule"], f'{t["in_flight"]["a"]}/{t["in_flight"]["b"]}',
                      f'{t["share"]["a"]:.3f}', f'{t["share"]["b"]:.3f}', t["requests"]["b"],
                      f'{t["median_latency_s"]["b"]:.2f}',
@@ -153,11 +179,17 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
                      f'{t["tok_s"]:.1f}', f'{t["tok_s"] / fifo["tok_s"]:.3f}' if fifo and fifo["tok_s"] else "-",
                      sum(t["failures"].values())])
     table = markdown_table(["trial", "tier", "scenario", "rule", "in flight A/B", "A share", "B share", "B requests",
-                            "B median latency s", "B latency / FIFO", "tok/s", "tok/s / FIFO", "failures"], rows)
+                            "B median latency s", "B latency / baseline", "tok/s", "tok/s / baseline", "failures"],
+                           rows)
     checks: dict[str, list[float]] = {"equal_b_share_min": [], "weighted_share_error_max": [],
-                                      "light_latency_vs_fifo_max": [], "tok_s_vs_fifo_min": [], "fifo_b_share": []}
+                                      "light_latency_vs_fifo_max": [], "tok_s_vs_fifo_min": [], "fifo_b_share": [],
+                                      "hammered_b_latency": []}
     for t in record.trials:
-        fifo = _find(record, t["trial"], "fifo", t["tier"], t["scenario"])
+        fifo = _baseline(record, t)
+        if t["rule"] == "quota":
+            if t["scenario"] == "hammering" and fifo:
+                checks["hammered_b_latency"].append(t["median_latency_s"]["b"] / fifo["median_latency_s"]["b"])
+            continue
         if t["rule"] == "fifo":
             if t["scenario"] == "backlogged":
                 checks["fifo_b_share"].append(t["share"]["b"])
@@ -177,6 +209,7 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
         "weights_3_1_share_error_max": round(max(checks["weighted_share_error_max"], default=float("nan")), 3),
         "light_b_latency_vs_fifo_max": round(max(checks["light_latency_vs_fifo_max"], default=float("nan")), 2),
         "tok_s_vs_fifo_min": round(min(checks["tok_s_vs_fifo_min"], default=float("nan")), 3),
+        "hammered_b_latency_ratio": [round(x, 2) for x in checks["hammered_b_latency"]],
     }
     met = (headline["equal_weights_b_share_min"] >= 0.45, headline["weights_3_1_share_error_max"] <= 0.05,
            headline["light_b_latency_vs_fifo_max"] <= 0.5, headline["tok_s_vs_fifo_min"] >= 0.95)
@@ -190,7 +223,11 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
         f"weights 3:1, shares within 0.05 of 0.75 / 0.25: {_verdict(met[1])} "
         f"(off by {headline['weights_3_1_share_error_max']}); light tenant's median latency <= 0.5x FIFO's: "
         f"{_verdict(met[2])} ({headline['light_b_latency_vs_fifo_max']}x); total tok/s >= 0.95 of FIFO's: "
-        f"{_verdict(met[3])} ({headline['tok_s_vs_fifo_min']})."
+        f"{_verdict(met[3])} ({headline['tok_s_vs_fifo_min']}).\n\n"
+        f"Quota: A limited to {args.quota_in_flight} in flight; B's median latency while A keeps "
+        f"{args.a_in_flight} clients sending (all but {args.quota_in_flight} refused with 429) over B's latency while A "
+        f"keeps within its limit, per tier and trial: {headline['hammered_b_latency_ratio']} (the baseline "
+        f"is the row's baseline column: FIFO's for the fair-share rows, `within` for `hammering`)."
     )
     return summary, headline
 
@@ -208,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--a-in-flight", type=int, default=96)
     parser.add_argument("--b-in-flight", type=int, default=24)
     parser.add_argument("--light-in-flight", type=int, default=2)
+    parser.add_argument("--quota-in-flight", type=int, default=4, help="A's max_in_flight on the quota server")
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds before a window's measured part")
     parser.add_argument("--duration", type=float, default=60.0, help="measured seconds of each window")
     parser.add_argument("--tiers", nargs="+", choices=list(SERVICE_TIER), default=list(SERVICE_TIER))
@@ -215,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-ctx", type=int, default=8192)
     args = parser.parse_args(argv)
     if args.quick:
-        args.tokens, args.a_in_flight, args.b_in_flight, args.light_in_flight = 8, 8, 4, 1
+        args.tokens, args.a_in_flight, args.b_in_flight, args.light_in_flight, args.quota_in_flight = 8, 8, 4, 1, 2
         args.warmup, args.duration, args.max_running, args.n_ctx, args.trials = 0.5, 2.5, 4, 2048, 1
     run_trials("tenants", args, argv, one_trial, report)
     return 0

@@ -37,7 +37,8 @@ async def generate(request: Request, ctx: ServerContext) -> Response:
     engine = ctx.require_engine()
     tier = route_default(ctx.settings.default_tier, ENDPOINT, caller_of(request).tenant.default_tier)
     specs = parse_generate(body, n_ctx=engine.n_ctx, tier=tier)
-    handles = (await ctx.service.submit(specs, ENDPOINT, "gen-", caller_of(request))).handles
+    submitted = await ctx.service.submit(specs, ENDPOINT, "gen-", caller_of(request))
+    handles = submitted.handles
     # Its id is the engine's id of the (first) choice, as /generate has always given it.
     request_id = handles[0].request_id
     if len(handles) == 1:
@@ -45,7 +46,7 @@ async def generate(request: Request, ctx: ServerContext) -> Response:
             request, ctx, handles, request_id=request_id, endpoint=ENDPOINT, priority=specs[0].priority,
             stream=specs[0].stream, events=lambda: _events(handles[0], specs[0], engine),
             error_event=lambda err: encode_event(err.body(), event="error"),
-            payload=lambda results: _final_payload(results[0], specs[0], engine),
+            payload=lambda results: _final_payload(results[0], specs[0], engine), headers=submitted.headers,
         )
     return await reply(
         request, ctx, handles, request_id=request_id, endpoint=ENDPOINT, priority=specs[0].priority,
@@ -53,6 +54,7 @@ async def generate(request: Request, ctx: ServerContext) -> Response:
         error_event=lambda err: encode_event(err.body(), event="error"),
         payload=lambda results: {"id": request_id,
                                  "choices": [_choice(i, r, specs[i], engine) for i, r in enumerate(results)]},
+        headers=submitted.headers,
     )
 
 

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine import (
     EngineClosedError,
@@ -47,6 +47,7 @@ class Submitted:
 
     id: str
     handles: list[RequestHandle]
+    headers: dict[str, str] = field(default_factory=dict)  # the tenant's x-ratelimit-* after this request
 
 
 class GenerationService:
@@ -116,7 +117,7 @@ class GenerationService:
                 raise
             for handle in handles:
                 self.state.track(handle)
-            return Submitted(request_id, handles), admission
+            return Submitted(request_id, handles, {} if admission is None else admission.headers), admission
 
     async def _account(self, handle: RequestHandle, endpoint: str, priority: str, tenant: str,
                        tally: "_Tally") -> None:

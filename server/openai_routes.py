@@ -56,5 +56,5 @@ async def _generation(request: Request, ctx: ServerContext, parse: Callable[...,
     return await reply(
         request, ctx, handles, request_id=submitted.id, endpoint=endpoint, priority=spec.priority,
         stream=spec.stream, events=lambda: answer.stream(handles), error_event=answer.error_event,
-        payload=answer.response,
+        payload=answer.response, headers=submitted.headers,
     )

@@ -6,7 +6,9 @@ most it can compute, as OpenAI's limiter does; when it finishes the charge becom
 tokens plus the tokens it generated, so a generous max_tokens does not use up the minute.
 A refusal is a 429 with OpenAI's headers (`x-ratelimit-limit-requests`, `-remaining-requests`,
 `-reset-requests` and the `-tokens` set, each set for the limits the tenant has) and
-`Retry-After`; a refused request leaves nothing behind: no charge, no slot.
+`Retry-After`; a refused request leaves nothing behind: no charge, no slot. An accepted one's
+answer carries the same headers, counted with its own charge, so a client can pace itself
+before it is refused.
 
 Called from the submit workers and the event loop: the state is guarded by one lock.
 """
@@ -46,7 +48,9 @@ class Admission:
     """One accepted request's hold on its tenant's limits: `finish` once it has ended (or
     `refund` if it was not queued after all)."""
 
-    def __init__(self, quotas: "Quotas", tenant: Tenant, entry: list[float] | None, prompt_tokens: int) -> None:
+    def __init__(self, quotas: "Quotas", tenant: Tenant, entry: list[float] | None, prompt_tokens: int,
+                 headers: dict[str, str]) -> None:
+        self.headers = headers  # x-ratelimit-* as they stood once this request was charged
         self._quotas = quotas
         self._tenant = tenant
         self._entry = entry
@@ -86,7 +90,8 @@ class Quotas:
             if entry is not None:
                 usage.window.append(entry)
             usage.in_flight += 1
-        return Admission(self, tenant, entry, prompt)
+            headers = self._headers(limits, usage, sum(e[1] for e in usage.window), now, None)
+        return Admission(self, tenant, entry, prompt, headers)
 
     def in_flight(self) -> dict[str, int]:
         """Tenant name → requests accepted and not yet finished."""
@@ -150,14 +155,14 @@ class Quotas:
         return RateLimited(message, reason, headers)
 
     @staticmethod
-    def _headers(limits: Limits, usage: _Usage, used: float, now: float, reason: str) -> dict[str, str]:
+    def _headers(limits: Limits, usage: _Usage, used: float, now: float, reason: str | None) -> dict[str, str]:
         """OpenAI's x-ratelimit-* headers for the limits the tenant has. Its `reset` is the time
         until the limit is back to its initial state: here, until the last charge leaves the window."""
         headers: dict[str, str] = {}
         window = usage.window
         full_reset = window[-1][0] + WINDOW_S - now if window else 0.0
         if reason == IN_FLIGHT or (limits.requests_per_minute is None and limits.max_in_flight is not None):
-            assert limits.max_in_flight is not None
+            assert limits.max_in_flight is not None  # a refusal for IN_FLIGHT needs its limit
             headers.update(_set("requests", limits.max_in_flight, limits.max_in_flight - usage.in_flight,
                                 IN_FLIGHT_RETRY_S if usage.in_flight >= limits.max_in_flight else 0.0))
         elif limits.requests_per_minute is not None:

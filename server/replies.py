@@ -32,12 +32,13 @@ async def reply(
     events: Callable[[], AsyncIterator[bytes]],
     error_event: Callable[[APIError], bytes],
     payload: Callable[[list[GenerationResult]], dict[str, Any] | Awaitable[dict[str, Any]]],
+    headers: dict[str, str] | None = None,
 ) -> Response:
     """`events` makes this API's SSE body and `error_event` its in-stream error; `payload` is the
     JSON answer to results that have one (the first error_for_result answers the others), or an
     awaitable of it (an answer that is stored before it is sent).
-    `request_id` is sent as the x-request-id header."""
-    headers = {"x-request-id": request_id}
+    `request_id` is sent as the x-request-id header, with `headers` (the tenant's rate limits)."""
+    headers = {**(headers or {}), "x-request-id": request_id}
     if stream:
         def left() -> None:
             for handle in handles:
@@ -156,5 +157,5 @@ async def reply_in_dialect(request: Request, ctx: ServerContext, spec: Any, endp
     return await reply(
         request, ctx, handles, request_id=submitted.id, endpoint=endpoint, priority=spec.priority,
         stream=spec.stream, events=lambda: answer.stream(handles), error_event=answer.error_event,
-        payload=answer.payload,
+        payload=answer.payload, headers=submitted.headers,
     )

@@ -33,8 +33,11 @@ def test_benchmark_runs_in_quick_mode_and_stores_its_run(name, capsys, tmp_path)
         assert {(t["rule"], t["tier"], t["scenario"]) for t in trials} == {
             (rule, tier, scenario) for tier in ("batch", "interactive")
             for rule, scenarios in (("fifo", ("backlogged", "light")), ("fair 1:1", ("backlogged", "light")),
-                                    ("fair 3:1", ("backlogged",))) for scenario in scenarios}
+                                    ("fair 3:1", ("backlogged",)), ("quota", ("within", "hammering")))
+            for scenario in scenarios}
         assert all(t["tok_s"] > 0 and sum(t["requests"].values()) > 0 for t in trials)
+        hammered = [t for t in trials if t["scenario"] == "hammering"]
+        assert all(t["failures"]["a"] > 0 and t["failures"]["b"] == 0 for t in hammered)  # A's 429s, B untouched
     if name in PLOTTABLE:
         pytest.importorskip("matplotlib")
         assert main(["plot", str(folder)]) == 0
@@ -49,6 +52,7 @@ PLOTTABLE = {"sequential", "mixed-priority", "http-load"}
     ("mixed-priority", ["--http", "--neighbour", "nice19", "--interactive-batch-rows", "2"]),
     ("shared-cpu", ["--neighbour", "nice19"]),  # the raw loop measured beside the servers
     ("http-load", ["--spawn", "--neighbour", "nice19", "--no-raw-loop"]),
+    ("http-load", ["--page-view", "--no-raw-loop"]),  # each level also with the page's event stream read
 ])
 def test_benchmark_options_run_in_quick_mode(name, options, capsys, tmp_path):
     assert main([name, *options, "--quick", "--results-dir", str(tmp_path)]) == 0
@@ -59,6 +63,9 @@ def test_benchmark_options_run_in_quick_mode(name, options, capsys, tmp_path):
     if "--http" in options:
         assert {t["server"] for t in trials} == {"priority", "priority rows=2", "fifo"}
         assert all(t["neighbour"] == "nice19" and t["batch_tok_s"] > 0 for t in trials)
+    if "--page-view" in options:
+        systems = [t["system"] for t in trials]
+        assert systems.count("cobatch_page_open") == systems.count("cobatch") > 0
     if name == "shared-cpu":
         servers = {t["server"] for t in trials}
         assert {"governor", "fixed", "raw loop", "raw loop, 1 thread"} <= servers

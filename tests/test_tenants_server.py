@@ -59,6 +59,9 @@ def test_the_request_past_max_in_flight_gets_a_429_with_the_headers_and_others_a
             response = stream.__enter__()
             streams.append(stream)
             assert response.status_code == 200
+            # An accepted answer carries the limits as they stand with it counted.
+            assert response.headers["x-ratelimit-limit-requests"] == "2"
+            assert response.headers["x-ratelimit-remaining-requests"] == str(1 - len(readers))
             # Its first event: it is in the engine. The reader is kept: a line iterator that is
             # garbage-collected closes the connection, and the server cancels the request.
             readers.append(response.iter_lines())
@@ -79,6 +82,12 @@ def test_the_request_past_max_in_flight_gets_a_429_with_the_headers_and_others_a
             stream.__exit__(None, None, None)  # hang up: the requests are cancelled
     wait_until(lambda: server.ctx.service.quotas.in_flight().get("busy") == 0, 30, "busy's requests did not end")
     assert generate(client, "sk-busy").status_code == 200
+    # What the openai client reads of an accepted chat: its limit, and the place it took.
+    busy = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-busy", max_retries=0)
+    raw = busy.chat.completions.with_raw_response.create(
+        model=busy.models.list().data[0].id, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    assert raw.headers["x-ratelimit-limit-requests"] == "2" and raw.headers["x-ratelimit-remaining-requests"] == "1"
+    assert raw.parse().choices[0].message is not None
 
 
 def test_tokens_per_minute_refuse_exactly_past_the_limit_and_a_refusal_keeps_nothing(server):
@@ -87,6 +96,8 @@ def test_tokens_per_minute_refuse_exactly_past_the_limit_and_a_refusal_keeps_not
     for i in range(3):
         answer = generate(client, "sk-metered")
         assert answer.status_code == 200, answer.text
+        assert answer.headers["x-ratelimit-limit-tokens"] == str(limit)
+        assert answer.headers["x-ratelimit-remaining-tokens"] == str(limit - (i + 1) * server.per_request)
     refused = generate(client, "sk-metered", max_tokens=1)
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded"
     headers = refused.headers
