@@ -13,6 +13,7 @@ from engine.handle import RequestHandle
 from engine.ownership import SingleWriter
 from engine.request import FinishReason, GenerationResult, Request, RequestMetrics
 from engine.text import IncrementalDetokenizer, StopStringFilter
+from engine.tuning import DRAFT_CAP_START
 
 
 class TokenInterval(NamedTuple):
@@ -75,6 +76,7 @@ class Sequence(SingleWriter):
         # A proposal that got no rows, judged against the tokens that follow: (the draft, the
         # position its first token would take).
         self.unverified_draft: tuple[Draft, int] | None = None
+        self.draft_cap = DRAFT_CAP_START  # its drafts' length at most (engine/speculation.py)
         self.drafted_tokens = 0
         self.accepted_tokens = 0
         self.arrival_order = 0  # when the scheduler got it, relative to the others (FIFO)

@@ -44,7 +44,7 @@ from engine.sequence import Sequence
 from engine.stats import SpeculationStats
 from engine.step_cost import StepCost
 from engine.step_plan import Chunk, StepPlan
-from engine.tuning import DRAFT_GAIN_MARGIN, DRAFT_MODEL_MAX_DRAFT
+from engine.tuning import DRAFT_CAP_MIN, DRAFT_GAIN_MARGIN, DRAFT_MODEL_MAX_DRAFT
 
 
 @dataclass
@@ -151,7 +151,7 @@ class Speculator(SingleWriter):
         counts.accepted += accepted
         self.verified_rows += len(draft.tokens) + 1
         seq.unverified_draft = None  # judged by the model instead
-        self.acceptance.learn(draft, accepted)
+        self._learn(seq, draft, accepted)
         seq.drafted_tokens += len(draft.tokens)
         seq.accepted_tokens += accepted
 
@@ -169,7 +169,14 @@ class Speculator(SingleWriter):
         if kept < len(proposed) and kept == len(known):
             return  # right so far: judged when the rest is known
         seq.unverified_draft = None
+        self._learn(seq, draft, kept)
+
+    def _learn(self, seq: Sequence, draft: Draft, kept: int) -> None:
         self.acceptance.learn(draft, kept)
+        if kept == len(draft.tokens):
+            seq.draft_cap = min(self.max_draft, 2 * seq.draft_cap)
+        else:
+            seq.draft_cap = max(DRAFT_CAP_MIN, seq.draft_cap // 2)
 
     def finished(self, seq: Sequence) -> None:
         """Its output may propose drafts for later requests of its scope; the draft model's cells
@@ -186,7 +193,7 @@ class Speculator(SingleWriter):
                 or seq.scores_prompt or chunk.draft):
             return 0
         # Drafted tokens and the one sampled after them must fit max_tokens and the context.
-        return max(0, min(self.max_draft, seq.token_budget(n_ctx) - 1))
+        return max(0, min(self.max_draft, seq.draft_cap, seq.token_budget(n_ctx) - 1))
 
     def _draft_model_proposals(self, limits: dict[Sequence, int], n_ctx: int) -> dict[Sequence, Draft]:
         assert self.draft_model is not None

@@ -134,6 +134,12 @@ MATCH_BUCKETS = (0, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 # tried, and better the longer the match (judgement).
 ACCEPTANCE_PRIORS = (0.8, 0.8, 0.8, 0.8, 0.8, 0.9, 0.9, 0.95, 0.95, 0.95)
 ACCEPTANCE_WEIGHT = 0.1  # weight of each drafted token's outcome in its bucket's moving average (judgement)
+# Each sequence's drafts are cut at its own cap: doubled when a draft is kept whole, halved (to
+# no less than the minimum) when one misses. A long match can still end where the copy ends (a
+# code block closed, then other text): the cap bounds what such confident misses waste, where
+# one table of rates for all sequences cannot (after the heuristic schedule of Hugging Face's
+# assisted generation; values are judgement).
+DRAFT_CAP_START, DRAFT_CAP_MIN = 8, 4
 # A draft row must promise this many times its cost: acceptance comes in runs (a copied passage
 # is accepted until it ends), so a rate learned on a run overstates the next row. Without it,
 # 16 streams drafted and lost 4-8% (bench speculative, paragraph and story at C=16, 2026-11-27:

@@ -13,7 +13,7 @@ from engine import FinishReason, Priority, Request
 from engine.acceptance import AcceptanceRates
 from engine.drafts import PROMPT_LOOKUP, RECENT_OUTPUTS, Draft, Drafter, NgramIndex, RecentOutputs, match_length
 from engine.speculation import Speculator
-from engine.tuning import DRAFT_GAIN_MARGIN, MATCH_BUCKETS
+from engine.tuning import DRAFT_CAP_MIN, DRAFT_CAP_START, DRAFT_GAIN_MARGIN, MATCH_BUCKETS
 from engine.step_cost import StepCost, StepCostModel
 from engine.verify import verify
 from sampling.params import SamplingParams
@@ -34,6 +34,7 @@ class _Seq:
     def __init__(self, priority: Priority = Priority.BATCH, acceptance: float = 0.8) -> None:
         self.request = Request([1], priority=priority)
         self.acceptance = acceptance  # each drafted token's chance, given those before it were kept
+        self.draft_cap = DRAFT_CAP_START
 
 
 # ---- draft sources ---------------------------------------------------------------------------
@@ -183,6 +184,26 @@ def test_a_proposal_without_rows_is_judged_against_the_tokens_that_follow_and_co
     before = list(after)
     spec.sampled(seq, 7)  # nothing proposed: nothing learned
     assert spec.acceptance.rates[PROMPT_LOOKUP] == before
+
+
+def test_a_sequence_s_draft_cap_doubles_on_a_draft_kept_whole_and_halves_on_a_miss():
+    spec = Speculator(32)
+    seq = _Seq()
+    seq.tokens, seq.unverified_draft, seq.drafted_tokens, seq.accepted_tokens = [5, 6], None, 0, 0
+    spec.verified(seq, Draft(tuple(range(8)), PROMPT_LOOKUP, 12), 8)
+    spec.verified(seq, Draft(tuple(range(16)), PROMPT_LOOKUP, 12), 16)
+    assert seq.draft_cap == 32
+    spec.verified(seq, Draft(tuple(range(32)), PROMPT_LOOKUP, 40), 32)
+    assert seq.draft_cap == 32  # never past max_draft
+    for _ in range(5):  # a copy that ended: confident drafts miss, and grow short
+        spec.verified(seq, Draft(tuple(range(seq.draft_cap)), PROMPT_LOOKUP, 40), 1)
+    assert seq.draft_cap == DRAFT_CAP_MIN
+    # A proposal without rows, judged whole and found right, lets the next one grow as well.
+    seq.unverified_draft = (Draft((42, 43, 44, 45), PROMPT_LOOKUP, 12), len(seq.tokens))
+    for token in (42, 43, 44, 45):
+        spec.sampled(seq, token)
+        seq.tokens.append(token)
+    assert seq.draft_cap == 2 * DRAFT_CAP_MIN and (seq.drafted_tokens, seq.accepted_tokens) == (56 + 32 + 16 + 8 + 4 + 4, 56 + 5)
 
 
 def test_interactive_sequences_draft_first_and_a_limit_or_no_room_stops_drafts():
