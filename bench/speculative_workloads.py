@@ -81,13 +81,10 @@ class Renderer:
     """Token ids of plain prompts and of chats, as cobatch renders them for the served model."""
 
     def __init__(self, model: Any) -> None:
-        from server.chat_format import ChatFormatter, detect_style
-        from server.jinja_chat import jinja_for
+        from server.chat_setup import chat_formatter_for
 
-        style = detect_style(model.description, model.chat_template, model)
         self.model = model
-        self.chat = ChatFormatter(style, model, model.apply_chat_template if style == "template" else None,
-                                  jinja_for(model))
+        self.chat = chat_formatter_for(model)
 
     def plain(self, text: str) -> Ask:
         return Ask("", self.model.tokenize(text, add_bos=True))

@@ -16,13 +16,15 @@ class ModelLoadError(RuntimeError):
 class Model:
     """Owns a `llama_model`. Close it (or use it as a context manager) after every Context on it."""
 
-    def __init__(self, path: str | Path, *, use_mmap: bool = True) -> None:
+    def __init__(self, path: str | Path, *, use_mmap: bool = True, vocab_only: bool = False) -> None:
+        """`vocab_only`: the tokenizer and template without weights (a vocabulary GGUF; no Context)."""
         ensure_backend()
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelLoadError(f"model file not found: {self.path}")
         params = model_params()
         params.use_mmap = use_mmap
+        params.vocab_only = vocab_only
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:
             raise ModelLoadError(f"llama.cpp could not load {self.path} (not a GGUF it supports?)")

@@ -61,6 +61,7 @@ def create_app(
         cancel_backstop=CANCEL_BACKSTOP_S,
         model_id=settings.model_id,
         on_load_failure=on_load_failure,
+        tool_format=settings.tool_format,
     )
 
     def engine_stats() -> EngineStats | None:

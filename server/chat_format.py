@@ -1,9 +1,11 @@
 """Turning chat messages into prompt tokens.
 
-Three styles, chosen once per model:
+Four styles, chosen once per model (server/chat_setup.py):
 
-* "template": the GGUF file carries a chat template; llama.cpp renders it and the result is
-  tokenized with special tokens parsed (what llama.cpp's own server does).
+* "jinja": the GGUF file carries a chat template; it is rendered with Jinja exactly as Hugging
+  Face's `apply_chat_template` does (server/jinja_chat.py) and tokenized with special tokens
+  parsed (what llama.cpp's own server does with `--jinja`).
+* "template": a template Jinja cannot compile; llama.cpp's built-in matcher renders it.
 * "gemma": the file has no template but is Gemma 3 (its description says gemma3, or its vocab
   has `<start_of_turn>`/`<end_of_turn>` as single tokens). Gemma 3's documented turn format:
       <start_of_turn>user\\n{content}<end_of_turn>\\n<start_of_turn>model\\n
@@ -16,9 +18,9 @@ Three styles, chosen once per model:
 
 With tools, or with earlier tool calls and results in the messages, the messages are first
 rewritten into plain turns (server/tool_prompt.py: the tools and an instruction in the system
-turn, calls echoed as the grammar writes them, results as turns of their own), unless the GGUF
-template handles tools itself: then it is rendered with Jinja as Hugging Face does
-(server/jinja_chat.py).
+turn, calls echoed as the grammar writes them, results as turns of their own), unless the model
+calls tools in its template's own syntax (server/tool_syntax.py): then the template renders the
+tools, the calls and the results itself.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from typing import Callable, Protocol
 from server.chat_messages import ROLES, ChatMessage, ToolCallRecord, parse_messages  # noqa: F401 (re-exported)
 from server.jinja_chat import JinjaChat
 from server.tool_prompt import plain_turns
+from server.tool_syntax import GENERIC, ToolSyntax
 from server.tools import ToolSet
 
 
@@ -53,21 +56,33 @@ class ChatFormatter:
         tokenizer: Tokenizer,
         apply_template: Callable[[list[dict[str, str]]], str] | None = None,
         jinja: JinjaChat | None = None,
+        tool_syntax: ToolSyntax = GENERIC,
     ) -> None:
-        """`jinja`: the model's template, when it handles tools (server/jinja_chat.py)."""
-        if style not in ("template", "gemma", "transcript"):
+        """`jinja`: the model's template (style "jinja"); `tool_syntax`: how the model calls
+        tools (native syntaxes need the jinja style: the template renders calls and results)."""
+        if style not in ("jinja", "template", "gemma", "transcript"):
             raise ValueError(f"unknown chat style {style!r}")
         if style == "template" and apply_template is None:
             raise ValueError("the template style needs apply_template")
+        if style == "jinja" and jinja is None:
+            raise ValueError("the jinja style needs the template")
+        if not tool_syntax.is_generic and style != "jinja":
+            raise ValueError("a native tool syntax needs the jinja style")
         self.style = style
         self._tokenizer = tokenizer
         self._apply_template = apply_template
         self.jinja = jinja
+        self.tool_syntax = tool_syntax
 
     def render(self, messages: list[ChatMessage], tools: ToolSet | None = None) -> RenderedChat:
-        if self.jinja is not None and (tools is not None or any(m.role == "tool" or m.tool_calls for m in messages)):
-            text = self.jinja.render(messages, tools)
-            return RenderedChat(self._tokenizer.tokenize(text, add_bos=False, parse_special=True))
+        if self.style == "jinja":
+            assert self.jinja is not None
+            if self.tool_syntax.is_generic:
+                text = self.jinja.render(plain_turns(messages, tools), None)
+            else:
+                text = self.jinja.render(messages, tools)
+            ids = self._tokenizer.tokenize(text, add_bos=False, parse_special=True)
+            return RenderedChat(ids + self._forced_opening(tools))
         messages = plain_turns(messages, tools)
         if self.style == "template":
             assert self._apply_template is not None
@@ -77,6 +92,14 @@ class ChatFormatter:
         if self.style == "gemma":
             return RenderedChat(self._tokens(gemma_segments(messages)))
         return RenderedChat(self._tokens([(transcript_text(messages), False)]), extra_stops=("\nuser:",))
+
+    def _forced_opening(self, tools: ToolSet | None) -> list[int]:
+        """A special token that opens calls goes at the end of the prompt when the answer must
+        call: the grammar reads text, and that token has none (tool_syntax.py)."""
+        token = self.tool_syntax.opening_token
+        if token is None or tools is None or tools.choice not in ("required", "named"):
+            return []
+        return [token]
 
     def _tokens(self, segments: list[tuple[str, bool]]) -> list[int]:
         ids: list[int] = []
@@ -109,6 +132,7 @@ def transcript_text(messages: list[ChatMessage]) -> str:
 
 
 def detect_style(description: str, chat_template: str | None, tokenizer: Tokenizer) -> str:
+    """The style for a model without a template Jinja can render ("template": llama.cpp's matcher)."""
     if chat_template:
         return "template"
     name = description.lower().replace(" ", "").replace("-", "").replace("_", "")

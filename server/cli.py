@@ -41,6 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     from server.context import ServerSettings
     from server.jobs.store import default_data_dir
+    from server.chat_setup import TOOL_FORMATS
     from server.tiers import DEFAULT_TIER_CHOICES
 
     defaults = ServerSettings()
@@ -62,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
                                 "interactive for chats (chat completions, responses, messages) and batch for "
                                 "completions and /generate "
                                 "(default: %(default)s; docs/tiers.md)")
+    serve_cmd.add_argument("--tool-format", default=defaults.tool_format, choices=TOOL_FORMATS,
+                           help="how the model writes tool calls: auto derives its own syntax from its chat "
+                                "template (generic when it cannot), generic is cobatch's {\"tool_calls\": [...]} "
+                                "document, a family name imposes that family's syntax "
+                                "(default: %(default)s; docs/tools.md)")
     serve_cmd.add_argument("--no-web", dest="web", action="store_false",
                            help="no web page at / (nor its conversation routes); the API is unchanged (docs/web.md)")
     keys = serve_cmd.add_argument_group("API keys (any given: every route but /health needs Authorization: Bearer KEY "
@@ -262,7 +268,8 @@ def serve(options: argparse.Namespace) -> int:
                               jobs_in_flight=in_flight_for(EngineConfig(**engine_options).max_running),
                               api_keys=options.api_keys, admin_api_keys=options.admin_api_keys,
                               tenant_keys=options.tenant_keys, protect_metrics=options.protect_metrics,
-                              default_tier=options.default_tier, web=options.web)
+                              default_tier=options.default_tier, web=options.web,
+                              tool_format=options.tool_format)
     try:
         app = create_app(load_engine, settings, on_load_failure=on_load_failure)
     except DataDirInUse as exc:

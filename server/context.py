@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from server.errors import NotFound
 from server.generation import GenerationService
 from server.metrics import ServerMetrics
+from server.tool_syntax import GENERIC, ToolSyntax
 from server.state import OK, ModelInfo, ServingState
 from server.tenants import TenantKey
 
@@ -49,6 +50,7 @@ class ServerSettings:
     protect_metrics: bool = False  # /metrics needs a key too (/health never does)
     default_tier: str = "auto"  # a request naming no tier: server/tiers.py route_default
     web: bool = True  # the web page at / and its routes (server/web/)
+    tool_format: str = "auto"  # how tool calls are written: server/chat_setup.py
 
 
 @dataclass
@@ -65,6 +67,10 @@ class ServerContext:
         if state.status != OK:
             raise state.unavailable()
         return state.engine
+
+    def tool_syntax(self) -> ToolSyntax:
+        """How the served model writes tool calls (its chat format's, server/chat_setup.py)."""
+        return GENERIC if self.state.chat is None else self.state.chat.tool_syntax
 
     def require_model(self) -> ModelInfo:
         self.require_engine()

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from engine import RequestHandle
-from server.chat_format import ChatFormatter, detect_style
-from server.jinja_chat import jinja_for
+from server.chat_format import ChatFormatter
+from server.chat_setup import chat_formatter_for
 from server.engine_protocol import ServedEngine
 from server.errors import ServiceUnavailable
 
@@ -57,8 +57,11 @@ class ServingState:
         cancel_backstop: float,
         model_id: str | None = None,
         on_load_failure: Callable[[BaseException], None] | None = None,
+        tool_format: str = "auto",
     ) -> None:
+        """`tool_format`: `--tool-format` (server/chat_setup.py)."""
         self._loader = loader
+        self._tool_format = tool_format
         self._owns_engine = owns_engine
         self.drain_timeout = drain_timeout
         self._cancel_backstop = cancel_backstop  # server.context.CANCEL_BACKSTOP_S
@@ -88,14 +91,12 @@ class ServingState:
         try:
             engine = self._loader()
             model = engine.model
-            style = detect_style(model.description, model.chat_template, model)
-            chat = ChatFormatter(style, model, model.apply_chat_template if style == "template" else None,
-                                 jinja_for(model))
+            chat = chat_formatter_for(model, self._tool_format)
             info = ModelInfo(
                 model_id=self._model_id_override or Path(str(model.path)).stem,
                 description=model.description,
                 file_name=Path(str(model.path)).name,
-                chat_style=style,
+                chat_style=chat.style,
             )
         except BaseException as exc:  # a bad path or file must show on /health, not vanish
             log.exception("model load failed")

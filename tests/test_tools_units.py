@@ -13,6 +13,7 @@ from sampling.grammar.trigger import TriggeredMatcher
 from server.chat_format import ChatFormatter, ChatMessage, ToolCallRecord, gemma_segments, parse_messages
 from server.errors import BadRequest, InternalError
 from server.jinja_chat import JinjaChat, handles_tools
+from server.tool_syntax import derive
 from server.openai_schemas import parse_chat
 from server.tool_prompt import plain_turns
 from server.tool_reader import Arguments, CallStart, Text, ToolOutputReader
@@ -163,8 +164,10 @@ TOOL_TEMPLATE = (
 def test_a_template_that_handles_tools_is_rendered_with_jinja():
     assert handles_tools(TOOL_TEMPLATE) and not handles_tools("{{ messages[0].content }}")
     jinja = JinjaChat(TOOL_TEMPLATE, bos_token="<s>", eos_token="</s>")
-    formatter = ChatFormatter("template", _Chars(), apply_template=lambda m: "unused", jinja=jinja)
-    tools = parse_tools([WEATHER], None, None)
+    syntax = derive(jinja)
+    assert syntax is not None and (syntax.call_head, syntax.name_to_args, syntax.call_tail) == ("<call>", " ", "</call>")
+    formatter = ChatFormatter("jinja", _Chars(), jinja=jinja, tool_syntax=syntax)
+    tools = parse_tools([WEATHER], None, None, syntax)
     messages = [ChatMessage("user", "Oslo?"),
                 ChatMessage("assistant", "", (ToolCallRecord("c1", "get_weather", '{"city": "Oslo"}'),)),
                 ChatMessage("tool", "cold", tool_call_id="c1")]
@@ -172,6 +175,11 @@ def test_a_template_that_handles_tools_is_rendered_with_jinja():
     assert text.startswith('<s><tools>[{"type": "function", "function": {"name": "get_weather"')
     assert text.endswith('<user>Oslo?</user><assistant><call>get_weather {"city": "Oslo"}</call></assistant>'
                          "<tool>cold[c1]</tool><assistant>")
+    # In the generic format the template sees plain turns: the calls document and a result turn.
+    generic = ChatFormatter("jinja", _Chars(), jinja=jinja)
+    text = "".join(map(chr, generic.render(messages, parse_tools([WEATHER], None, None)).token_ids))
+    assert text.startswith("<s><system>You can call these functions:") and "<tools>" not in text
+    assert '<assistant>{"tool_calls":[{"name":"get_weather","arguments":{"city": "Oslo"}}]}</assistant>' in text
 
 
 def test_template_exceptions_and_the_sandbox():
@@ -265,9 +273,12 @@ def test_a_template_that_does_not_compile_falls_back_to_the_generic_prompt():
 
     from server.jinja_chat import jinja_for
 
-    broken = SimpleNamespace(chat_template="{% generation %}{{ tools }}{% endgeneration %}", bos_token=None,
-                             eos_token=None)
+    broken = SimpleNamespace(chat_template="{% unknown_tag %}{{ tools }}", bos_token=None, eos_token=None)
     assert jinja_for(broken) is None  # the server still loads; tools use the generic prompt
+    # Hugging Face's own tag compiles, and renders its body.
+    tagged = SimpleNamespace(chat_template="{% generation %}{{ messages[0].content }}{% endgeneration %}",
+                             bos_token=None, eos_token=None)
+    assert jinja_for(tagged).render([ChatMessage("user", "x")], None) == "x"
 
 
 def test_template_code_errors_over_the_messages_are_a_400():
