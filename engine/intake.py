@@ -14,7 +14,7 @@ from engine.request import Request
 from engine.sequence import Sequence
 from engine.errors import PromptTooLongError
 from sampling.errors import InvalidParameterError
-from sampling.grammar import SchemaError, compile_grammar
+from sampling.grammar import SchemaError, compile_framed, compile_grammar
 from sampling.grammar.trigger import TriggeredMatcher
 from sampling.params import SamplingParams
 from sampling.vocabulary import TokenVocabulary
@@ -70,12 +70,15 @@ class Intake:
         # The schema was checked when the Request was made (engine.request.JsonSchema): what the
         # compiler refuses here is what it cannot express, such as an unsupported keyword.
         schema = None if request.json_schema is None else dict(request.json_schema)
+        frame = request.tool_frame
         try:
-            matcher = compile_grammar(schema, self.vocabulary, open_objects=request.open_objects).matcher()
+            grammar = compile_grammar(schema, self.vocabulary, open_objects=request.open_objects) if frame is None \
+                else compile_framed(frame, self.vocabulary)
+            matcher = grammar.matcher()
         except SchemaError as exc:
             raise InvalidParameterError(f"json_schema: {exc}", field="json_schema") from exc
         if request.json_or_text:  # free text is always possible, so no budget is too small
-            return TriggeredMatcher(matcher)
+            return TriggeredMatcher(matcher, None if frame is None else frame.opening_token)
         needed = matcher.min_tokens_to_complete()
         if request.max_tokens < needed:
             raise InvalidParameterError(

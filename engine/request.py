@@ -13,6 +13,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import jsonschema
 
 from sampling.errors import InvalidParameterError
+from sampling.grammar.framed import TextFrame
 from sampling.params import SamplingParams
 
 _request_ids = itertools.count(1)
@@ -129,6 +130,9 @@ class Request:
     # With format "json": the output may instead be free text that does not begin like the
     # document; the first token decides (sampling/grammar/trigger.py). Tool calling's "auto".
     json_or_text: bool = False
+    # Tool calls in the model's own syntax (sampling/grammar/framed.py) instead of a JSON document:
+    # format "json" is then the frame's grammar (json_schema stays None; structured_data too).
+    tool_frame: TextFrame | None = None
     logprobs: int = 0  # with n > 0, each generated token's logprob and the n most likely
     # Not None: score the prompt too, each token's logprob given those before it and this many
     # most likely alternatives (evaluation). The prompt is then computed in full, never taken from
@@ -191,6 +195,12 @@ class Request:
                                         field="open_objects")
         if self.open_objects and self.json_schema is None:
             raise InvalidParameterError("open_objects applies to a json_schema; none was given", field="open_objects")
+        if self.tool_frame is not None:
+            if not isinstance(self.tool_frame, TextFrame):
+                raise InvalidParameterError("tool_frame must be a TextFrame", field="tool_frame")
+            if self.json_schema is not None:
+                raise InvalidParameterError("tool_frame replaces json_schema; give one", field="tool_frame")
+            object.__setattr__(self, "format", "json")
         if not isinstance(self.json_or_text, bool):
             raise InvalidParameterError(f"json_or_text must be true or false, got {self.json_or_text!r}",
                                         field="json_or_text")

@@ -145,7 +145,7 @@ class Sequence(SingleWriter):
         self.first_token_from_lane = True
 
     def structured_data(self) -> Any:
-        if self.matcher is None or not self.matcher.is_complete:
+        if self.matcher is None or not self.matcher.is_complete or not self.matcher.json_document:
             return None
         return json.loads(self.stop_filter.text)
 

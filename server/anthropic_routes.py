@@ -28,7 +28,7 @@ async def messages(request: Request, ctx: ServerContext) -> Response:
     body = await read_json_object(request, ctx.settings.max_body_bytes)
     engine = ctx.require_engine()
     tier = route_default(ctx.settings.default_tier, MESSAGES, caller_of(request).tenant.default_tier)
-    parsed = parse_messages_body(body, n_ctx=engine.n_ctx, tier=tier)
+    parsed = parse_messages_body(body, n_ctx=engine.n_ctx, tier=tier, tool_syntax=ctx.tool_syntax())
     model_id = ctx.served_model_id(parsed.model)
     spec = parsed.spec
     return await reply_in_dialect(
@@ -39,7 +39,7 @@ async def messages(request: Request, ctx: ServerContext) -> Response:
 async def count_tokens(request: Request, ctx: ServerContext) -> Response:
     body = await read_json_object(request, ctx.settings.max_body_bytes)
     engine = ctx.require_engine()
-    parsed = parse_count_tokens_body(body, n_ctx=engine.n_ctx)
+    parsed = parse_count_tokens_body(body, n_ctx=engine.n_ctx, tool_syntax=ctx.tool_syntax())
     ctx.served_model_id(parsed.model)
     assert ctx.state.chat is not None
     return JSONResponse({"input_tokens": await run_in_threadpool(prompt_token_count, parsed.spec, ctx.state.chat)})

@@ -34,6 +34,7 @@ from typing import Any
 
 from server.errors import APIError, BadRequest, renamed
 from server.openai_schemas import parse_chat
+from server.tool_syntax import GENERIC, ToolSyntax
 from server.spec import GenerationSpec
 from server.tiers import INTERACTIVE
 from server.validation import FieldReader
@@ -56,7 +57,8 @@ class MessagesRequest:
     spec: GenerationSpec
 
 
-def parse_messages_body(body: dict[str, Any], *, n_ctx: int, tier: str = INTERACTIVE) -> MessagesRequest:
+def parse_messages_body(body: dict[str, Any], *, n_ctx: int, tier: str = INTERACTIVE,
+                        tool_syntax: ToolSyntax = GENERIC) -> MessagesRequest:
     """A /v1/messages body; `tier` for a request that names none (cobatch's `priority` does)."""
     fields = FieldReader(body)
     chat = _conversation(fields)
@@ -73,16 +75,16 @@ def parse_messages_body(body: dict[str, Any], *, n_ctx: int, tier: str = INTERAC
     fields.object("metadata", None, nullable=True)
     fields.string("service_tier", None, choices=ANTHROPIC_SERVICE_TIERS, nullable=True)
     fields.finish()
-    return _as_chat(chat, n_ctx=n_ctx, tier=tier)
+    return _as_chat(chat, n_ctx=n_ctx, tier=tier, tool_syntax=tool_syntax)
 
 
-def parse_count_tokens_body(body: dict[str, Any], *, n_ctx: int) -> MessagesRequest:
+def parse_count_tokens_body(body: dict[str, Any], *, n_ctx: int, tool_syntax: ToolSyntax = GENERIC) -> MessagesRequest:
     """A /v1/messages/count_tokens body: what shapes the prompt (model, system, messages, tools,
     tool_choice), counted as /v1/messages would render it."""
     fields = FieldReader(body)
     chat = _conversation(fields)
     fields.finish()
-    return _as_chat(chat, n_ctx=n_ctx, tier=INTERACTIVE)
+    return _as_chat(chat, n_ctx=n_ctx, tier=INTERACTIVE, tool_syntax=tool_syntax)
 
 
 def _conversation(fields: FieldReader) -> dict[str, Any]:
@@ -104,9 +106,9 @@ def _conversation(fields: FieldReader) -> dict[str, Any]:
     return chat
 
 
-def _as_chat(chat: dict[str, Any], *, n_ctx: int, tier: str) -> MessagesRequest:
+def _as_chat(chat: dict[str, Any], *, n_ctx: int, tier: str, tool_syntax: ToolSyntax) -> MessagesRequest:
     try:
-        parsed = parse_chat(chat, n_ctx=n_ctx, tier=tier)
+        parsed = parse_chat(chat, n_ctx=n_ctx, tier=tier, tool_syntax=tool_syntax)
     except APIError as exc:
         raise in_anthropic_terms(exc) from None
     return MessagesRequest(parsed.model, parsed.specs[0])

@@ -48,7 +48,8 @@ async def _generation(request: Request, ctx: ServerContext, parse: Callable[...,
     body = await read_json_object(request, ctx.settings.max_body_bytes)
     engine = ctx.require_engine()
     tier = route_default(ctx.settings.default_tier, endpoint, caller_of(request).tenant.default_tier)
-    parsed = parse(body, n_ctx=engine.n_ctx, tier=tier)
+    syntax = {"tool_syntax": ctx.tool_syntax()} if endpoint == CHAT else {}
+    parsed = parse(body, n_ctx=engine.n_ctx, tier=tier, **syntax)
     model_id = ctx.served_model_id(parsed.model)
     submitted = await ctx.service.submit(parsed.specs, endpoint, id_prefix, caller_of(request))
     answer = answer_class(submitted.id, model_id, parsed, engine.model.token_bytes)

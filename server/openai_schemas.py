@@ -42,6 +42,7 @@ from server.chat_format import parse_messages
 from server.defaults import CHAT, COMPLETIONS
 from server.errors import BadRequest, NotImplementedFeature
 from server.structured import StructuredOutput
+from server.tool_syntax import GENERIC, ToolSyntax
 from server.tools import parse_tools
 from server.schemas import MAX_PROMPTS, check_combinations, choice_specs, read_n, read_sampling
 from server.spec import ChatPrompt, GenerationSpec
@@ -89,7 +90,8 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int, tier: str = BATCH) -> 
     return OpenAIRequest(model, specs, include_usage, n)
 
 
-def parse_chat(body: dict[str, Any], *, n_ctx: int, tier: str = INTERACTIVE) -> OpenAIRequest:
+def parse_chat(body: dict[str, Any], *, n_ctx: int, tier: str = INTERACTIVE,
+               tool_syntax: ToolSyntax = GENERIC) -> OpenAIRequest:
     fields = FieldReader(body)
     model = fields.string("model", non_empty=True)
     messages = parse_messages(fields.raw("messages", None))
@@ -115,7 +117,7 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int, tier: str = INTERACTIVE) -> 
     if top_logprobs is not None and not logprobs:
         raise BadRequest("'top_logprobs' needs \"logprobs\": true", param="top_logprobs")
     tools = parse_tools(fields.raw("tools", None), fields.raw("tool_choice", None),
-                        fields.raw("parallel_tool_calls", None))
+                        fields.raw("parallel_tool_calls", None), tool_syntax)
     fields.finish()
     structured_output = response_format
     if tools is not None and tools.callable:

@@ -62,7 +62,8 @@ async def parse_with_history(request: Request, ctx: ServerContext, body: dict[st
             raise NotFound(f"previous response {previous_id!r} {'was deleted' if gone else 'is not stored here'}",
                            param="previous_response_id", code="response_not_found")
         earlier = continued_items(previous)
-    return parse_responses_body(body, n_ctx=n_ctx, tier=tier, earlier=earlier), earlier
+    return parse_responses_body(body, n_ctx=n_ctx, tier=tier, earlier=earlier,
+                                tool_syntax=ctx.tool_syntax()), earlier
 
 
 def _keeper_for(request: Request, ctx: ServerContext, parsed: ResponsesRequest, earlier: list[dict[str, Any]],

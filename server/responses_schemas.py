@@ -37,6 +37,7 @@ from typing import Any
 
 from server.errors import APIError, BadRequest, renamed
 from server.openai_schemas import parse_chat
+from server.tool_syntax import GENERIC, ToolSyntax
 from server.spec import GenerationSpec
 from server.tiers import INTERACTIVE
 from server.validation import FieldReader
@@ -76,7 +77,7 @@ def previous_response_id(body: dict[str, Any]) -> str | None:
 
 
 def parse_responses_body(body: dict[str, Any], *, n_ctx: int, tier: str = INTERACTIVE,
-                         earlier: list[dict[str, Any]] = ()) -> ResponsesRequest:
+                         earlier: list[dict[str, Any]] = (), tool_syntax: ToolSyntax = GENERIC) -> ResponsesRequest:
     """A /v1/responses body; `tier` for a request that names none (service_tier or priority);
     `earlier`: the items previous_response_id stands for (server/responses_items.py), read
     before `input` as if sent there."""
@@ -105,7 +106,7 @@ def parse_responses_body(body: dict[str, Any], *, n_ctx: int, tier: str = INTERA
     store = fields.boolean("store", None, nullable=True)
     fields.finish()
     try:
-        parsed = parse_chat(chat, n_ctx=n_ctx, tier=tier)
+        parsed = parse_chat(chat, n_ctx=n_ctx, tier=tier, tool_syntax=tool_syntax)
     except APIError as exc:
         raise in_responses_terms(exc) from None
     echo = {"instructions": instructions, "max_output_tokens": max_output_tokens,

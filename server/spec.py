@@ -98,6 +98,7 @@ class GenerationSpec:
             repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias,
         )
+        frame = None if self.tools is None else self.tools.tool_frame()
         return Request(
             prompt=prompt,
             max_tokens=self.max_tokens,
@@ -106,7 +107,8 @@ class GenerationSpec:
             priority=self.priority,
             ignore_eos=self.ignore_eos,
             format="raw" if self.structured is None else "json",
-            json_schema=None if self.structured is None else self.structured.schema,
+            json_schema=None if self.structured is None or frame is not None else self.structured.schema,
+            tool_frame=frame,
             open_objects=self.open_objects,
             json_or_text=self.may_answer_in_text,
             # The engine records logprobs only when asked for at least one alternative.

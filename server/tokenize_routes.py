@@ -37,7 +37,8 @@ async def tokenize(request: Request, ctx: ServerContext) -> Response:
     fields = FieldReader(body)
     content = fields.raw("content", None)
     messages = fields.raw("messages", None)
-    tools = parse_tools(fields.raw("tools", None), None, None)  # they are part of the rendered prompt
+    # they are part of the rendered prompt
+    tools = parse_tools(fields.raw("tools", None), None, None, ctx.tool_syntax())
     add_special = fields.boolean("add_special", False)
     with_pieces = fields.boolean("with_pieces", False)
     parse_special = add_special

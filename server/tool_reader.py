@@ -1,5 +1,7 @@
 """Reading a tool-calling answer as it is generated: text, or calls in the grammar's format.
 
+server/native_reader.py reads a model's own syntax; its `reader_for` picks the reader.
+
 One reader per choice, fed the text deltas as they come; it yields the pieces both OpenAI's and
 Anthropic's streams are made of: a call's start (index, id, name) once its name is complete, then
 fragments of its arguments, verbatim.
@@ -167,20 +169,24 @@ class ToolOutputReader:
         if [c["name"] for c in document[CALLS_KEY]] != [c.name for c in self.calls]:
             raise InternalError("the calls reader and the JSON parser disagree")
         for call, parsed in zip(self.calls, document[CALLS_KEY]):
-            function = self.tools.function(call.name)
-            if function is None or function not in self.tools.callable:
-                raise InternalError(f"the output called {call.name!r}, which may not be called here")
             if json.loads(call.arguments) != parsed["arguments"]:
                 raise InternalError("the calls reader and the JSON parser disagree on arguments")
-            validator = jsonschema.validators.validator_for(function.parameters)(
-                function.parameters, format_checker=jsonschema.FormatChecker())
-            error = jsonschema.exceptions.best_match(validator.iter_errors(parsed["arguments"]))
-            if error is not None:
-                raise InternalError(f"the arguments of {call.name!r} are not valid against its parameters: "
-                                    f"{error.message}")
+            check_arguments(self.tools, call.name, parsed["arguments"])
         if not self.calls:
             raise InternalError("a calls document without calls")
         return self.calls
+
+
+def check_arguments(tools: ToolSet, name: str, arguments: object) -> None:
+    """Raises InternalError unless `name` may be called here with these (parsed) arguments."""
+    function = tools.function(name)
+    if function is None or function not in tools.callable:
+        raise InternalError(f"the output called {name!r}, which may not be called here")
+    validator = jsonschema.validators.validator_for(function.parameters)(
+        function.parameters, format_checker=jsonschema.FormatChecker())
+    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    if error is not None:
+        raise InternalError(f"the arguments of {name!r} are not valid against its parameters: {error.message}")
 
 
 def _string_end(buf: str) -> int | None:

@@ -8,7 +8,9 @@ description, parameters, strict}}`), `tool_choice` ("none" | "auto" | "required"
     {"tool_calls": [{"name": NAME, "arguments": PARAMETERS}, ...]}
 
 an anyOf over the functions, at least one call, at most one when parallel_tool_calls is false
-or a function is named. The engine's grammar compiler enforces it ("required" and named), or
+or a function is named. A model that calls in its own syntax (server/tool_syntax.py) gets the same
+calls in that syntax instead (`tool_frame`: the text around each call fixed, the arguments held
+to the same schemas). The engine's grammar compiler enforces it ("required" and named), or
 enforces it once the output begins with `{` ("auto", sampling/grammar/trigger.py); "none"
 generates plain text. The exact text the grammar produces (compact JSON, members in this order)
 is also how earlier calls are written back into the prompt (server/tool_prompt.py).
@@ -22,8 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.request import JsonSchema
+from sampling.grammar.framed import CallFrame, TextFrame
 from server.errors import BadRequest
 from server.structured import json_schema_field
+from server.tool_syntax import GENERIC, ToolSyntax
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 CHOICES = ("none", "auto", "required")
@@ -54,6 +58,7 @@ class ToolSet:
     choice: str  # "none" | "auto" | "required" | "named"
     named: str | None  # the function tool_choice names
     parallel: bool
+    syntax: ToolSyntax = GENERIC  # how the served model writes calls
 
     @property
     def callable(self) -> tuple[Function, ...]:
@@ -83,6 +88,17 @@ class ToolSet:
         return {"type": "object", "properties": {CALLS_KEY: calls}, "required": [CALLS_KEY],
                 "additionalProperties": False}
 
+    def tool_frame(self) -> TextFrame | None:
+        """The grammar of calls in the model's own syntax (None: generic syntax, or nothing callable)."""
+        functions, s = self.callable, self.syntax
+        if not functions or s.is_generic:
+            return None
+        calls = tuple(CallFrame(s.call_head + f.name + s.name_to_args, s.call_tail, s.id_length, s.id_at)
+                      for f in functions)
+        arguments = {"anyOf": [_arguments_schema(f, f"#/anyOf/{i}") for i, f in enumerate(functions)]}
+        one = self.max_calls == 1 or not s.parallel
+        return TextFrame(s.opening, calls, arguments, s.separator, s.closing, 1 if one else None, s.opening_token)
+
     def calls_json_schema(self) -> JsonSchema | None:
         """calls_schema() as the engine takes it. Not checked again: each function's parameters
         were checked when read, and the frame around them is valid by construction."""
@@ -92,17 +108,22 @@ class ToolSet:
     def parameters_param(self, pointer: str) -> tuple[str, str] | None:
         """(`tools[i].function.parameters...`, the rest of the pointer) for a JSON pointer into
         calls_schema() that lies inside a function's parameters, else None."""
-        m = re.match(rf"/properties/{CALLS_KEY}/items/anyOf/(\d+)/properties/arguments(/.*)?$", pointer)
+        m = re.match(rf"/properties/{CALLS_KEY}/items/anyOf/(\d+)/properties/arguments(/.*)?$", pointer) \
+            if self.syntax.is_generic else re.match(r"/anyOf/(\d+)(/.*)?$", pointer)
         if m is None or int(m.group(1)) >= len(self.callable):
             return None
         return f"tools[{self.callable[int(m.group(1))].index}].function.parameters", m.group(2) or "/"
 
 
-def _call_schema(function: Function, branch: int) -> dict[str, Any]:
-    base = f"#/properties/{CALLS_KEY}/items/anyOf/{branch}/properties/arguments"
+def _arguments_schema(function: Function, base: str) -> dict[str, Any]:
     arguments = relocate_refs(copy.deepcopy(function.parameters), base)
     if "type" not in arguments:
         arguments["type"] = "object"  # OpenAI's arguments are always an object
+    return arguments
+
+
+def _call_schema(function: Function, branch: int) -> dict[str, Any]:
+    arguments = _arguments_schema(function, f"#/properties/{CALLS_KEY}/items/anyOf/{branch}/properties/arguments")
     return {"type": "object", "properties": {"name": {"const": function.name}, "arguments": arguments},
             "required": ["name", "arguments"], "additionalProperties": False}
 
@@ -126,8 +147,9 @@ def relocate_refs(schema: Any, base: str) -> Any:
     return schema
 
 
-def parse_tools(tools: Any, tool_choice: Any, parallel: Any) -> ToolSet | None:
-    """The three request fields, checked; None when the request involves no tools at all."""
+def parse_tools(tools: Any, tool_choice: Any, parallel: Any, syntax: ToolSyntax = GENERIC) -> ToolSet | None:
+    """The three request fields, checked; None when the request involves no tools at all.
+    `syntax`: how the served model writes calls (its ChatFormatter's tool_syntax)."""
     if tools is None or tools == []:
         if tool_choice not in (None, "none"):
             raise BadRequest("'tool_choice' needs 'tools': no function is declared", param="tool_choice")
@@ -144,7 +166,7 @@ def parse_tools(tools: Any, tool_choice: Any, parallel: Any) -> ToolSet | None:
     choice, named = _tool_choice(tool_choice, functions)
     if parallel is not None and not isinstance(parallel, bool):
         raise BadRequest("'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
-    return ToolSet(tuple(functions), choice, named, True if parallel is None else parallel)
+    return ToolSet(tuple(functions), choice, named, True if parallel is None else parallel, syntax)
 
 
 def _function(tool: Any, i: int) -> Function:

@@ -52,10 +52,12 @@ from ..vocabulary import TokenVocabulary
 from .cache import GrammarCache
 from .compiled import CompiledGrammar
 from .errors import SchemaError, UnsupportedSchemaError
+from .framed import CallFrame, TextFrame
 from .matcher import GrammarMatcher
 from .vocab_index import index_for
 
-__all__ = ["CompiledGrammar", "GrammarMatcher", "SchemaError", "UnsupportedSchemaError", "compile_grammar", "CACHE"]
+__all__ = ["CallFrame", "CompiledGrammar", "GrammarMatcher", "SchemaError", "TextFrame", "UnsupportedSchemaError",
+           "compile_grammar", "compile_framed", "CACHE"]
 
 # Compiled grammars kept for reuse, by (canonical schema JSON, vocabulary, open_objects): within
 # an estimate of the memory they hold (their tables and the token tables they cached since), and
@@ -79,5 +81,16 @@ def compile_grammar(schema: dict | bool | None, vocab: TokenVocabulary, *,
     if hit is not None and hit.idx.token_bytes is vocab.token_bytes:
         return hit
     grammar = CompiledGrammar(schema, index_for(vocab), open_objects=open_objects)
+    CACHE.put(key, grammar)
+    return grammar
+
+
+def compile_framed(frame: TextFrame, vocab: TokenVocabulary) -> CompiledGrammar:
+    """Tool calls in a model's own syntax (framed.py), compiled for `vocab`; cached likewise."""
+    key = ("frame", frame.key(), id(vocab))
+    hit = CACHE.get(key)
+    if hit is not None and hit.idx.token_bytes is vocab.token_bytes:
+        return hit
+    grammar = CompiledGrammar(None, index_for(vocab), frame=frame)
     CACHE.put(key, grammar)
     return grammar

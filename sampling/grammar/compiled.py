@@ -7,6 +7,7 @@ import numpy as np
 from . import dfa, distance
 from .counting import Counting
 from .errors import SchemaError
+from .framed import FramedCompiler, TextFrame
 from .frames import U16_INF
 from .matcher import GrammarMatcher
 from .pushdown import INF, Pushdown
@@ -17,13 +18,15 @@ from .vocab_index import VocabIndex
 
 class CompiledGrammar(Pushdown):
     def __init__(self, schema: object, idx: VocabIndex, *, open_objects: bool = False,
-                 frame_cache: int = 256, mask_cache: int = 64) -> None:
+                 frame_cache: int = 256, mask_cache: int = 64, frame: TextFrame | None = None) -> None:
+        """`frame`: tool calls in a model's own syntax (framed.py) instead of a JSON document."""
         single = np.zeros(256, dtype=bool)
         single[list(idx.single_byte)] = True
+        self.json_document = frame is None  # the output parses as JSON (structured_data)
         try:
-            comp, aut, counting, budget = build_automaton(schema, idx, open_objects, single, count_strings=True)
+            comp, aut, counting, budget = build_automaton(schema, idx, open_objects, single, True, frame)
         except dfa.CountConflict:    # rare: alternatives with different length bounds at one place
-            comp, aut, counting, budget = build_automaton(schema, idx, open_objects, single, count_strings=False)
+            comp, aut, counting, budget = build_automaton(schema, idx, open_objects, single, False, frame)
         _check_left_recursion(aut)
         U = distance.token_distances(aut, budget, counting)
         if U[aut.rule_start[0]] >= INF:
@@ -36,10 +39,12 @@ class CompiledGrammar(Pushdown):
         return GrammarMatcher(self)
 
 
-def build_automaton(schema: object, idx: VocabIndex, open_objects: bool, single: np.ndarray, count_strings: bool):
+def build_automaton(schema: object, idx: VocabIndex, open_objects: bool, single: np.ndarray, count_strings: bool,
+                    frame: TextFrame | None = None):
     """(the schema compiler, its automaton, string counters, the budget token set); `single`:
     the bytes the vocabulary has a token of their own for."""
-    comp = SchemaCompiler(schema, open_objects=open_objects, count_strings=count_strings)
+    comp = SchemaCompiler(schema, open_objects=open_objects, count_strings=count_strings) if frame is None \
+        else FramedCompiler(frame, count_strings=count_strings)
     rules = comp.compile()
     nfa = Thompson()
     frags = [nfa.build(r) for r in rules]

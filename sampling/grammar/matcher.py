@@ -25,6 +25,11 @@ class GrammarMatcher:
 
     # ------------------------------------------------------------ queries
     @property
+    def json_document(self) -> bool:
+        """The output is one JSON document (not tool calls in a model's own syntax)."""
+        return self._g.json_document
+
+    @property
     def is_complete(self) -> bool:
         """The bytes so far form a complete valid document (EOG is allowed)."""
         return self._ended or self._g.is_complete(self._S)

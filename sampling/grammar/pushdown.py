@@ -33,6 +33,8 @@ class Pushdown:
     frame caches sit behind a lock; the transition rows (`row`) do not need it, since threads
     racing to fill one store equal lists."""
 
+    json_document = True  # the output parses as JSON (compiled.py: not for tool calls in a model's syntax)
+
     def __init__(self, idx: VocabIndex, aut: dfa.Automaton, U: np.ndarray, counting: Counting,
                  unique_rules: dict[int, int], frame_cache: int, mask_cache: int) -> None:
         """From the automaton, its token distances `U` (per state) and the array rules whose

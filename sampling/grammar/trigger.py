@@ -5,7 +5,9 @@ decides. A token whose first byte can start the document (for the calls grammar,
 the output to the grammar, budget rules and all; any other token commits it to free text, and
 the matcher is `released` (the engine then drops it: the rest is raw generation). The first
 token may begin a document only while the remaining budget can still complete one, so a call
-that is started is always finished in time.
+that is started is always finished in time. A model whose calls open with a special token (no
+text: Mistral's `[TOOL_CALLS]`) may open the document with that token too; the grammar then
+starts after it.
 """
 from __future__ import annotations
 
@@ -29,8 +31,9 @@ def _first_bytes(idx: VocabIndex) -> np.ndarray:
 class TriggeredMatcher:
     """Wraps a document matcher; the engine's sampler and jump-forward see the same interface."""
 
-    def __init__(self, inner: GrammarMatcher) -> None:
+    def __init__(self, inner: GrammarMatcher, opening_token: int | None = None) -> None:
         self._inner = inner
+        self._opening_token = opening_token
         idx: VocabIndex = inner._g.idx
         self._opening = inner.next_bytes_after(b"")
         first = idx.derived("first_bytes", lambda: _first_bytes(idx))
@@ -51,6 +54,10 @@ class TriggeredMatcher:
     @property
     def in_document(self) -> bool:
         return self.mode == "document"
+
+    @property
+    def json_document(self) -> bool:
+        return self._inner.json_document
 
     # ------------------------------------------------------------ queries
     @property
@@ -75,6 +82,8 @@ class TriggeredMatcher:
         mask = ~self._opens
         if self._may_open(remaining_tokens):
             mask |= self._inner.allowed_mask(remaining_tokens)
+        elif self._opening_token is not None:
+            mask[self._opening_token] = False
         return mask
 
     def is_allowed(self, token: int, remaining_tokens: int | None = None) -> bool:
@@ -82,7 +91,11 @@ class TriggeredMatcher:
             return self._inner.is_allowed(token, remaining_tokens)
         if not 0 <= token < self._opens.size:
             return False
-        if self.mode == "text" or not self._opens[token]:
+        if self.mode == "text":
+            return True
+        if token == self._opening_token:
+            return self._may_open(remaining_tokens)
+        if not self._opens[token]:
             return True
         return self._may_open(remaining_tokens) and self._inner.is_allowed(token, remaining_tokens)
 
@@ -105,7 +118,9 @@ class TriggeredMatcher:
     # ------------------------------------------------------------ updates
     def advance(self, token: int) -> None:
         if self.mode == "undecided":
-            if 0 <= token < self._opens.size and self._opens[token]:
+            if token == self._opening_token:
+                self.mode = "document"  # the grammar's bytes begin after it
+            elif 0 <= token < self._opens.size and self._opens[token]:
                 self._inner.advance(token)  # raises if the grammar does not allow it
                 self.mode = "document"
             elif not (0 <= token < self._textless.size and self._textless[token]):
