@@ -45,9 +45,12 @@ setup(
         # openai-agents: the OpenAI Agents SDK, whose default model speaks /v1/responses (0.24 tested).
         # selenium: the web page's tests drive a real headless chromium (4.52 needs a certifi newer
         # than the registry held when this was pinned).
+        # transformers: chat templates must render as its apply_chat_template does, byte for byte
+        # (render_jinja_template needs no torch and no weights; 5.24 tested).
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "openai>=1.30", "matplotlib>=3.8",
                  "ray[serve]==2.60.0", "lm-eval[api]==0.4.13", "pydantic-ai-slim[openai]>=2.60,<3",
-                 "anthropic>=0.40", "openai-agents>=0.24", "selenium>=4.20,<4.52"],
+                 "anthropic>=0.40", "openai-agents>=0.24", "selenium>=4.20,<4.52",
+                 "transformers>=4.45"],
         # `cobatch serve --replicas N` and `cobatch bench cluster`: engines on Ray Serve (server/cluster/).
         "ray": ["ray[serve]==2.60.0"],
         # llguidance: the structured-output benchmark's reference mask computation.

@@ -1,0 +1,252 @@
+"""Tool calls in each model's own syntax, on real templates (tests/templates, LICENSES.md there):
+the rendering is Hugging Face's byte for byte, the syntax derived from it is the family's, the
+grammar writes only calls of that syntax with valid arguments (required, named, auto with its
+opening), and the reader parses them, streamed or whole. Token tables come from the vocab-only
+GGUFs llama.cpp vendors (the llama-cpp-python sdist), no weights: the walks below sample uniformly
+among the tokens the grammar allows, a random model at the grammar's level."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sampling.grammar import compile_framed
+from sampling.grammar.trigger import TriggeredMatcher
+from sampling.vocabulary import TokenVocabulary
+from server.chat_format import ChatFormatter, ChatMessage, ToolCallRecord
+from server.errors import BadRequest
+from server.jinja_chat import JinjaChat, message_dict
+from server.native_reader import NativeReader, reader_for
+from server.tool_families import family, name_derived
+from server.tool_syntax import derive, with_opening_token
+from server.tools import parse_tools
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+# template: (family, vocabulary GGUF to tokenize with, parallel calls, text before calls)
+CASES = {
+    "Qwen-Qwen2.5-7B-Instruct": ("hermes", "qwen2", True, True),
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": ("hermes", "llama-bpe", True, False),
+    "ibm-granite-granite-4.0": ("hermes", "llama-bpe", True, True),
+    "meta-llama-Llama-3.1-8B-Instruct": ("llama3", "llama-bpe", False, False),
+    "meta-llama-Llama-3.2-3B-Instruct": ("llama3", "llama-bpe", False, False),
+    "mistralai-Mistral-Nemo-Instruct-2407": ("mistral", "llama-spm", True, False),
+    "unsloth-mistral-Devstral-Small-2507": ("mistral", "llama-spm", True, True),
+    "deepseek-ai-DeepSeek-V3.1": ("deepseek", "deepseek-llm", True, True),
+    "meetkai-functionary-medium-v3.1": ("functionary", "llama-bpe", True, True),
+    "MiniMax-M1": ("minimax", "qwen2", True, False),
+    "moonshotai-Kimi-K2": ("kimi", "qwen2", False, True),
+    "unsloth-Apriel-1.5": ("apriel", "llama-spm", True, True),
+}
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "Time now", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string", "pattern": "^[A-Z]{3}$"}}, "required": ["zone"]}}}
+
+
+def _vocab_dir() -> Path | None:
+    candidates = [os.environ.get("COBATCH_LLAMA_MODELS", "")]
+    candidates += glob.glob("/work/llama-src/*/vendor/llama.cpp/models")
+    return next((Path(c) for c in candidates if c and (Path(c) / "ggml-vocab-qwen2.gguf").is_file()), None)
+
+
+_MODELS: dict[str, object] = {}
+
+
+def _model(name: str):
+    """A vocab-only model (tokenizer, special tokens, token bytes), loaded once per run."""
+    found = _vocab_dir()
+    if found is None:
+        pytest.skip("llama.cpp's vocab GGUFs are not here (set COBATCH_LLAMA_MODELS to its models/ folder)")
+    if name not in _MODELS:
+        from bindings.model import Model
+        _MODELS[name] = Model(found / f"ggml-vocab-{name}.gguf", vocab_only=True)
+    return _MODELS[name]
+
+
+def _setup(template: str):
+    fam, vocab_name, _, _ = CASES[template]
+    model = _model(vocab_name)
+    jinja = JinjaChat((TEMPLATES / f"{template}.jinja").read_text(), "<s>", "</s>")
+    derived = derive(jinja)
+    assert derived is not None
+    syntax = with_opening_token(name_derived(derived), model.tokenize, model.special_tokens)
+    vocab = TokenVocabulary(model.token_bytes, model.eog_tokens, model.special_tokens)
+    return model, jinja, syntax, vocab
+
+
+def _walk(matcher, vocab: TokenVocabulary, rng: np.random.Generator, budget: int = 120) -> str:
+    """Tokens drawn uniformly among those allowed, until the grammar is complete (and then, half
+    the time, on while it may still go on)."""
+    out = b""
+    while not matcher.is_complete or (not matcher.is_finished and rng.random() < 0.5):
+        mask = matcher.allowed_mask(budget).copy()
+        mask[list(vocab.eog_tokens)] = False
+        if not mask.any():  # only the end may follow (the budget has no room for another call)
+            assert matcher.is_complete
+            break
+        token = int(rng.choice(np.flatnonzero(mask)))
+        matcher.advance(token)
+        out += vocab.token_bytes[token]
+        budget -= 1
+        assert budget >= 0, "the budget always finishes the calls"
+    return out.decode("utf-8")
+
+
+def test_the_copied_templates_are_the_ones_tested():
+    assert sorted(p.stem for p in TEMPLATES.glob("*.jinja")) == sorted(CASES)
+    assert len({fam for fam, *_ in CASES.values()}) >= 8
+
+
+@pytest.mark.parametrize("template", sorted(CASES))
+def test_rendering_is_hugging_faces_byte_for_byte(template):
+    chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
+    source = (TEMPLATES / f"{template}.jinja").read_text()
+    messages = [ChatMessage("system", "Be brief."), ChatMessage("user", "Weather in Oslo?"),
+                ChatMessage("assistant", "", (ToolCallRecord("a1b2c3d4e", "get_weather", '{"city": "Oslo", "unit": "c"}'),)),
+                ChatMessage("tool", "cold", tool_call_id="a1b2c3d4e"), ChatMessage("user", "Thanks.")]
+    tools = parse_tools([WEATHER, TIME], None, None)
+    rendered = 0
+    for conversation, declared in ((messages, tools), (messages[1:4], tools), (messages[:2], None), (messages[1:2], None)):
+        try:
+            ours: str | None = JinjaChat(source, "<s>", "</s>").render(conversation, declared)
+        except BadRequest:  # the template's own refusal (raise_exception, or code that cannot take it)
+            ours = None
+        dicts = [message_dict(m) for m in conversation]
+        schemas = None if declared is None else [WEATHER, TIME]
+        try:
+            theirs = chat_template_utils.render_jinja_template([dicts], tools=schemas, chat_template=source,
+                                                                add_generation_prompt=True, bos_token="<s>",
+                                                                eos_token="</s>")
+            theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+            theirs = theirs[0] if isinstance(theirs, list) else theirs
+        except Exception:
+            theirs = None
+        assert ours == theirs
+        rendered += ours is not None
+    assert rendered >= 2
+
+
+@pytest.mark.parametrize("template", sorted(CASES))
+def test_the_derived_syntax_is_the_familys(template):
+    fam, _, parallel, text_before = CASES[template]
+    _, _, syntax, _ = _setup(template)
+    assert syntax.family == fam and syntax.source == "derived"
+    assert family(fam).matches(syntax)
+    assert (syntax.parallel, syntax.text_before) == (parallel, text_before)
+
+
+@pytest.mark.parametrize("template", sorted(CASES))
+def test_required_and_named_answers_are_valid_calls_in_the_native_syntax(template):
+    _, _, syntax, vocab = _setup(template)
+    rng = np.random.default_rng(7)
+    for choice, names in (("required", {"get_weather", "get_time"}),
+                          ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})):
+        tools = parse_tools([WEATHER, TIME], choice, None, syntax)
+        grammar = compile_framed(tools.tool_frame(), vocab)
+        for _ in range(4):
+            text = _walk(grammar.matcher(), vocab, rng)
+            assert text.startswith(syntax.start)
+            reader = reader_for(tools, "calls")
+            reader.feed(text)
+            calls = reader.finish(stopped=True)  # parses, rebuilds the text, validates the arguments
+            assert calls and {c.name for c in calls} <= names
+            assert len(calls) == 1 or (syntax.parallel and choice == "required")
+
+
+@pytest.mark.parametrize("template", sorted(CASES))
+def test_auto_opens_calls_with_the_native_opening_and_otherwise_is_text(template):
+    model, _, syntax, vocab = _setup(template)
+    tools = parse_tools([WEATHER, TIME], "auto", None, syntax)
+    grammar = compile_framed(tools.tool_frame(), vocab)
+    opened = TriggeredMatcher(grammar.matcher(), syntax.opening_token)
+    # the opening's first character as a token of its own
+    first = next(t for t, b in enumerate(vocab.token_bytes) if b == syntax.start[:1].encode() and t not in vocab.special_tokens)
+    assert opened.is_allowed(first, 200)
+    opened.advance(first)
+    assert opened.in_document
+    text = vocab.token_bytes[first].decode() + _walk(opened, vocab, np.random.default_rng(3))
+    reader = reader_for(tools, "auto")
+    reader.feed(text)
+    assert reader.is_calls and reader.finish(stopped=True)
+    words = TriggeredMatcher(grammar.matcher(), syntax.opening_token)
+    hello = model.tokenize("Hello", add_bos=False)[0]
+    words.advance(hello)
+    assert words.released
+    reader = reader_for(tools, "auto")
+    reader.feed("Hello there")
+    assert reader.finish(stopped=True) is None and reader.content() == "Hello there"
+
+
+@pytest.mark.parametrize("template", sorted(CASES))
+def test_a_hand_written_answer_parses_streamed_as_whole(template):
+    _, _, syntax, _ = _setup(template)
+    tools = parse_tools([WEATHER, TIME], "required", None, syntax)
+    calls = [("get_weather", '{"city": "Os\\"lo}", "unit": "c"}', "a1b2c3d4e"), ("get_time", '{"zone": "CET"}', "x9y8z7w6v")]
+    calls = calls if syntax.parallel else calls[:1]
+    text = syntax.calls_text(calls)
+    whole = reader_for(tools, "calls")
+    whole.feed(text)
+    got = [(c.name, c.arguments) for c in whole.finish(stopped=True)]
+    assert got == [(n, a) for n, a, _ in calls]
+    rng = random.Random(template)
+    for _ in range(5):
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 25))))
+        streamed = reader_for(tools, "calls")
+        for a, b in zip([0] + cuts, cuts + [len(text)]):
+            streamed.feed(text[a:b])
+        assert [(c.name, c.arguments) for c in streamed.finish(stopped=True)] == got
+
+
+@pytest.mark.parametrize("template", ["Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.1-8B-Instruct",
+                                      "mistralai-Mistral-Nemo-Instruct-2407"])
+def test_turn_two_starts_with_turn_one_and_echoes_the_call_as_the_template_renders_it(template):
+    model, jinja, syntax, _ = _setup(template)
+    formatter = ChatFormatter("jinja", model, jinja=jinja, tool_syntax=syntax)
+    tools = parse_tools([WEATHER], "auto", None, syntax)
+    turn1 = [ChatMessage("user", "Weather in Oslo?")]
+    call = ToolCallRecord("a1b2c3d4e", "get_weather", '{"city": "Oslo", "unit": "c"}')
+    turn2 = turn1 + [ChatMessage("assistant", "", (call,)), ChatMessage("tool", "cold", tool_call_id=call.id)]
+    first, second = formatter.render(turn1, tools).token_ids, formatter.render(turn2, tools).token_ids
+    # The prefix cache serves turn 1's prompt (but its last token, which these text-only markers
+    # may merge with what follows: in the models' own vocabularies they are special tokens).
+    assert second[:len(first) - 1] == first[:-1]
+    text = jinja.render(turn2, tools)
+    assert syntax.call_text("get_weather", '{"city": "Oslo", "unit": "c"}', call.id) in text
+
+
+def test_a_special_token_opening_is_forced_for_required_and_a_trigger_for_auto():
+    """Mistral's own vocabulary has `[TOOL_CALLS]` as one control token (no text)."""
+    jinja = JinjaChat((TEMPLATES / "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text(), "<s>", "</s>")
+    opener = 7
+
+    class Tokenizer:
+        def tokenize(self, text, *, add_bos=True, parse_special=False):
+            if parse_special and text.startswith("[TOOL_CALLS]"):
+                return [opener] + [ord(c) + 100 for c in text[len("[TOOL_CALLS]"):]]
+            return [ord(c) + 100 for c in text]
+
+    syntax = with_opening_token(name_derived(derive(jinja)), Tokenizer().tokenize, frozenset({opener}))
+    assert (syntax.opening_token, syntax.opening, syntax.start) == (opener, "[", '[{"name": "')
+    formatter = ChatFormatter("jinja", Tokenizer(), jinja=jinja, tool_syntax=syntax)
+    user = [ChatMessage("user", "Oslo?")]
+    assert formatter.render(user, parse_tools([WEATHER], "required", None, syntax)).token_ids[-1] == opener
+    assert formatter.render(user, parse_tools([WEATHER], "auto", None, syntax)).token_ids[-1] != opener
+    vocab = TokenVocabulary(tuple([b""] * 10 + [bytes([b]) for b in range(256)]), frozenset({0}), frozenset({opener}))
+    grammar = compile_framed(parse_tools([WEATHER], "auto", None, syntax).tool_frame(), vocab)
+    auto = TriggeredMatcher(grammar.matcher(), opener)
+    assert auto.is_allowed(opener, 200) and not auto.is_allowed(opener, 1)  # only if a call still fits
+    auto.advance(opener)
+    assert auto.in_document and auto.is_allowed(10 + ord("["), 200) and not auto.is_allowed(10 + ord("H"), 200)
+    reader = NativeReader(parse_tools([WEATHER], "required", None, syntax), "calls")
+    reader.feed('[{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}, "id": "abcdefghi"}]')
+    [call] = reader.finish(stopped=True)
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Oslo", "unit": "c"})
+    assert len(call.id) == 9 and call.id.isalnum()  # the template refuses any other id when it is echoed
