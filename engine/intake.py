@@ -15,6 +15,7 @@ from engine.sequence import Sequence
 from engine.errors import PromptTooLongError
 from sampling.errors import InvalidParameterError
 from sampling.grammar import SchemaError, compile_framed, compile_grammar
+from sampling.grammar.either import EitherMatcher
 from sampling.grammar.trigger import TriggeredMatcher
 from sampling.params import SamplingParams
 from sampling.vocabulary import TokenVocabulary
@@ -69,14 +70,12 @@ class Intake:
     def _grammar_matcher(self, request: Request) -> Any:
         # The schema was checked when the Request was made (engine.request.JsonSchema): what the
         # compiler refuses here is what it cannot express, such as an unsupported keyword.
-        schema = None if request.json_schema is None else dict(request.json_schema)
         frame = request.tool_frame
-        try:
-            grammar = compile_grammar(schema, self.vocabulary, open_objects=request.open_objects) if frame is None \
-                else compile_framed(frame, self.vocabulary)
-            matcher = grammar.matcher()
-        except SchemaError as exc:
-            raise InvalidParameterError(f"json_schema: {exc}", field="json_schema") from exc
+        matcher = self._compiled(request.json_schema, request.open_objects, "json_schema", frame)
+        alternative = request.json_alternative
+        if alternative is not None:
+            matcher = EitherMatcher(matcher, self._compiled(alternative.schema, request.open_objects,
+                                                            "json_alternative"), alternative.opening.encode())
         if request.json_or_text:  # free text is always possible, so no budget is too small
             return TriggeredMatcher(matcher, None if frame is None else frame.opening_token)
         needed = matcher.min_tokens_to_complete()
@@ -87,6 +86,18 @@ class Intake:
                 field="max_tokens", needed_tokens=needed,
             )
         return matcher
+
+    def _compiled(self, schema: Any, open_objects: bool, field: str, frame: Any = None) -> Any:
+        """The matcher of `schema` (or of tool calls in `frame`, a model's own syntax)."""
+        try:
+            if frame is not None:
+                grammar = compile_framed(frame, self.vocabulary)
+            else:
+                grammar = compile_grammar(None if schema is None else dict(schema), self.vocabulary,
+                                          open_objects=open_objects)
+        except SchemaError as exc:
+            raise InvalidParameterError(f"{field}: {exc}", field=field) from exc
+        return grammar.matcher()
 
 
 def as_request(request: Request | str | Seq[int], options: dict[str, Any]) -> Request:

@@ -111,6 +111,23 @@ def _schema_problem(schema: Any) -> str | None:
 
 
 @dataclass(frozen=True)
+class JsonAlternative:
+    """What else a JSON output may be: a document of `schema` (None: any JSON object), unless it
+    begins with `opening`, which only json_schema's documents then are (sampling/grammar/
+    either.py). Tool calling's "auto" beside an output format: calls or the format's document."""
+
+    schema: Mapping[str, Any] | None
+    opening: str
+
+    def __post_init__(self) -> None:
+        if self.schema is not None and not isinstance(self.schema, JsonSchema):
+            object.__setattr__(self, "schema", JsonSchema(self.schema, name="json_alternative.schema"))
+        if not isinstance(self.opening, str) or not self.opening:
+            raise InvalidParameterError("json_alternative.opening must be a non-empty string",
+                                        field="json_alternative")
+
+
+@dataclass(frozen=True)
 class Request:
     """One generation request. `prompt` is text, or token ids used as they are."""
 
@@ -133,6 +150,8 @@ class Request:
     # Tool calls in the model's own syntax (sampling/grammar/framed.py) instead of a JSON document:
     # format "json" is then the frame's grammar (json_schema stays None; structured_data too).
     tool_frame: TextFrame | None = None
+    # With format "json": the output may instead be the alternative's document (JsonAlternative).
+    json_alternative: JsonAlternative | None = None
     logprobs: int = 0  # with n > 0, each generated token's logprob and the n most likely
     # Not None: score the prompt too, each token's logprob given those before it and this many
     # most likely alternatives (evaluation). The prompt is then computed in full, never taken from
@@ -206,6 +225,12 @@ class Request:
                                         field="json_or_text")
         if self.json_or_text and self.format != "json":
             raise InvalidParameterError("json_or_text applies to JSON output; none was asked for", field="json_or_text")
+        if self.json_alternative is not None:
+            if not isinstance(self.json_alternative, JsonAlternative):
+                raise InvalidParameterError("json_alternative must be a JsonAlternative", field="json_alternative")
+            if self.format != "json" or self.json_or_text:
+                raise InvalidParameterError("json_alternative is another JSON document than json_schema's: it "
+                                            "needs format \"json\" and no json_or_text", field="json_alternative")
         if self.format == "json" and stop:
             raise InvalidParameterError("stop strings cannot be combined with JSON output: they would cut it", field="stop")
         if self.timeout is not None:

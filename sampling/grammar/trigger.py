@@ -19,7 +19,7 @@ from .matcher import GrammarMatcher
 from .vocab_index import VocabIndex
 
 
-def _first_bytes(idx: VocabIndex) -> np.ndarray:
+def first_bytes(idx: VocabIndex) -> np.ndarray:
     """int16 per token: its first byte, or -1 for tokens with no bytes of text."""
     first = np.full(idx.size, -1, dtype=np.int16)
     for token, data in enumerate(idx.token_bytes):
@@ -36,7 +36,7 @@ class TriggeredMatcher:
         self._opening_token = opening_token
         idx: VocabIndex = inner._g.idx
         self._opening = inner.next_bytes_after(b"")
-        first = idx.derived("first_bytes", lambda: _first_bytes(idx))
+        first = idx.derived("first_bytes", lambda: first_bytes(idx))
         key = ("opens_document", self._opening)
         opens = idx.derived(key, lambda: np.isin(first, np.fromiter(self._opening, dtype=np.int16)))
         self._opens = opens  # bool per token: committing it starts the document
