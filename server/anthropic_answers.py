@@ -27,7 +27,7 @@ from server.replies import error_for_result, read_pieces
 from server.spec import GenerationSpec
 from server.sse import encode_event
 from server.tiers import BATCH, INTERACTIVE
-from server.native_reader import reader_for
+from server.native_reader import spec_reader
 from server.tool_reader import Arguments, CallStart, Text, ToolOutputReader
 
 TOOL_USE_ID_PREFIX = "toolu_"
@@ -45,8 +45,7 @@ class MessageAnswer:
         self.prompt_tokens = prompt_tokens
         self.reader: ToolOutputReader | None = None
         if spec.calls_tools and spec.tools is not None:
-            self.reader = reader_for(spec.tools, "auto" if spec.may_answer_in_text else "calls",
-                                           id_prefix=TOOL_USE_ID_PREFIX)
+            self.reader = spec_reader(spec, TOOL_USE_ID_PREFIX)
 
     # ---- the whole message
     def response(self, results: list[GenerationResult]) -> dict[str, Any]:

@@ -228,8 +228,13 @@ def tools_refusal(exc: InvalidParameterError, spec: GenerationSpec) -> APIError:
     assert spec.tools is not None
     if exc.field == "max_tokens":
         needed = "more" if exc.needed_tokens is None else exc.needed_tokens
-        return BadRequest(f"max_tokens={spec.max_tokens} is below the shortest possible tool call here, which needs "
-                          f"{needed} tokens", param="max_tokens")
+        shortest = "tool call" if spec.answer_format is None else "answer (a tool call or a document of the format)"
+        return BadRequest(f"max_tokens={spec.max_tokens} is below the shortest possible {shortest} here, which "
+                          f"needs {needed} tokens", param="max_tokens")
+    if exc.field == "json_alternative" and spec.answer_format is not None:  # the output format's schema
+        message = str(exc).removeprefix("json_alternative: ")
+        return BadRequest(f"'{spec.answer_format.source}' cannot be compiled into a grammar: {message}",
+                          param=spec.answer_format.source)
     if exc.field == "json_schema":
         message = str(exc).removeprefix("json_schema: ")
         for pointer in re.findall(r"/[^\s:,]*", message):

@@ -14,20 +14,36 @@ import secrets
 import string
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
 
 from server.errors import InternalError
 from server.tool_reader import Arguments, Call, CallStart, Event, Text, ToolOutputReader, check_arguments
 from server.tools import ToolSet
 
+if TYPE_CHECKING:
+    from server.spec import GenerationSpec
+
 _NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_-")
 _ID_ALPHABET = string.ascii_letters + string.digits
 
 
-def reader_for(tools: ToolSet, mode: str, id_prefix: str = "call_") -> ToolOutputReader:
+def reader_for(tools: ToolSet, mode: str, id_prefix: str = "call_",
+               answer_schema: Mapping[str, Any] | None = None) -> ToolOutputReader:
     """The reader for the syntax the tools are written in: generic, or the model's own."""
     if tools.syntax.is_generic:
-        return ToolOutputReader(tools, mode, id_prefix)
-    return NativeReader(tools, mode, id_prefix)
+        return ToolOutputReader(tools, mode, id_prefix, answer_schema)
+    return NativeReader(tools, mode, id_prefix, answer_schema)
+
+
+def spec_reader(spec: "GenerationSpec", id_prefix: str = "call_") -> ToolOutputReader:
+    """The reader of a spec that calls tools (spec.calls_tools): "calls" under required or a named
+    function, "auto" (calls or text), or "format" (calls or the answer_format's document)."""
+    assert spec.tools is not None
+    if not spec.may_answer_in_text:
+        return reader_for(spec.tools, "calls", id_prefix)
+    if spec.answer_format is None:
+        return reader_for(spec.tools, "auto", id_prefix)
+    return reader_for(spec.tools, "format", id_prefix, spec.answer_format.schema)
 
 
 @dataclass

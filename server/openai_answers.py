@@ -25,7 +25,7 @@ from server.openai_schemas import OpenAIRequest
 from server.replies import error_for_result, merged_deltas, metrics_payload
 from server.sse import encode_event
 from server.tiers import SERVICE_TIER_OF
-from server.native_reader import reader_for
+from server.native_reader import spec_reader
 from server.tool_reader import Arguments, CallStart, Text, ToolOutputReader
 
 
@@ -155,8 +155,7 @@ class ChatAnswer(_Answer):
     def __init__(self, request_id: str, model: str, parsed: OpenAIRequest, token_bytes: Sequence[bytes]) -> None:
         super().__init__(request_id, model, parsed, token_bytes)
         # Output that may call functions: one reader per choice.
-        self.readers = [reader_for(spec.tools, "auto" if spec.may_answer_in_text else "calls")
-                        for spec in self.specs if spec.calls_tools and spec.tools is not None]
+        self.readers = [spec_reader(spec) for spec in self.specs if spec.calls_tools and spec.tools is not None]
 
     def choice(self, i: int, result: GenerationResult) -> dict[str, Any]:
         spec = self.specs[i]

@@ -8,7 +8,8 @@ max_completion_tokens), temperature, top_p, n, stream, stream_options.include_us
 user, presence_penalty, frequency_penalty, logit_bias, logprobs (completions: an integer 0..20;
 chat: true/false with top_logprobs 0..20), and for chat response_format (json_object,
 json_schema: constrained by the engine's grammar), tools, tool_choice and parallel_tool_calls
-(server/tools.py), and safety_identifier, prompt_cache_key and metadata (read, unused:
+(server/tools.py; beside callable tools, response_format is what an "auto" answer that calls
+nothing follows), and safety_identifier, prompt_cache_key and metadata (read, unused:
 CHAT_UNUSED), service_tier ("flex": the batch tier, "priority": the interactive tier, "auto" or
 "default": the route's, server/tiers.py). Extensions: top_k, min_p, repetition_penalty, priority
 ("interactive" | "batch", wins over service_tier),
@@ -119,23 +120,27 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int, tier: str = INTERACTIVE,
     tools = parse_tools(fields.raw("tools", None), fields.raw("tool_choice", None),
                         fields.raw("parallel_tool_calls", None), tool_syntax)
     fields.finish()
-    structured_output = response_format
+    structured_output, answer_format = response_format, None
     if tools is not None and tools.callable:
-        _check_beside_calls(sampling, response_format)
+        _check_beside_calls(sampling)
         structured_output = StructuredOutput(tools.calls_json_schema(), source="tools")
+        # Under "auto" an answer that calls nothing follows the format; "required" and a named
+        # function always call, so the format does not apply to this turn.
+        answer_format = response_format if tools.choice == "auto" else None
+        if answer_format is not None and not tools.syntax.is_generic:
+            raise BadRequest("'response_format' beside callable tools under \"tool_choice\": \"auto\" needs the "
+                             "generic tool format: this model calls tools in its own syntax",
+                             param="response_format")
     check_combinations(sampling, stream=stream, wants_logprobs=logprobs, structured_output=structured_output,
                        logprobs_param="logprobs")
     spec = GenerationSpec(prompt=ChatPrompt(tuple(messages)), stream=stream, structured=structured_output,
-                          logprobs=top_logprobs or 0, want_logprobs=logprobs, tools=tools, **sampling)
+                          logprobs=top_logprobs or 0, want_logprobs=logprobs, tools=tools,
+                          answer_format=answer_format, **sampling)
     return OpenAIRequest(model, choice_specs(spec, n), include_usage, n)
 
 
-def _check_beside_calls(sampling: dict[str, Any], response_format: StructuredOutput | None) -> None:
+def _check_beside_calls(sampling: dict[str, Any]) -> None:
     """What cannot be honoured together with functions the output may call."""
-    if response_format is not None:
-        raise BadRequest("'response_format' cannot be combined with callable tools: an answer that calls a "
-                         "function is a calls document, not that format (send \"tool_choice\": \"none\", or "
-                         "declare the format as a tool)", param="response_format")
     if sampling["stop"]:
         raise BadRequest("'stop' cannot be combined with callable tools: a stop string could cut a call short",
                          param="stop")

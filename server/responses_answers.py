@@ -26,7 +26,7 @@ from server.replies import error_for_result, read_pieces
 from server.spec import GenerationSpec
 from server.sse import encode_event
 from server.tiers import SERVICE_TIER_OF
-from server.native_reader import reader_for
+from server.native_reader import spec_reader
 from server.tool_reader import Arguments, Call, CallStart, Text, ToolOutputReader
 
 CALL_ID_PREFIX = "call_"
@@ -57,8 +57,7 @@ class ResponseAnswer:
         self.message_id = f"msg_{uuid.uuid4().hex[:24]}"
         self.reader: ToolOutputReader | None = None
         if spec.calls_tools and spec.tools is not None:
-            self.reader = reader_for(spec.tools, "auto" if spec.may_answer_in_text else "calls",
-                                           id_prefix=CALL_ID_PREFIX)
+            self.reader = spec_reader(spec, CALL_ID_PREFIX)
         self._sequence = 0
 
     # ---- the whole response

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from engine import Request, SamplingParams
+from engine.request import JsonAlternative
 from server.chat_format import ChatFormatter, ChatMessage, RenderedChat
 from server.structured import StructuredOutput
-from server.tools import ToolSet
+from server.tools import OPENING, ToolSet
 
 # Limits the HTTP layer adds to the engine's own (engine.request, sampling.params).
 MAX_STOP_STRINGS = 16
@@ -62,6 +63,8 @@ class GenerationSpec:
     structured: StructuredOutput | None = None
     echo: bool = False  # completions: the prompt in front of the text (and its logprobs, when asked)
     tools: ToolSet | None = None  # chat with tools: structured then holds the calls schema (if callable)
+    # tool_choice "auto" with an output format: an answer that calls nothing is its document.
+    answer_format: StructuredOutput | None = None
 
     @property
     def calls_tools(self) -> bool:
@@ -70,6 +73,7 @@ class GenerationSpec:
 
     @property
     def may_answer_in_text(self) -> bool:
+        """Under "auto": an answer may call nothing (free text, or the answer_format's document)."""
         return self.calls_tools and self.tools is not None and self.tools.choice == "auto"
 
     @property
@@ -110,7 +114,9 @@ class GenerationSpec:
             json_schema=None if self.structured is None or frame is not None else self.structured.schema,
             tool_frame=frame,
             open_objects=self.open_objects,
-            json_or_text=self.may_answer_in_text,
+            json_or_text=self.may_answer_in_text and self.answer_format is None,
+            json_alternative=None if self.answer_format is None else JsonAlternative(self.answer_format.schema,
+                                                                                   OPENING),
             # The engine records logprobs only when asked for at least one alternative.
             logprobs=max(1, self.logprobs) if self.want_logprobs else 0,
             prompt_logprobs=self.prompt_logprobs,

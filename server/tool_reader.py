@@ -1,6 +1,7 @@
 """Reading a tool-calling answer as it is generated: text, or calls in the grammar's format.
 
-server/native_reader.py reads a model's own syntax; its `reader_for` picks the reader.
+server/native_reader.py reads a model's own syntax; its `reader_for` and `spec_reader` pick the
+reader.
 
 One reader per choice, fed the text deltas as they come; it yields the pieces both OpenAI's and
 Anthropic's streams are made of: a call's start (index, id, name) once its name is complete, then
@@ -14,12 +15,12 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import jsonschema
 
 from server.errors import InternalError
 from server.tools import CALLS_KEY, OPENING, ToolSet
-
 
 @dataclass
 class Call:
@@ -55,13 +56,16 @@ _ARGS_HEAD = ',"arguments":'
 
 @dataclass
 class ToolOutputReader:
-    """mode: "text" (no call possible), "calls" (the output is a calls document) or "auto"
-    (the first character decides: `{` opens calls, anything else is text). Call ids begin
-    with `id_prefix`: each API has its own (OpenAI's `call_`, Anthropic's `toolu_`)."""
+    """mode: "text" (no call possible), "calls" (the output is a calls document), "auto"
+    (the first character decides: `{` opens calls, anything else is text) or "format" (an
+    output format beside the tools: the output is a calls document if it begins with OPENING,
+    else the format's document, `answer_schema`'s (None: any object), read as text). Call ids
+    begin with `id_prefix`: each API has its own (OpenAI's `call_`, Anthropic's `toolu_`)."""
 
     tools: ToolSet
     mode: str
     id_prefix: str = "call_"
+    answer_schema: Mapping[str, Any] | None = None
     calls: list[Call] = field(default_factory=list)
     _text: list[str] = field(default_factory=list)
     _buffer: str = ""  # calls mode: text received and not yet consumed
@@ -81,7 +85,17 @@ class ToolOutputReader:
         self._seen += delta
         if self.mode == "auto":
             self.mode = "calls" if delta[0] == "{" else "text"
-        if self.mode == "text":
+        if self.mode == "format":
+            # The grammar makes a document that begins with OPENING a calls document, and any
+            # other the format's: wait until the text shows which.
+            if self._seen.startswith(OPENING):
+                self.mode = "calls"
+                delta = self._seen
+            elif OPENING.startswith(self._seen):
+                return []
+            else:
+                self.mode, delta = "answer", self._seen
+        if self.mode in ("text", "answer"):
             self._text.append(delta)
             return [Text(delta)]
         self._buffer += delta
@@ -160,7 +174,10 @@ class ToolOutputReader:
 
     def finish(self, stopped: bool) -> list[Call] | None:
         """The complete, valid calls (None: this answer makes no call). `stopped`: the output
-        ended by itself (not max_tokens, context, cancellation); only then can calls be whole."""
+        ended by itself (not max_tokens, context, cancellation); only then can calls be whole.
+        An answer in the format is checked against it the same way (and is no call)."""
+        if self.mode == "answer" and stopped:
+            self._check_answer()
         if self.mode != "calls" or not stopped:
             return None
         if self._state != "done" or self._buffer:
@@ -175,6 +192,18 @@ class ToolOutputReader:
         if not self.calls:
             raise InternalError("a calls document without calls")
         return self.calls
+
+
+    def _check_answer(self) -> None:
+        try:
+            document = json.loads(self._seen)
+        except json.JSONDecodeError as exc:
+            raise InternalError(f"the answer in the output format is not JSON: {exc}") from None
+        schema = dict(self.answer_schema) if self.answer_schema is not None else {"type": "object"}
+        validator = jsonschema.validators.validator_for(schema)(schema, format_checker=jsonschema.FormatChecker())
+        error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+        if error is not None:
+            raise InternalError(f"the answer is not valid against the output format: {error.message}")
 
 
 def check_arguments(tools: ToolSet, name: str, arguments: object) -> None:

@@ -177,7 +177,7 @@ REFUSED = [
     ({"text": {"format": {"type": "xml"}}}, "text.format", "xml"),
     ({"text": {"verbosity": "high"}}, "text.verbosity", "medium"),
     ({"text": "json"}, "text", "object"),
-    ({"tools": [WEATHER], "text": {"format": {"type": "json_object"}}}, "text.format", "callable tools"),
+    ({"tools": [WEATHER], "stop": ["x"]}, "stop", "callable tools"),
     ({"service_tier": "scale"}, "service_tier", "not served"),
     ({"store": "yes"}, "store", "true or false"),
     ({"max_tool_calls": 2}, "max_tool_calls", "unknown"),

@@ -67,7 +67,8 @@ def test_tool_choice_defaults_and_modes():
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
      "tools[0].function.parameters", "object"),
     ({"tools": [WEATHER], "stop": ["\n"]}, "stop", "callable tools"),
-    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format", "callable tools"),
+    ({"tools": [WEATHER], "open_objects": True, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "a", "schema": {"type": "object"}}}}, "open_objects", "callable tools"),
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
 ])
 def test_bad_tool_requests_are_400s_naming_the_field(fields, param, needle):
@@ -80,6 +81,50 @@ def test_stop_and_response_format_are_fine_when_nothing_is_callable():
     assert chat(tools=[WEATHER], tool_choice="none", stop=["\n"]).specs[0].stop == ("\n",)
     req = chat(tools=[WEATHER], tool_choice="none", response_format={"type": "json_object"})
     assert req.specs[0].structured.source == "response_format"
+
+
+ANSWER = {"type": "object", "properties": {"city": {"type": "string"}, "celsius": {"type": "integer"}},
+          "required": ["city", "celsius"]}
+ANSWER_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+
+
+def test_a_format_beside_auto_tools_is_what_an_answer_without_calls_follows():
+    spec = chat(tools=[WEATHER], response_format=ANSWER_FORMAT).specs[0]
+    assert spec.answer_format.source == "response_format" and dict(spec.answer_format.schema) == ANSWER
+    assert spec.structured.source == "tools"  # calls stay the grammar's first alternative
+    request = replace(spec, prompt=[1]).request("r")
+    assert not request.json_or_text and request.json_alternative.opening == '{"tool_calls":['
+    assert dict(request.json_alternative.schema) == ANSWER
+    any_object = replace(chat(tools=[WEATHER], response_format={"type": "json_object"}).specs[0], prompt=[1])
+    assert any_object.request("r").json_alternative.schema is None
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        forced = replace(chat(tools=[WEATHER], tool_choice=choice, response_format=ANSWER_FORMAT).specs[0], prompt=[1])
+        assert forced.answer_format is None and forced.request("r").json_alternative is None  # this turn calls
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_format_reader_waits_for_the_opening_then_reads_calls_or_the_answer(seed):
+    tools = parse_tools([WEATHER], None, None)
+    rng = random.Random(seed)
+    answer = '{"city":"Oslo","celsius":-3}'
+    call = '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo"}}]}'
+    for doc in (answer, call, '{"tool_calls":7,"city":"x","celsius":1}'):
+        cuts = sorted(rng.sample(range(1, len(doc)), rng.randint(1, 12)))
+        reader = ToolOutputReader(tools, "format", answer_schema=ANSWER if doc == answer else None)
+        events = [e for a, b in zip([0] + cuts, cuts + [len(doc)]) for e in reader.feed(doc[a:b])]
+        calls = reader.finish(stopped=True)
+        if doc == call:
+            assert reader.is_calls and [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city":"Oslo"}')]
+            assert [e.name for e in events if isinstance(e, CallStart)] == ["get_weather"]
+        else:
+            assert calls is None and "".join(e.text for e in events) == doc == reader.content()
+    undecided = ToolOutputReader(tools, "format", answer_schema=ANSWER)
+    assert undecided.feed('{"tool') == [] and undecided.finish(stopped=False) is None and undecided.content() == ""
+    wrong = ToolOutputReader(tools, "format", answer_schema=ANSWER)
+    wrong.feed('{"city":"Oslo"}')
+    with pytest.raises(InternalError, match="not valid against the output format"):
+        wrong.finish(stopped=True)
+    assert wrong.finish(stopped=False) is None  # a cut-short answer is not checked: it is reported as cut
 
 
 def test_tool_and_tool_call_messages():
