@@ -18,6 +18,8 @@ Mapping (docs/messages-api.md has the full table):
   tools[] {name, description, input_schema}   functions {name, description, parameters}
   tool_choice auto | any | tool | none  auto | required | the named function | none;
                                         disable_parallel_tool_use → parallel_tool_calls false
+  output_config.format {type: json_schema, schema}   response_format json_schema (beside tools
+                                        with tool_choice auto: what an answer without calls follows)
   metadata, service_tier (auto | standard_only), cache_control (top level, blocks, tools)   read, unused
                                         (the route's tier; the prefix cache needs no breakpoints)
 cobatch's extensions pass through as on chat (EXTENSIONS: seed, priority, speculative, ...).
@@ -74,6 +76,9 @@ def parse_messages_body(body: dict[str, Any], *, n_ctx: int, tier: str = INTERAC
             chat[name] = fields.raw(name)
     fields.object("metadata", None, nullable=True)
     fields.string("service_tier", None, choices=ANTHROPIC_SERVICE_TIERS, nullable=True)
+    response_format = _output_format(fields.raw("output_config", None))
+    if response_format is not None:
+        chat["response_format"] = response_format
     fields.finish()
     return _as_chat(chat, n_ctx=n_ctx, tier=tier, tool_syntax=tool_syntax)
 
@@ -83,6 +88,7 @@ def parse_count_tokens_body(body: dict[str, Any], *, n_ctx: int, tool_syntax: To
     tool_choice), counted as /v1/messages would render it."""
     fields = FieldReader(body)
     chat = _conversation(fields)
+    _output_format(fields.raw("output_config", None))  # checked; the format does not change the prompt
     fields.finish()
     return _as_chat(chat, n_ctx=n_ctx, tier=INTERACTIVE, tool_syntax=tool_syntax)
 
@@ -112,6 +118,28 @@ def _as_chat(chat: dict[str, Any], *, n_ctx: int, tier: str, tool_syntax: ToolSy
     except APIError as exc:
         raise in_anthropic_terms(exc) from None
     return MessagesRequest(parsed.model, parsed.specs[0])
+
+
+def _output_format(value: Any) -> dict[str, Any] | None:
+    """`output_config` ({format: {type: "json_schema", schema}}, effort absent or null) as the
+    chat route's response_format (None: no format)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadRequest("'output_config' must be an object", param="output_config")
+    fields = FieldReader(value, where="output_config.")
+    if fields.raw("effort", None) is not None:
+        raise BadRequest("'output_config.effort' is not supported: this model has no effort setting",
+                         param="output_config.effort")
+    form = fields.object("format", None, nullable=True)
+    fields.finish()
+    if form is None:
+        return None
+    fields = FieldReader(form, where="output_config.format.")
+    fields.string("type", choices=("json_schema",))
+    schema = fields.object("schema")
+    fields.finish()
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
 
 
 def _refuse_thinking(value: Any) -> None:
@@ -309,6 +337,8 @@ _RENAMES = [
     (re.compile(r"tools\[(\d+)\]\.function\.(name|description|strict)"), r"tools[\1].\2"),
     (re.compile(r"tools\[(\d+)\]\.function\b"), r"tools[\1]"),
     (re.compile(r"'stop(?=[\['])"), "'stop_sequences"),
+    (re.compile(r"response_format(\.json_schema)?\.schema"), "output_config.format.schema"),
+    (re.compile(r"response_format(\.json_schema)?"), "output_config.format"),
 ]
 
 

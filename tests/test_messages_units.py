@@ -113,6 +113,23 @@ def test_the_tier_is_the_routes_unless_cobatchs_priority_names_one(fields, tier)
         fields.get("priority", "batch"))
 
 
+FORECAST = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def test_output_config_format_is_the_chat_response_format_and_beside_tools_what_an_answer_follows():
+    alone = parse(output_config={"format": {"type": "json_schema", "schema": FORECAST}, "effort": None}).spec
+    assert alone.structured.source == "response_format" and dict(alone.structured.schema) == FORECAST
+    beside = parse(tools=[WEATHER], output_config={"format": {"type": "json_schema", "schema": FORECAST}}).spec
+    assert beside.structured.source == "tools" and dict(beside.answer_format.schema) == FORECAST
+    forced = parse(tools=[WEATHER], tool_choice={"type": "any"},
+                   output_config={"format": {"type": "json_schema", "schema": FORECAST}}).spec
+    assert forced.answer_format is None  # "any" always calls: the format does not apply to this turn
+    assert parse(output_config={}).spec.structured is None
+    counted = parse_count_tokens_body({"model": "m", "messages": ASK, "output_config": {
+        "format": {"type": "json_schema", "schema": FORECAST}}}, n_ctx=4096)
+    assert counted.spec.structured is None  # counting reads the prompt only
+
+
 def test_count_tokens_reads_what_shapes_the_prompt_only():
     counted = parse_count_tokens_body({"model": "m", "messages": ASK, "system": "Be brief.", "tools": [WEATHER],
                                        "tool_choice": {"type": "any"}}, n_ctx=4096).spec
@@ -124,6 +141,11 @@ def test_count_tokens_reads_what_shapes_the_prompt_only():
 
 
 REFUSED = [
+    ({"output_config": {"effort": "high"}}, "output_config.effort", "effort"),
+    ({"output_config": {"format": {"type": "json_object"}}}, "output_config.format.type", "json_schema"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}},
+     "output_config.format.schema", "not a valid JSON Schema"),
+    ({"output_config": "json"}, "output_config", "object"),
     ({"max_tokens": None}, "max_tokens", "required"),
     ({"max_tokens": "many"}, "max_tokens", "integer"),
     ({"max_tokens": 0}, "max_tokens", ">= 1"),
