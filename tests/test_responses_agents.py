@@ -1,9 +1,9 @@
 """The OpenAI Agents SDK (`openai-agents`) against a real `cobatch serve`, on its default model,
 the Responses API: an Agent with a function tool run by `Runner.run` and `Runner.run_streamed`; an
-Agent with a structured `output_type` (text.format json_schema); and a run that continues another
-by `previous_response_id`, sending only the tool's output while the server supplies the rest
-from the stored response. An agent with both tools and an output_type is refused for now: cobatch does not yet
-combine a format with callable tools on any route (docs/responses-api.md)."""
+Agent with a structured `output_type` (text.format json_schema); an Agent with both, whose run
+calls the tool and then answers in the format (tools and text.format in one request); and a run
+that continues another by `previous_response_id`, sending only the tool's output while the server
+supplies the rest from the stored response."""
 from __future__ import annotations
 
 import asyncio
@@ -68,7 +68,7 @@ def weather_agent(url: str) -> Agent:
 
 def reporter(url: str) -> Agent:
     """Reads the weather agent's turn and answers a Forecast: the same instructions and tools
-    (so the same prompt prefix), none of them callable (a format beside callable tools is refused)."""
+    (so the same prompt prefix), none of them callable (the answer must be the forecast)."""
     return Agent(name="reporter", instructions=INSTRUCTIONS, tools=[get_weather], output_type=Forecast,
                  model=model_for(url), model_settings=ModelSettings(tool_choice="none", temperature=0, max_tokens=80))
 
@@ -110,6 +110,34 @@ def test_an_output_type_is_parsed_from_a_json_schema_answer(server):
     result = asyncio.run(Runner.run(forecaster(server), "Forecast for Lisbon, please.", max_turns=2))
     assert isinstance(result.final_output, Forecast) and result.final_output.city
     assert len(result.raw_responses) == 1
+
+
+def test_an_agent_with_a_tool_and_an_output_type_calls_then_answers_in_the_format(server):
+    """Turn 1 is required to call (its format does not apply); the SDK then resets tool_choice, and
+    turn 2 sends the tool and the format under auto: the answer is a call or a Forecast. The
+    small model would call again and again, so turn 2's `tool` token after `{"` is biased away
+    (turn 1's call opening is forced by the grammar, not sampled, so the bias does not touch it)."""
+    import httpx
+
+    tool_token = httpx.post(f"{server}/tokenize", json={"content": '{"tool_calls":['}).json()["tokens"][1]
+    assert httpx.post(f"{server}/detokenize", json={"tokens": [tool_token]}).json()["content"] == "tool"
+    agent = Agent(name="forecaster", instructions="Look up the weather for the city the user names, then answer "
+                  "with a forecast.", tools=[get_weather], output_type=Forecast, model=model_for(server),
+                  model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False, temperature=0,
+                                               max_tokens=80, extra_body={"logit_bias": {str(tool_token): -100}}))
+    before = len(CITIES_ASKED)
+    result = asyncio.run(Runner.run(agent, "What is the weather in Lisbon?", max_turns=3))
+    assert isinstance(result.final_output, Forecast) and result.final_output.city
+    assert len(CITIES_ASKED) == before + 1  # the tool ran once
+    assert [item.type for item in result.new_items] == ["tool_call_item", "tool_call_output_item",
+                                                         "message_output_item"]
+    first, second = result.raw_responses
+    answer = [o for o in second.output if o.type == "message"]
+    assert Forecast.model_validate_json(answer[0].content[0].text) == result.final_output
+    stored = httpx.get(f"{server}/v1/responses/{second.response_id}").json()  # what turn 2 asked for
+    assert stored["text"]["format"]["type"] == "json_schema" and stored["tool_choice"] == "auto"
+    assert [t["name"] for t in stored["tools"]] == ["get_weather"]
+    assert httpx.get(f"{server}/v1/responses/{first.response_id}").json()["tool_choice"] == "required"
 
 
 def test_a_run_continues_another_by_previous_response_id(server):
