@@ -2,12 +2,16 @@
 
 Over N tool sets (bench/tool_sets.py: 1 to 4 functions with real-world-shaped parameters) and
 `tool_choice` required, named (a function drawn per set) and auto, each with every seed, the
-same chat requests go to `cobatch serve` (a child process) and, when given, to a llama-server
-started with --jinja (`--peer-bin`) or already running (`--peer-url`). An answer counts as
-complete and valid when: required / named, it carries calls (finish_reason "tool_calls"), each
-naming a function it may call, with arguments that parse and validate against that function's
-parameters (jsonschema, with format checks); auto, the same, or text without calls (and never an
-empty tool_calls list). Requests that got no answer (an HTTP error) are counted apart.
+same requests go, through each route of `--routes` (chat completions, Responses, Messages: the
+same conversation in each dialect, bench/tool_routes.py), to `cobatch serve` (a child process)
+and, when given, to a llama-server started with --jinja (`--peer-bin`) or already running
+(`--peer-url`); a route the llama-server build does not serve (404) is reported as such. An
+answer counts as complete and valid when: required / named, it carries calls and the dialect
+says it ended with them (finish_reason "tool_calls", status "completed", stop_reason
+"tool_use"), each naming a function it may call, with arguments that parse and validate against
+that function's parameters (jsonschema, with format checks); auto, the same, or text without
+calls (and never an empty tool_calls list). Requests that got no answer (an HTTP error, a body
+not in the dialect's shape) are counted apart.
 
 Compile time: each set's calls grammar (the schema server/tools.py builds, compiled for the
 model's vocabulary in this process, the server idle), first use (nothing cached; the one-time
@@ -17,8 +21,9 @@ Speed: for the first sets, a tool-call turn (required) and a JSON-schema turn of
 length, one after the other, in turn order alternating: the same messages and tools, the second
 with tool_choice "none" and response_format json_schema set to the very calls schema, greedy,
 so both generate the same tokens (unless a near tie in the logits goes the other way between
-two computations of the same prompt: the table counts the pairs of equal length). tok/s is the server's own per-request figure (generated
-tokens over time from admission), and the ratio is taken per pair, then its median.
+two computations of the same prompt: the table counts the pairs of equal length). tok/s is the
+server's own per-request figure (generated tokens over time from admission), and the ratio is
+taken per pair, then its median (chat route only).
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from bench.peer import add_peer_arguments, llama_server, peer_binary
 from bench.record import RunRecord, add_common_arguments, publish
 from bench.stats import percentile
 from bench.table import markdown_table
+from bench.tool_routes import ROUTES, Answer, Route
 from bench.tool_sets import tool_sets
 
 MODES = ("required", "named", "auto")
@@ -55,13 +61,12 @@ def requests_for(sets: list[dict[str, Any]], seeds: list[int], max_tokens: int, 
     return out
 
 
-def judge(request: dict, status: int, payload: dict | None) -> dict:
-    """{"answered", "valid", "called", "why"} for one answer."""
-    if status != 200 or payload is None:
-        return {"answered": False, "valid": False, "called": False, "why": f"HTTP {status}"}
-    choice = payload["choices"][0]
-    message = choice.get("message") or {}
-    calls = message.get("tool_calls")
+def judge(request: dict, status: int, answer: Answer | None) -> dict:
+    """{"answered", "valid", "called", "why"} for one answer, read from any route (bench/tool_routes.py)."""
+    if status != 200 or answer is None:
+        why = f"HTTP {status}" if status != 200 else "no answer in the route's shape"
+        return {"answered": False, "valid": False, "called": False, "why": why}
+    calls = answer.calls
     body = request["body"]
     declared = {t["function"]["name"]: t["function"].get("parameters") or {} for t in body["tools"]}
     allowed = ([body["tool_choice"]["function"]["name"]] if isinstance(body["tool_choice"], dict)
@@ -69,48 +74,55 @@ def judge(request: dict, status: int, payload: dict | None) -> dict:
     if calls is None or (not calls and request["mode"] == "auto"):
         if calls == []:
             return {"answered": True, "valid": False, "called": False, "why": "empty tool_calls"}
-        ok = request["mode"] == "auto" and isinstance(message.get("content"), str)
-        return {"answered": True, "valid": ok, "called": False,
-                "why": "" if ok else f"no calls (finish_reason {choice.get('finish_reason')})"}
-    if not calls or choice.get("finish_reason") != "tool_calls":
-        return {"answered": True, "valid": False, "called": True, "why": f"finish_reason {choice.get('finish_reason')}"}
-    for call in calls:
-        name = (call.get("function") or {}).get("name")
+        ok = request["mode"] == "auto" and isinstance(answer.text, str)
+        return {"answered": True, "valid": ok, "called": False, "why": "" if ok else f"no calls ({answer.finish})"}
+    if not calls or not answer.ended_with_calls:
+        return {"answered": True, "valid": False, "called": True, "why": f"calls, but {answer.finish}"}
+    for name, arguments in calls:
         if name not in allowed:
             return {"answered": True, "valid": False, "called": True, "why": f"called {name!r}"}
         try:
-            arguments = json.loads(call["function"].get("arguments", ""))
-            jsonschema.validate(arguments, declared[name], format_checker=jsonschema.FormatChecker())
+            value = json.loads(arguments) if isinstance(arguments, str) else arguments
+            jsonschema.validate(value, declared[name], format_checker=jsonschema.FormatChecker())
         except (json.JSONDecodeError, jsonschema.ValidationError) as exc:
             return {"answered": True, "valid": False, "called": True, "why": f"{type(exc).__name__}: {str(exc)[:80]}"}
     return {"answered": True, "valid": True, "called": True, "why": ""}
 
 
-def send_all(url: str, model: str, requests: list[dict], concurrency: int) -> list[dict]:
+def send_all(url: str, model: str, requests: list[dict], concurrency: int, route: Route = ROUTES["chat"]) -> list[dict]:
+    """Every request through `route`, judged; each outcome says which route it took."""
     def one(request: dict) -> dict:
         start = time.perf_counter()
         with httpx.Client(base_url=url, timeout=600) as client:
-            r = client.post("/v1/chat/completions", json={"model": model, **request["body"]})
+            r = client.post(route.path, json=route.body(request["body"], model))
         try:
             payload = r.json() if r.status_code == 200 else None
-        except json.JSONDecodeError:
-            payload = None
-        verdict = judge(request, r.status_code, payload)
+            answer = None if payload is None else route.read(payload)
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+            payload, answer = None, None  # not the dialect's answer shape: counted as not answered
+        verdict = judge(request, r.status_code, answer)
         usage = (payload or {}).get("usage") or {}
-        return {"set": request["set"], "mode": request["mode"], "seed": request["seed"], **verdict,
-                "tokens": usage.get("completion_tokens"), "ms": round((time.perf_counter() - start) * 1000, 1)}
+        return {"route": route.name, "set": request["set"], "mode": request["mode"], "seed": request["seed"],
+                **verdict, "tokens": usage.get("completion_tokens", usage.get("output_tokens")),
+                "ms": round((time.perf_counter() - start) * 1000, 1)}
 
     with ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(one, requests))
 
 
-def validity_rows(label: str, outcomes: list[dict]) -> list[list[object]]:
+def route_served(url: str, route: Route) -> bool:
+    """Whether a server has the route at all (a build without it answers 404)."""
+    return httpx.post(f"{url}{route.path}", json={}, timeout=60).status_code != 404
+
+
+def validity_rows(label: str, route: str, outcomes: list[dict]) -> list[list[object]]:
     rows = []
     for mode in MODES:
         mine = [o for o in outcomes if o["mode"] == mode]
         answered = [o for o in mine if o["answered"]]
         valid = sum(o["valid"] for o in answered)
-        rows.append([label, mode, len(mine), len(answered), f"{100 * valid / max(1, len(answered)):.1f}%",
+        rows.append([label, ROUTES[route].path, mode, len(mine), len(answered),
+                     f"{100 * valid / max(1, len(answered)):.1f}%",
                      f"{100 * sum(o['called'] for o in answered) / max(1, len(answered)):.0f}%",
                      "; ".join(sorted({o["why"] for o in mine if not o["valid"]}))[:120] or "-"])
     return rows
@@ -181,38 +193,61 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     seeds = list(range(args.seeds))
     requests = requests_for(sets, seeds, args.max_tokens, args.temperature)
     compiles = compile_times(sets, model_path)
+    routes = [ROUTES[name] for name in args.routes]
+    ours: dict[str, list[dict]] = {}
     with SpawnedServer(args.model, args.threads, args.concurrency, args.n_ctx) as server:
         model_id = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
-        started = time.perf_counter()
-        ours = send_all(server.url, model_id, requests, args.concurrency)
-        wall = time.perf_counter() - started
+        walls = {}
+        for route in routes:
+            started = time.perf_counter()
+            ours[route.name] = send_all(server.url, model_id, requests, args.concurrency, route)
+            walls[route.name] = time.perf_counter() - started
         speeds = speed_pairs(server.url, model_id, sets, args.speed_pairs, args.max_tokens)
-    for o in ours:
-        record.trial(server="cobatch", **o)
+    for outcomes in ours.values():
+        for o in outcomes:
+            record.trial(server="cobatch", **o)
     for p in speeds:
         record.trial(kind="speed", **p)
     record.trial(kind="compile_ms", **{k: [round(v, 2) for v in vs] for k, vs in compiles.items()})
-    rows = validity_rows("cobatch", ours)
+    rows = [row for route in routes for row in validity_rows("cobatch", route.name, ours[route.name])]
     peer_note = "no peer (give --peer-bin or --peer-url for llama-server --jinja on the same requests)"
     binary = peer_binary(args)
+    missing: list[str] = []  # routes the peer does not serve
     if args.peer_url or binary:
+        def peer_runs(url: str) -> dict[str, list[dict]]:
+            out = {}
+            for route in routes:
+                if route_served(url, route):
+                    out[route.name] = send_all(url, model_id, requests, args.concurrency, route)
+                else:
+                    missing.append(route.path)
+            return out
+
         if args.peer_url:
-            theirs = send_all(args.peer_url, model_id, requests, args.concurrency)
+            theirs = peer_runs(args.peer_url)
             peer_note = f"peer: llama-server at {args.peer_url}"
         else:
             with llama_server(binary, model_path, args.threads, args.concurrency, args.n_ctx,
                               extra_args=["--jinja"]) as url:
-                theirs = send_all(url, model_id, requests, args.concurrency)
+                theirs = peer_runs(url)
             peer_note = f"peer: {binary} --jinja, started for this run"
-        for o in theirs:
-            record.trial(server="llama-server", **o)
-        rows += validity_rows("llama-server --jinja", theirs)
-    answered = [o for o in ours if o["answered"]]
-    valid_share = sum(o["valid"] for o in answered) / max(1, len(answered))
+        for outcomes in theirs.values():
+            for o in outcomes:
+                record.trial(server="llama-server", **o)
+        rows += [row for route in routes if route.name in theirs
+                 for row in validity_rows("llama-server --jinja", route.name, theirs[route.name])]
+        if missing:
+            peer_note += f"; this llama-server build does not serve {', '.join(missing)} (404)"
+    # The headline's figures are the chat route's (as before the other routes were measured), each route's beside.
+    first_route = "chat" if "chat" in ours else routes[0].name
+    wall = walls[first_route]
+    valid_by_route = {name: _valid_share(outcomes) for name, outcomes in ours.items()}
+    answered = [o for o in ours[first_route] if o["answered"]]
+    valid_share = valid_by_route[first_route]
     first, reuse = compiles["first"], compiles["reuse"]
     ratios = [p["ratio"] for p in speeds]
     same_length = sum(p["tool_tokens"] == p["json_tokens"] for p in speeds)
-    table = markdown_table(["server", "tool_choice", "requests", "answered", "complete and valid", "called",
+    table = markdown_table(["server", "route", "tool_choice", "requests", "answered", "complete and valid", "called",
                             "why not valid"], rows)
     compile_table = markdown_table(
         ["calls grammar compile", "grammars", "p50 ms", "p95 ms", "max ms"],
@@ -227,18 +262,34 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
           statistics.median(p["json_tok_s"] for p in speeds) if speeds else "-",
           statistics.median(ratios) if ratios else "-"]])
     summary = (f"{len(sets)} tool sets x {len(MODES)} tool_choice modes x {len(seeds)} seed(s) = {len(requests)} "
-               f"requests, temperature {args.temperature}, max_tokens {args.max_tokens}, {args.concurrency} in flight "
-               f"({wall:.0f} s for cobatch's). {peer_note}.\n\n{table}\n\n"
+               f"requests per route ({', '.join(r.path for r in routes)}: the same conversation, tools and "
+               f"tool_choice in each dialect, bench/tool_routes.py), temperature {args.temperature}, max_tokens "
+               f"{args.max_tokens}, {args.concurrency} in flight ({wall:.0f} s for cobatch's {ROUTES[first_route].path}). "
+               f"{peer_note}.\n\n{table}\n\n"
                f"Calls-grammar compile for the model's vocabulary, in this process, the server idle (before "
                f"them, once per process and not counted: the vocabulary index, {compiles['vocab_index'][0]:.0f} ms, "
                f"and a first compile of a two-member function none of the sets uses, "
                f"{compiles['warm_up'][0]:.0f} ms):\n\n{compile_table}\n\n"
                f"Speed, the same tokens generated both ways:\n\n{speed_table}")
-    headline = {"valid_pct": round(100 * valid_share, 2), "answered": len(answered), "requests": len(ours),
+    headline = {"valid_pct": round(100 * valid_share, 2), "answered": len(answered), "requests": len(ours[first_route]),
+                **{f"valid_pct_{name}": round(100 * share, 2) for name, share in valid_by_route.items()},
                 "compile_first_p95_ms": round(percentile(first, 95), 2),
                 "compile_reuse_p95_ms": round(percentile(reuse, 95), 3),
                 "tool_vs_json_tok_s": round(statistics.median(ratios), 3) if ratios else None}
     return summary, headline
+
+
+def _valid_share(outcomes: list[dict]) -> float:
+    answered = [o for o in outcomes if o["answered"]]
+    return sum(o["valid"] for o in answered) / max(1, len(answered))
+
+
+def _routes(value: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ROUTES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"routes are a comma-separated subset of {', '.join(ROUTES)}")
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     parser.add_argument("--n-ctx", type=int, default=8192, help="KV cells of each server (shared by its requests)")
     parser.add_argument("--speed-pairs", type=int, default=20, help="tool / JSON-schema turn pairs")
+    parser.add_argument("--routes", type=_routes, default=list(ROUTES),
+                        help="the dialects every request is sent through (default: chat,responses,messages)")
     add_peer_arguments(parser)  # the peer is started with --jinja
     parser.add_argument("--peer-url", default=None, help="a llama-server already running (with --jinja)")
     add_common_arguments(parser)
