@@ -233,7 +233,8 @@ REFUSALS = [
      "tools[1].function.parameters"),
     ({"tools": TOOLS, "tool_choice": "required", "max_tokens": 3}, "max_tokens"),
     ({"tools": TOOLS, "stop": ["\n"]}, "stop"),
-    ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": TOOLS, "response_format": {"type": "json_schema", "json_schema": {"name": "f", "schema": {
+        "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}}}, "response_format"),
 ]
 
 
