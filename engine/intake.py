@@ -75,7 +75,8 @@ class Intake:
         alternative = request.json_alternative
         if alternative is not None:
             matcher = EitherMatcher(matcher, self._compiled(alternative.schema, request.open_objects,
-                                                            "json_alternative"), alternative.opening.encode())
+                                                            "json_alternative"), alternative.opening.encode(),
+                                    None if frame is None else frame.opening_token)
         if request.json_or_text:  # free text is always possible, so no budget is too small
             return TriggeredMatcher(matcher, None if frame is None else frame.opening_token)
         needed = matcher.min_tokens_to_complete()

@@ -113,8 +113,10 @@ def _schema_problem(schema: Any) -> str | None:
 @dataclass(frozen=True)
 class JsonAlternative:
     """What else a JSON output may be: a document of `schema` (None: any JSON object), unless it
-    begins with `opening`, which only json_schema's documents then are (sampling/grammar/
-    either.py). Tool calling's "auto" beside an output format: calls or the format's document."""
+    begins with `opening`, which only json_schema's documents (or tool_frame's calls) then are
+    (sampling/grammar/either.py). Tool calling's "auto" beside an output format: calls or the
+    format's document. With a tool_frame, `opening` is the text every call begins with (after
+    the frame's opening special token, which opens the calls too)."""
 
     schema: Mapping[str, Any] | None
     opening: str
@@ -231,6 +233,10 @@ class Request:
             if self.format != "json" or self.json_or_text:
                 raise InvalidParameterError("json_alternative is another JSON document than json_schema's: it "
                                             "needs format \"json\" and no json_or_text", field="json_alternative")
+            frame, opening = self.tool_frame, self.json_alternative.opening
+            if frame is not None and not all((frame.opening + c.head).startswith(opening) for c in frame.calls):
+                raise InvalidParameterError("json_alternative.opening must be how every call of the tool_frame "
+                                            "begins", field="json_alternative")
         if self.format == "json" and stop:
             raise InvalidParameterError("stop strings cannot be combined with JSON output: they would cut it", field="stop")
         if self.timeout is not None:

@@ -8,6 +8,12 @@ the second may not write a token that completes the opening. So whoever reads th
 that opening reads it as the grammar made it. A token is allowed only if an alternative that
 can still finish within the remaining budget allows it, so the pair keeps each grammar's
 guarantee: a complete document within max_tokens.
+
+The first may also open with a special token (`opening_token`, no text: Mistral's
+`[TOOL_CALLS]` before its calls in its own syntax, sampling/grammar/framed.py). Its grammar's
+bytes then begin after that token, and `opening` is the text that follows it. Allowed as the
+first token only (while the first can still finish after it), the token drops the second, as
+the opening's text does; the text route stays open as well.
 """
 from __future__ import annotations
 
@@ -32,13 +38,15 @@ def _completing(idx: VocabIndex, rest: bytes) -> np.ndarray:
 class EitherMatcher:
     """The engine's sampler, jump-forward and speculation see a GrammarMatcher's interface."""
 
-    def __init__(self, first: GrammarMatcher, second: GrammarMatcher, opening: bytes) -> None:
+    def __init__(self, first: GrammarMatcher, second: GrammarMatcher, opening: bytes,
+                 opening_token: int | None = None) -> None:
         if not opening:
             raise ValueError("the first grammar's opening must not be empty")
         self._first: GrammarMatcher | None = first
         self._second: GrammarMatcher | None = second
         self._idx: VocabIndex = first._g.idx
         self._opening = opening
+        self._opening_token = opening_token
         self._seen = b""  # the output so far, while it is still a proper prefix of the opening
         self._deciding = True  # both alive and the output may still become the opening
         self._version = 0  # bumped by every update: keys the cached union mask
@@ -72,6 +80,14 @@ class EitherMatcher:
     def min_tokens_to_complete(self) -> int:
         return min(m.min_tokens_to_complete() for m in self._alive())
 
+    def _may_open_by_token(self, remaining: int | None) -> bool:
+        """The opening token may come next: nothing written yet, both alive, and the first can
+        still finish after it."""
+        if self._opening_token is None or self._seen or not self._deciding or self.which is not None:
+            return False
+        assert self._first is not None
+        return remaining is None or self._first.min_tokens_to_complete() <= remaining - 1
+
     def _usable(self, remaining: int | None) -> list[GrammarMatcher]:
         """The alternatives whose tokens may be sampled: those that can still finish in time
         (when none can, the closest, as a single grammar falls back to its closest tokens)."""
@@ -97,6 +113,8 @@ class EitherMatcher:
             mask |= part
         if not mask.any() and self._first is not None:
             mask = self._first.allowed_mask(remaining_tokens).copy()  # only a forced opening was left
+        if self._may_open_by_token(remaining_tokens):
+            mask[self._opening_token] = True
         mask.flags.writeable = False
         self._cached = (key, mask)
         return mask
@@ -108,6 +126,8 @@ class EitherMatcher:
     def is_allowed(self, token: int, remaining_tokens: int | None = None) -> bool:
         if self.which is not None:
             return self._alive()[0].is_allowed(token, remaining_tokens)
+        if token == self._opening_token:
+            return self._may_open_by_token(remaining_tokens)
         return 0 <= token < self._idx.size and bool(self.allowed_mask(remaining_tokens)[token])
 
     def only_text(self, remaining_tokens: int) -> bytes | None:
@@ -120,6 +140,8 @@ class EitherMatcher:
     def forced_bytes(self, limit: int = 64) -> tuple[bytes, bool]:
         if self.which is not None:
             return self._alive()[0].forced_bytes(limit)
+        if self._may_open_by_token(None):
+            return b"", False  # the opening token is a choice no forced text may take away
         (a, a_ends), (b, b_ends) = self._first.forced_bytes(limit), self._second.forced_bytes(limit)
         n = 0
         while n < min(len(a), len(b)) and a[n] == b[n]:
@@ -141,6 +163,12 @@ class EitherMatcher:
             if not done:
                 raise ValueError(f"end-of-generation token {token} before either document is complete")
             self._keep(lambda m: m in done, lambda m: m.advance(token))
+            return
+        if token == self._opening_token and self.which is None:
+            if not self._may_open_by_token(None):
+                raise ValueError(f"the opening token {token} may only begin the output")
+            self._second, self._deciding = None, False  # the first's bytes begin after it
+            self._version += 1
             return
         if not 0 <= token < self._idx.size:
             raise ValueError(f"token {token} is outside the vocabulary")
