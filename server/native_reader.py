@@ -4,8 +4,10 @@ The same pieces as the generic reader (server/tool_reader.py): a call's start on
 complete, then fragments of its arguments, verbatim; `finish()` checks the whole answer against
 the syntax (rebuilt from the calls read, it must be the text received) and each call's arguments
 against its function's parameters. In "auto" mode the first character decides, as the grammar's
-trigger does: the syntax's opening character opens calls, anything else is text. A syntax whose
-calls open with a special token (no text) is read from the text after it.
+trigger does: the syntax's opening character opens calls, anything else is text. In "format"
+mode (a JSON output format beside the tools) the syntax's whole start decides, as the grammar's
+EitherMatcher does: calls, or the format's document. A syntax whose calls open with a special
+token (no text) is read from the text after it.
 """
 from __future__ import annotations
 
@@ -56,7 +58,11 @@ class NativeReader(ToolOutputReader):
         self._seen += delta
         if self.mode == "auto":
             self.mode = "calls" if delta[0] == self.tools.syntax.start[0] else "text"
-        if self.mode == "text":
+        if self.mode == "format":
+            delta = self._decide_format()
+            if not delta:
+                return []
+        if self.mode in ("text", "answer"):
             self._text.append(delta)
             return [Text(delta)]
         self._buffer += delta
@@ -138,6 +144,8 @@ class NativeReader(ToolOutputReader):
         return events
 
     def finish(self, stopped: bool) -> list[Call] | None:
+        if self.mode == "answer" and stopped:
+            self._check_answer()
         if self.mode != "calls" or not stopped:
             return None
         s = self.tools.syntax

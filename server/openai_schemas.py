@@ -127,9 +127,9 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int, tier: str = INTERACTIVE,
         # Under "auto" an answer that calls nothing follows the format; "required" and a named
         # function always call, so the format does not apply to this turn.
         answer_format = response_format if tools.choice == "auto" else None
-        if answer_format is not None and not tools.syntax.is_generic:
-            raise BadRequest("'response_format' beside callable tools under \"tool_choice\": \"auto\" needs the "
-                             "generic tool format: this model calls tools in its own syntax",
+        if answer_format is not None and not tools.calls_opening:
+            raise BadRequest("'response_format' cannot be combined with callable tools here: this model's calls "
+                             "begin with no text that would tell them from the format's document",
                              param="response_format")
     check_combinations(sampling, stream=stream, wants_logprobs=logprobs, structured_output=structured_output,
                        logprobs_param="logprobs")

@@ -14,7 +14,7 @@ from engine import Request, SamplingParams
 from engine.request import JsonAlternative
 from server.chat_format import ChatFormatter, ChatMessage, RenderedChat
 from server.structured import StructuredOutput
-from server.tools import OPENING, ToolSet
+from server.tools import ToolSet
 
 # Limits the HTTP layer adds to the engine's own (engine.request, sampling.params).
 MAX_STOP_STRINGS = 16
@@ -115,8 +115,8 @@ class GenerationSpec:
             tool_frame=frame,
             open_objects=self.open_objects,
             json_or_text=self.may_answer_in_text and self.answer_format is None,
-            json_alternative=None if self.answer_format is None else JsonAlternative(self.answer_format.schema,
-                                                                                   OPENING),
+            json_alternative=None if self.answer_format is None or self.tools is None
+            else JsonAlternative(self.answer_format.schema, self.tools.calls_opening),
             # The engine records logprobs only when asked for at least one alternative.
             logprobs=max(1, self.logprobs) if self.want_logprobs else 0,
             prompt_logprobs=self.prompt_logprobs,

@@ -58,8 +58,9 @@ _ARGS_HEAD = ',"arguments":'
 class ToolOutputReader:
     """mode: "text" (no call possible), "calls" (the output is a calls document), "auto"
     (the first character decides: `{` opens calls, anything else is text) or "format" (an
-    output format beside the tools: the output is a calls document if it begins with OPENING,
-    else the format's document, `answer_schema`'s (None: any object), read as text). Call ids
+    output format beside the tools: the output is a calls document if it begins with the
+    calls' opening (ToolSet.calls_opening: OPENING here), else the format's document,
+    `answer_schema`'s (None: any object), read as text). Call ids
     begin with `id_prefix`: each API has its own (OpenAI's `call_`, Anthropic's `toolu_`)."""
 
     tools: ToolSet
@@ -86,20 +87,27 @@ class ToolOutputReader:
         if self.mode == "auto":
             self.mode = "calls" if delta[0] == "{" else "text"
         if self.mode == "format":
-            # The grammar makes a document that begins with OPENING a calls document, and any
-            # other the format's: wait until the text shows which.
-            if self._seen.startswith(OPENING):
-                self.mode = "calls"
-                delta = self._seen
-            elif OPENING.startswith(self._seen):
+            delta = self._decide_format()
+            if not delta:
                 return []
-            else:
-                self.mode, delta = "answer", self._seen
         if self.mode in ("text", "answer"):
             self._text.append(delta)
             return [Text(delta)]
         self._buffer += delta
         return self._consume()
+
+    def _decide_format(self) -> str:
+        """Format mode: the grammar (sampling/grammar/either.py) makes an output that begins with
+        the calls' opening calls, and any other the format's document; wait until the text shows
+        which. The text to read now ("" while undecided: all of it once decided)."""
+        opening = self.tools.calls_opening
+        if self._seen.startswith(opening):
+            self.mode = "calls"
+        elif opening.startswith(self._seen):
+            return ""
+        else:
+            self.mode = "answer"
+        return self._seen
 
     def _consume(self) -> list[Event]:
         events: list[Event] = []

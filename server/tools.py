@@ -73,6 +73,12 @@ class ToolSet:
     def max_calls(self) -> int | None:
         return 1 if self.choice == "named" or not self.parallel else None
 
+    @property
+    def calls_opening(self) -> str:
+        """The text every answer that calls begins with: the generic document's OPENING, or the
+        model's own syntax's start (after its opening special token, if it has one)."""
+        return OPENING if self.syntax.is_generic else self.syntax.start
+
     def function(self, name: str) -> Function | None:
         return next((f for f in self.functions if f.name == name), None)
 

@@ -10,18 +10,26 @@ import glob
 import json
 import os
 import random
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
+import jsonschema
 import numpy as np
 import pytest
 
+from engine.intake import Intake
+from engine.request import JsonAlternative, Request
+from sampling.errors import InvalidParameterError
 from sampling.grammar import compile_framed
+from sampling.grammar.either import EitherMatcher
 from sampling.grammar.trigger import TriggeredMatcher
 from sampling.vocabulary import TokenVocabulary
 from server.chat_format import ChatFormatter, ChatMessage, ToolCallRecord
 from server.errors import BadRequest
 from server.jinja_chat import JinjaChat, message_dict
-from server.native_reader import NativeReader, reader_for
+from server.native_reader import NativeReader, reader_for, spec_reader
+from server.openai_schemas import parse_chat
 from server.tool_families import family, name_derived
 from server.tool_syntax import derive, with_opening_token
 from server.tools import parse_tools
@@ -250,3 +258,128 @@ def test_a_special_token_opening_is_forced_for_required_and_a_trigger_for_auto()
     [call] = reader.finish(stopped=True)
     assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Oslo", "unit": "c"})
     assert len(call.id) == 9 and call.id.isalnum()  # the template refuses any other id when it is echoed
+
+
+# A format beside tools under "auto": its first member is "name", as Llama 3's calls begin.
+FORECAST = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                             "celsius": {"type": "integer", "minimum": -60, "maximum": 60}},
+            "required": ["name", "celsius"], "additionalProperties": False}
+
+
+def _beside_a_format(syntax):
+    """The spec and engine Request of an auto turn with two tools and the FORECAST format."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "Oslo?"}], "tools": [WEATHER, TIME],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "forecast", "schema": FORECAST}}}
+    spec = parse_chat(body, n_ctx=4096, tool_syntax=syntax).specs[0]
+    return spec, replace(spec, prompt=[1]).request("r")
+
+
+def _read(spec, text: str, rng: random.Random):
+    """The answer fed to its reader in random pieces: (calls or None, the text it read as content)."""
+    reader = spec_reader(spec)
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
+    for a, b in zip([0] + cuts, cuts + [len(text)]):
+        reader.feed(text[a:b])
+    return reader.finish(stopped=True), reader.content()
+
+
+def _check_answer(spec, syntax, text: str, rng: random.Random) -> str:
+    calls, content = _read(spec, text, rng)
+    if calls:
+        assert text.startswith(syntax.start) and content == ""
+        assert {c.name for c in calls} <= {"get_weather", "get_time"}
+        return "calls"
+    assert not text.startswith(syntax.start) and content == text
+    jsonschema.validate(json.loads(text), FORECAST)
+    return "format"
+
+
+@pytest.mark.parametrize("template", sorted(CASES))
+def test_auto_beside_a_format_is_native_calls_or_the_formats_document(template):
+    """The calls alternative is the framed grammar, opened by the syntax's start; anything else
+    is the format's document, never free text; the reader tells them apart as the grammar does."""
+    model, _, syntax, vocab = _setup(template)
+    spec, request = _beside_a_format(syntax)
+    assert request.tool_frame == spec.tools.tool_frame() and request.json_schema is None
+    assert request.json_alternative.opening == syntax.start and not request.json_or_text
+    intake = Intake(model, 4096, lambda _: None)
+    rng, pieces = np.random.default_rng(11), random.Random(template)
+    kinds = set()
+    for _ in range(12):
+        matcher = intake._grammar_matcher(request)
+        assert isinstance(matcher, EitherMatcher) and matcher.which is None
+        kinds.add(_check_answer(spec, syntax, _walk(matcher, vocab, rng), pieces))
+    # Where the first token tells them apart, uniform walks find both (Llama 3's calls and the
+    # format both open with `{"name":`, and part there: the written ones below).
+    assert kinds == {"calls", "format"} or syntax.start.startswith('{"name":')
+    # Written on purpose: the calls' start, or a format document that shares a prefix with it.
+    for prefix, kind in ((syntax.start, "calls"), ('{"name":"', "format")):
+        matcher = intake._grammar_matcher(request)
+        matcher.advance_bytes(prefix.encode())
+        assert matcher.which == ("first" if kind == "calls" else "second")
+        assert matcher.json_document == (kind == "format")
+        assert _check_answer(spec, syntax, prefix + _walk(matcher, vocab, rng), pieces) == kind
+
+
+def test_a_format_document_may_not_begin_as_the_calls_do():
+    """Llama 3's calls begin `{"name": "`, as a FORECAST document may: after `{"name":` both are
+    possible, and a token that completes the calls' start is the calls', never the format's."""
+    model, _, syntax, vocab = _setup("meta-llama-Llama-3.1-8B-Instruct")
+    _, request = _beside_a_format(syntax)
+    matcher = Intake(model, 4096, lambda _: None)._grammar_matcher(request)
+    matcher.advance_bytes(b'{"name":')
+    assert matcher.which is None
+    completing = [t for t in np.flatnonzero(matcher.allowed_mask(200)).tolist() if vocab.token_bytes[t].startswith(b' "')]
+    assert completing
+    for token in completing:
+        twin = matcher.fork()
+        twin.advance(token)
+        assert twin.which == "first"
+    document = matcher.fork()
+    document.advance_bytes(b'"')
+    assert document.which == "second"
+
+
+def test_a_special_token_opens_the_calls_beside_a_format_too():
+    """Mistral's `[TOOL_CALLS]` (one control token) opens the calls; `[` as text does too; `{`
+    is the format's; the token is a first token only, and only while a call still fits."""
+    jinja = JinjaChat((TEMPLATES / "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text(), "<s>", "</s>")
+    opener = 7
+
+    def tokenize(text, *, add_bos=True, parse_special=False):
+        if parse_special and text.startswith("[TOOL_CALLS]"):
+            return [opener] + [ord(c) + 10 for c in text[len("[TOOL_CALLS]"):]]
+        return [ord(c) + 10 for c in text]
+
+    syntax = with_opening_token(name_derived(derive(jinja)), tokenize, frozenset({opener}))
+    model = SimpleNamespace(token_bytes=tuple([b""] * 10 + [bytes([b]) for b in range(256)]),
+                            eog_tokens=frozenset({0}), special_tokens=frozenset({opener}))
+    vocab = TokenVocabulary(model.token_bytes, model.eog_tokens, model.special_tokens)
+    spec, request = _beside_a_format(syntax)
+    assert request.tool_frame.opening_token == opener and request.json_alternative.opening == '[{"name": "'
+    intake = Intake(model, 4096, lambda _: None)
+    matcher = intake._grammar_matcher(request)
+    needed = compile_framed(request.tool_frame, vocab).matcher().min_tokens_to_complete()
+    assert matcher.is_allowed(opener, 200) and matcher.allowed_mask(200)[opener]
+    assert not matcher.is_allowed(opener, needed) and matcher.is_allowed(opener, needed + 1)
+    assert matcher.forced_bytes() == (b"", False)
+    by_text = matcher.fork()
+    by_text.advance(10 + ord("["))
+    assert by_text.which == "first"
+    document = matcher.fork()
+    document.advance(10 + ord("{"))
+    assert document.which == "second" and not document.is_allowed(opener, 200)
+    with pytest.raises(ValueError):
+        document.advance(opener)
+    matcher.advance(opener)
+    assert matcher.which == "first" and not matcher.json_document
+    assert matcher.is_allowed(10 + ord("["), 200) and not matcher.is_allowed(10 + ord("{"), 200)
+    text = _walk(matcher, vocab, np.random.default_rng(5))  # the token has no text: the reader reads this
+    assert _check_answer(spec, syntax, text, random.Random(1)) == "calls"
+
+
+def test_the_alternatives_opening_must_be_how_the_frames_calls_begin():
+    tools = parse_tools([WEATHER], "auto", None, family("hermes").syntax)
+    Request([1], format="json", tool_frame=tools.tool_frame(), json_alternative=JsonAlternative(None, "<tool_call>"))
+    with pytest.raises(InvalidParameterError, match="every call of the tool_frame"):
+        Request([1], format="json", tool_frame=tools.tool_frame(), json_alternative=JsonAlternative(None, '{"tool_calls":['))

@@ -13,6 +13,8 @@ from sampling.grammar.trigger import TriggeredMatcher
 from server.chat_format import ChatFormatter, ChatMessage, ToolCallRecord, gemma_segments, parse_messages
 from server.errors import BadRequest, InternalError
 from server.jinja_chat import JinjaChat, handles_tools
+from server.native_reader import spec_reader
+from server.tool_families import family
 from server.tool_syntax import derive
 from server.openai_schemas import parse_chat
 from server.tool_prompt import plain_turns
@@ -125,6 +127,29 @@ def test_the_format_reader_waits_for_the_opening_then_reads_calls_or_the_answer(
     with pytest.raises(InternalError, match="not valid against the output format"):
         wrong.finish(stopped=True)
     assert wrong.finish(stopped=False) is None  # a cut-short answer is not checked: it is reported as cut
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3", "mistral"])
+def test_a_format_beside_tools_in_a_models_own_syntax_opens_calls_with_that_syntax(name):
+    """A native frame under auto with a format: the calls alternative is the frame (its start the
+    opening), the format's document the other; the reader waits for that start too."""
+    syntax = family(name).syntax
+    spec = parse_chat({**BODY, "tools": [WEATHER], "response_format": ANSWER_FORMAT}, n_ctx=4096,
+                      tool_syntax=syntax).specs[0]
+    request = replace(spec, prompt=[1]).request("r")
+    assert request.tool_frame is not None and request.json_schema is None and not request.json_or_text
+    assert request.json_alternative.opening == syntax.start == spec.tools.calls_opening
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        forced = parse_chat({**BODY, "tools": [WEATHER], "tool_choice": choice, "response_format": ANSWER_FORMAT},
+                            n_ctx=4096, tool_syntax=syntax).specs[0]
+        assert replace(forced, prompt=[1]).request("r").json_alternative is None  # this turn calls
+    call = syntax.calls_text([("get_weather", '{"city": "Oslo"}', "abcdefghi")])
+    for text, calls in ((call, 1), ('{"city":"Oslo","celsius":-3}', 0)):
+        reader = spec_reader(spec)
+        assert (reader.feed(text[:1]) == []) == syntax.start.startswith(text[:1])  # undecided while it may open
+        reader.feed(text[1:])
+        assert len(reader.finish(stopped=True) or []) == calls
+        assert reader.content() == ("" if calls else text)
 
 
 def test_tool_and_tool_call_messages():
