@@ -365,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     def per_level(c: int) -> int:
         return fixed if fixed is not None else max(4, 2 * c)
 
+    record = RunRecord("http-load", args, args.model, argv)  # the checkout as the run starts
     local = None
     if args.url is None:
         try:
@@ -408,7 +409,6 @@ def main(argv: list[str] | None = None) -> int:
               + f"; {args.tokens} tokens per request; temperature 0.7, top-k 40, top-p 0.9; "
               f"neighbour: {args.neighbour}\n")
     summary = header + "\n" + render(results, per_level, notes)
-    record = RunRecord("http-load", args, args.model, argv)
     for runs in results:
         for name, side in runs.sides():
             for trial, level in enumerate(side):

@@ -109,7 +109,7 @@ class ServingState:
             self.engine, self.model, self.chat = engine, info, chat
             if self.status == LOADING:
                 self.status = OK
-                log.info("model %s ready (chat style %s)", info.model_id, style)
+                log.info("model %s ready (chat style %s)", info.model_id, chat.style)
                 return
         # Shutdown began while loading: nobody will use this engine.
         if self._owns_engine:
