@@ -24,6 +24,7 @@ states its own invariants in `BlockLedger.check`). Its invariants, checked by `c
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -32,6 +33,8 @@ from engine.kv_blocks import BlockLedger, CachedBlock, LedgerStats, PrefixMatch
 from engine.prefix_reuse import PrefixReuse
 from engine.tuning import IDLE_CELLS_PER_PROMPT_TOKEN_FLASH
 from engine.sequence import Sequence
+
+log = logging.getLogger("cobatch.engine")
 
 
 class KvMemory(Protocol):
@@ -107,6 +110,7 @@ class KvCache(SingleWriter):
         self.max_cached_blocks = max_cached_blocks
         self.reuse = reuse or PrefixReuse(IDLE_CELLS_PER_PROMPT_TOKEN_FLASH)
         self.idle_drops = 0
+        self.lost_shares = 0  # cache hits whose cells llama.cpp had reused (_admit_afresh)
         self.block_size = block_size
         self.prefix_cache = prefix_cache and len(holder_ids) > 0
         self.ledger: BlockLedger[int] = BlockLedger(n_cells // block_size, block_size)
@@ -142,10 +146,37 @@ class KvCache(SingleWriter):
         if reuse:
             record.borrowed = self._borrow(seq)
             seq.n_computed += record.borrowed
+            if seq.n_computed and self._memory.seq_pos_max(seq_id) != seq.n_computed - 1:
+                return self._admit_afresh(seq, n_tokens)
         if seq.cached_tokens is None:
             seq.cached_tokens = seq.n_computed
         if reuse:
             self.reuse.observe(len(seq.tokens), seq.n_computed)
+        self._weigh_idle()
+        return True
+
+    def _admit_afresh(self, seq: Sequence, n_tokens: int) -> bool:
+        """The cells a cache hit shared do not reach where the ledger says: llama.cpp reused some
+        of them for other tokens (a sliding-window layer's cache, Gemma 3's, takes a cell only one
+        sequence tags once it is a window behind that sequence's last position, and a holder's
+        oldest cells are). Forget every idle cached block and admit `seq` with nothing shared."""
+        record = self._record(seq)
+        log.warning("prefix cache: llama.cpp holds seq %d's shared cells up to %d, not %d; the idle cache is "
+                    "dropped and the prompt computed afresh", record.seq_id,
+                    self._memory.seq_pos_max(record.seq_id), seq.n_computed - 1)
+        self.ledger.release(record.seq_id)
+        self._memory.seq_rm(record.seq_id, -1, -1)
+        self._free_ids.append(record.seq_id)
+        del self._records[record.seq_id]
+        seq.seq_id, seq.n_computed = None, 0
+        self.lost_shares += 1
+        self._drop_evicted(self.ledger.evict(self.ledger.stats.cached))
+        if not self.ledger.can_allocate(n_tokens, None):
+            return False
+        self._register(seq, self._allocate(n_tokens, None), 0, ())
+        if seq.cached_tokens is None:
+            seq.cached_tokens = 0
+        self.reuse.observe(len(seq.tokens), 0)
         self._weigh_idle()
         return True
 

@@ -160,3 +160,33 @@ def test_kv_cache_matches_llama_memory(model):
     machine.settings = settings(max_examples=12, stateful_step_count=20, deadline=None,
                                 suppress_health_check=list(HealthCheck))
     machine().runTest()
+
+
+def test_a_hit_whose_cells_llama_cpp_reused_is_computed_afresh_and_the_idle_cache_forgotten(model):
+    # Gemma 3's sliding-window layers let llama.cpp take a cell that only one sequence tags once
+    # it is a window behind that sequence's last position: a holder's oldest cells can go. Here
+    # the holder loses its last block's cells; the ledger still lists the block.
+    with Context(model, ContextSettings(n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, n_seq_max=6, n_threads=2,
+                                        swa_full=True)) as ctx:
+        kv = KvCache(ctx, N_CTX, BLOCK, RUNNING, HOLDERS)
+        batch = TokenBatch(N_CTX)
+        prompt = model.tokenize("In the beginning the universe was created. " * 6)[:50]
+        first = Seq(list(prompt))
+        assert kv.try_admit(first)
+        batch.add_run(np.asarray(first.tokens, dtype=np.int32), 0, first.seq_id, True)
+        assert ctx.decode(batch) is DecodeOutcome.OK
+        kv.computed(first, len(first.tokens))
+        kv.release(first)
+        (holder,) = {e.holder for e in kv.ledger.cache_entries()}
+        assert kv.ledger.stats.cached == 3  # 48 of its 50 tokens, in full blocks
+        ctx.seq_rm(holder, 2 * BLOCK, 3 * BLOCK)  # what the window took
+        second = Seq(list(prompt) + [236743])
+        assert kv.try_admit(second)
+        assert second.n_computed == 0 and second.cached_tokens == 0 and kv.lost_shares == 1
+        assert kv.ledger.stats.cached == 0 and ctx.seq_pos_max(holder) == -1  # the idle cache is gone
+        batch.clear()
+        batch.add_run(np.asarray(second.tokens, dtype=np.int32), 0, second.seq_id, True)
+        assert ctx.decode(batch) is DecodeOutcome.OK  # positions consistent: it decodes from 0
+        kv.computed(second, len(second.tokens))
+        kv.check()
+        kv.release(second)
