@@ -52,21 +52,8 @@ def spec_reader(spec: "GenerationSpec", id_prefix: str = "call_") -> ToolOutputR
 class NativeReader(ToolOutputReader):
     _model_ids: list[str] = field(default_factory=list)  # ids the model wrote (Mistral), in order
 
-    def feed(self, delta: str) -> list[Event]:
-        if not delta:
-            return []
-        self._seen += delta
-        if self.mode == "auto":
-            self.mode = "calls" if delta[0] == self.tools.syntax.start[0] else "text"
-        if self.mode == "format":
-            delta = self._decide_format()
-            if not delta:
-                return []
-        if self.mode in ("text", "answer"):
-            self._text.append(delta)
-            return [Text(delta)]
-        self._buffer += delta
-        return self._consume()
+    def _opening_char(self) -> str:
+        return self.tools.syntax.start[0]
 
     def _new_id(self) -> str:
         s = self.tools.syntax

@@ -85,7 +85,7 @@ class ToolOutputReader:
             return []
         self._seen += delta
         if self.mode == "auto":
-            self.mode = "calls" if delta[0] == "{" else "text"
+            self.mode = "calls" if delta[0] == self._opening_char() else "text"
         if self.mode == "format":
             delta = self._decide_format()
             if not delta:
@@ -95,6 +95,10 @@ class ToolOutputReader:
             return [Text(delta)]
         self._buffer += delta
         return self._consume()
+
+    def _opening_char(self) -> str:
+        """Under auto, the first character that makes the output calls (the grammar's trigger)."""
+        return "{"
 
     def _decide_format(self) -> str:
         """Format mode: the grammar (sampling/grammar/either.py) makes an output that begins with
