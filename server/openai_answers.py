@@ -74,6 +74,8 @@ class _Answer:
         choices = []
         for i, result in enumerate(results):
             choice = {"index": i, **self.choice(i, result)}
+            if self.specs[i].return_token_ids:
+                choice["token_ids"] = list(result.token_ids)
             if len(results) > 1:
                 choice["metrics"] = metrics_payload(result)
             choices.append(choice)

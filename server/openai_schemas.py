@@ -13,8 +13,9 @@ nothing follows), and safety_identifier, prompt_cache_key and metadata (read, un
 CHAT_UNUSED), service_tier ("flex": the batch tier, "priority": the interactive tier, "auto" or
 "default": the route's, server/tiers.py). Extensions: top_k, min_p, repetition_penalty, priority
 ("interactive" | "batch", wins over service_tier),
-ignore_eos (generate past end-of-generation tokens: benchmarks) and speculative (false: no
-drafted tokens for it). Defaults (OpenAI's where it has one): server/defaults.py COMPLETIONS and
+ignore_eos (generate past end-of-generation tokens: benchmarks), speculative (false: no
+drafted tokens for it) and return_token_ids (vLLM's: each choice's generated token ids in
+`token_ids`; not with streaming). Defaults (OpenAI's where it has one): server/defaults.py COMPLETIONS and
 CHAT.
 
 `prompt` may be a list (of strings or of token-id lists) and `n` asks for several choices of
@@ -81,13 +82,14 @@ def parse_completion(body: dict[str, Any], *, n_ctx: int, tier: str = BATCH) -> 
     if body.get("logprobs") is False:  # some clients send false for "none"
         fields.raw("logprobs")
     logprobs = fields.integer("logprobs", None, minimum=0, maximum=MAX_LOGPROBS, nullable=True)
+    token_ids = _return_token_ids(fields, stream)
     fields.finish()
     check_combinations(sampling, stream=stream, wants_logprobs=logprobs is not None,
                        structured_output=None, logprobs_param="logprobs")
     specs = [choice for prompt in prompts
              for choice in choice_specs(GenerationSpec(prompt=prompt, stream=stream, logprobs=logprobs or 0,
                                                        want_logprobs=logprobs is not None, echo=echo,
-                                                       **sampling), n)]
+                                                       return_token_ids=token_ids, **sampling), n)]
     return OpenAIRequest(model, specs, include_usage, n)
 
 
@@ -119,6 +121,7 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int, tier: str = INTERACTIVE,
         raise BadRequest("'top_logprobs' needs \"logprobs\": true", param="top_logprobs")
     tools = parse_tools(fields.raw("tools", None), fields.raw("tool_choice", None),
                         fields.raw("parallel_tool_calls", None), tool_syntax)
+    token_ids = _return_token_ids(fields, stream)
     fields.finish()
     structured_output, answer_format = response_format, None
     if tools is not None and tools.callable:
@@ -135,8 +138,16 @@ def parse_chat(body: dict[str, Any], *, n_ctx: int, tier: str = INTERACTIVE,
                        logprobs_param="logprobs")
     spec = GenerationSpec(prompt=ChatPrompt(tuple(messages)), stream=stream, structured=structured_output,
                           logprobs=top_logprobs or 0, want_logprobs=logprobs, tools=tools,
-                          answer_format=answer_format, **sampling)
+                          answer_format=answer_format, return_token_ids=token_ids, **sampling)
     return OpenAIRequest(model, choice_specs(spec, n), include_usage, n)
+
+
+def _return_token_ids(fields: FieldReader, stream: bool) -> bool:
+    """vLLM's extension: each choice's generated token ids, for comparing outputs token by token."""
+    wanted = bool(fields.boolean("return_token_ids", False, nullable=True))
+    if wanted and stream:
+        raise BadRequest("'return_token_ids' is served on answers that are not streamed", param="return_token_ids")
+    return wanted
 
 
 def _check_beside_calls(sampling: dict[str, Any]) -> None:

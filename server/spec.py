@@ -65,6 +65,7 @@ class GenerationSpec:
     tools: ToolSet | None = None  # chat with tools: structured then holds the calls schema (if callable)
     # tool_choice "auto" with an output format: an answer that calls nothing is its document.
     answer_format: StructuredOutput | None = None
+    return_token_ids: bool = False  # OpenAI routes: each choice carries its generated token ids
 
     @property
     def calls_tools(self) -> bool:

@@ -82,6 +82,24 @@ def test_extensions_priority_and_top_k(openai_client):
     assert chat.choices[0].message.content is not None
 
 
+def test_return_token_ids_gives_the_generated_ids(openai_client, live):
+    args = dict(model=MODEL, max_tokens=8, temperature=0, extra_body={"return_token_ids": True})
+    completion = openai_client.completions.create(prompt="The capital of France is", **args)
+    chat = openai_client.chat.completions.create(messages=[{"role": "user", "content": "Say hello."}], **args)
+    token_bytes = live.engine.model.token_bytes
+    for choice, usage in ((completion.choices[0], completion.usage), (chat.choices[0], chat.usage)):
+        ids = choice.model_extra["token_ids"]
+        assert len(ids) == usage.completion_tokens and all(isinstance(t, int) for t in ids)
+        text = choice.text if hasattr(choice, "text") else choice.message.content
+        if choice.finish_reason == "length":  # an end-of-generation token is not text
+            assert b"".join(token_bytes[t] for t in ids).decode() == text
+    plain = openai_client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+    assert "token_ids" not in (plain.choices[0].model_extra or {})
+    with pytest.raises(openai.BadRequestError, match="'return_token_ids' is served on answers that are not streamed"):
+        openai_client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, stream=True,
+                                         extra_body={"return_token_ids": True})
+
+
 def test_json_response_formats_give_json(openai_client):
     for response_format in ({"type": "json_object"},
                             {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}):
