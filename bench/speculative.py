@@ -25,11 +25,14 @@ within a trial, then their median. Drafted and accepted tokens: cobatch's from e
 non-standard `metrics` object (`drafted_tokens`, `accepted_tokens`) when the server reports them,
 llama-server's from its `timings` (`draft_n`, `draft_n_accepted`).
 
-Exactness: under greedy decoding `auto` should return `off`'s text for every request. Where they
-differ, `off` is asked the request once more, alone, with the top two logprobs per token, and the
-gap between them at the first differing token is reported: a gap below `--near-tie-nats` (what
-bench invariance measured a row's logprob to move by with the batch's shape alone) is a near-tie
-that the extra draft rows may flip, anything larger would be a bug.
+Exactness: under greedy decoding `auto` should return `off`'s tokens for every request; both
+return their token ids (`return_token_ids`). Where they differ, `off` is asked once more, alone,
+for the next token after the prefix both share (the prompt and the tokens before the first that
+differs, as one prompt), with the 20 likeliest tokens' logprobs: how much it prefers its own token
+there over auto's is reported. A gap below `--near-tie-nats` (what bench invariance measured a
+row's logprob to move by with the batch's shape alone) is a near-tie that the extra draft rows may
+flip (a negative one: off itself picks auto's token when the prefix is computed another way);
+anything larger would be a bug.
 
 Targets (issue 45), shown beside each figure: at C=1, auto >= 1.5x off on paragraph and story,
 >= 0.97x off elsewhere, and >= every llama-server mode on each workload; at C=16 >= 0.98x off on
@@ -45,7 +48,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import httpx
 
@@ -73,6 +76,7 @@ class Answer:
     latency_s: float = 0.0
     valid: bool | None = None  # JSON job only: valid against the schema
     error: str = ""
+    token_ids: list[int] | None = None  # cobatch's (return_token_ids), for exactness
 
 
 class Contender:
@@ -82,22 +86,20 @@ class Contender:
         self.name, self.url, self.cobatch = name, url.rstrip("/"), cobatch
         self.model = httpx.get(f"{self.url}/v1/models", timeout=30).json()["data"][0]["id"]
 
-    def request(self, ask: Ask, tokens: int, top_logprobs: int = 0) -> tuple[str, dict[str, Any]]:
+    def request(self, ask: Ask, tokens: int) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {"model": self.model, "max_tokens": tokens, "temperature": 0.0}
+        if self.cobatch:
+            body["return_token_ids"] = True
         if ask.ignore_eos:
             body["ignore_eos"] = True
         if self.cobatch and ask.messages is not None:
             body["messages"] = ask.messages
             if ask.schema is not None:
                 body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ask.schema}}
-            if top_logprobs:
-                body.update(logprobs=True, top_logprobs=top_logprobs)
             return "/v1/chat/completions", body
         body["prompt"] = ask.prompt_ids
         if ask.schema is not None:
             body["json_schema"] = ask.schema  # llama-server's field (cobatch has no schema on this route)
-        if top_logprobs:
-            body["logprobs"] = top_logprobs
         return "/v1/completions", body
 
     async def ask(self, client: httpx.AsyncClient, ask: Ask, tokens: int) -> Answer:
@@ -116,6 +118,7 @@ class Contender:
         answer = Answer(ask.key, True, text or "", int(data["usage"]["completion_tokens"]),
                         int(data["usage"]["prompt_tokens"]), latency_s=latency)
         answer.drafted, answer.accepted = self.drafts(data)
+        answer.token_ids = choice.get("token_ids")
         if ask.schema is not None:
             answer.valid = json_valid(answer.text, ask.schema)
         return answer
@@ -218,8 +221,11 @@ class Difference:
     key: str
     concurrency: int
     workload: str
-    at_char: int  # first differing character
-    gap_nats: float | None = None  # off alone: top-1 minus top-2 logprob at the token holding that character
+    at_char: int  # first differing character (the texts' length where only the tokens differ)
+    at_token: int | None = None  # first differing token (None: a server gave no token ids)
+    auto_token: int | None = None  # the tokens there (None: that answer ended before it)
+    off_token: int | None = None
+    gap_nats: float | None = None  # off alone, after the shared prefix: its token's logprob minus auto's
     note: str = ""
 
 
@@ -233,51 +239,67 @@ def differences(levels: list[Level]) -> list[Difference]:
         theirs = {a.key: a for a in off.answers if a.ok}
         for mine in auto.answers:
             other = theirs.get(mine.key)
-            if mine.ok and other is not None and mine.text != other.text:
-                found.append(Difference(mine.key, concurrency, workload, common_prefix(mine.text, other.text)))
+            if not mine.ok or other is None:
+                continue
+            at_char = common_prefix(mine.text, other.text)
+            if mine.token_ids is None or other.token_ids is None:
+                if mine.text != other.text:
+                    found.append(Difference(mine.key, concurrency, workload, at_char))
+            elif mine.token_ids != other.token_ids:
+                j = common_prefix(mine.token_ids, other.token_ids)
+                found.append(Difference(mine.key, concurrency, workload, at_char, j, _at(mine.token_ids, j),
+                                        _at(other.token_ids, j)))
     return sorted(found, key=lambda d: d.concurrency)
 
 
-def common_prefix(a: str, b: str) -> int:
+def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
 
 
-async def measure_gaps(off: Contender, found: list[Difference], asked: dict[str, Ask], off_texts: dict[str, str],
-                       tokens: int, limit: int) -> None:
-    """For the first `limit` differences, `off` alone with the top two logprobs: the gap where the
-    texts part (the rest are left unmeasured, and say so)."""
+def _at(tokens: list[int], i: int) -> int | None:
+    return tokens[i] if i < len(tokens) else None
+
+
+async def measure_gaps(off: Contender, found: list[Difference], asked: dict[str, Ask],
+                       off_ids: dict[str, list[int]], token_bytes: Sequence[bytes], limit: int) -> None:
+    """For the first `limit` differences with token ids: `off` alone computes the next token after
+    the prefix auto and off share, with the 20 likeliest tokens' logprobs; the gap is how much it
+    prefers off's token there over auto's."""
+    def text(token: int) -> str:  # as the server keys top_logprobs
+        return token_bytes[token].decode("utf-8", "replace")
+
     async with httpx.AsyncClient(timeout=httpx.Timeout(900.0, connect=30.0)) as client:
         for n, d in enumerate(found):
+            if d.at_token is None:
+                d.note = "no token ids"
+                continue
+            if d.auto_token is None or d.off_token is None:
+                d.note = "one answer ends where the other goes on"
+                continue
             if n >= limit:
                 d.note = f"past --gap-checks {limit}"
                 continue
-            path, body = off.request(asked[d.key], tokens, top_logprobs=2)
-            r = await client.post(off.url + path, json=body)
+            if text(d.auto_token) == text(d.off_token):
+                d.note = "the two tokens have the same text"
+                continue
+            body = {"model": off.model, "prompt": asked[d.key].prompt_ids + off_ids[d.key][:d.at_token],
+                    "max_tokens": 1, "temperature": 0.0, "logprobs": 20, "ignore_eos": True}
+            r = await client.post(off.url + "/v1/completions", json=body)
             if r.status_code != 200:
                 d.note = f"recheck refused: HTTP {r.status_code}"
                 continue
-            pieces = token_tops(r.json()["choices"][0]["logprobs"])
-            text = "".join(p for p, _ in pieces)
-            if text[:d.at_char + 1] != off_texts[d.key][:d.at_char + 1]:
-                d.note = f"off alone parts from off at C={d.concurrency} before that character"
-                continue
-            at = 0
-            for piece, tops in pieces:
-                if at + len(piece) > d.at_char:
-                    best = sorted(tops, reverse=True)
-                    d.gap_nats = round(best[0] - best[1], 4) if len(best) > 1 else None
-                    break
-                at += len(piece)
-
-
-def token_tops(logprobs: dict[str, Any]) -> list[tuple[str, list[float]]]:
-    """(token text, top logprobs) per token, from either route's logprobs object."""
-    if "content" in logprobs:
-        return [(t["token"], [x["logprob"] for x in t["top_logprobs"]]) for t in logprobs["content"]]
-    return [(t, list(top.values())) for t, top in zip(logprobs["tokens"], logprobs["top_logprobs"])]
+            tops = r.json()["choices"][0]["logprobs"]["top_logprobs"]
+            top = tops[0] if tops else {}
+            theirs, mine = top.get(text(d.off_token)), top.get(text(d.auto_token))
+            if theirs is None:
+                d.note = "off's token is not among its 20 likeliest when recomputed"
+            elif mine is None:  # a bound: auto's is below the least of them
+                d.gap_nats, d.note = round(theirs - min(top.values()), 4), "at least: auto's token is not among its 20 likeliest"
+            else:
+                d.gap_nats = round(theirs - mine, 4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,10 +393,12 @@ def report(args: argparse.Namespace, levels: list[Level], diffs: list[Difference
     speed_table = markdown_table(["C", "workload", "requests", *[f"{n} tok/s" for n in names],
                                   *[f"auto / {n}" for n in names if n != "auto"], "target", "result"], speed_rows)
     detail_table = markdown_table(["C", "workload", *[f"{n} accepted/drafted" for n in drafting],
-                                   "auto texts = off texts", "differing: gap at the first differing token",
+                                   "auto tokens = off tokens", "differing: off's preference at the first differing token",
                                    "valid JSON"], detail_rows)
-    gap_lines = [f"- {d.key}: parts at character {d.at_char}; off's top-2 gap there "
-                 + (f"{d.gap_nats} nats" if d.gap_nats is not None else f"not measured ({d.note})") for d in diffs]
+    gap_lines = [f"- {d.key}: parts at " + (f"token {d.at_token} (character {d.at_char}); off prefers its token "
+                                             "there by " if d.at_token is not None else f"character {d.at_char}; ")
+                 + (f"{d.gap_nats} nats" + (f" ({d.note})" if d.note else "") if d.gap_nats is not None
+                    else f"not measured ({d.note})") for d in diffs]
     peer_note = (f"llama-server: `{binary} -m MODEL -t {args.threads} -np {max(args.concurrency)} -kvu "
                  f"-c {args.n_ctx} --no-repack` (where the CPU has AMX, as cobatch) plus `--spec-type ngram-simple` / "
                  "`--spec-type ngram-mod` (their default n-gram settings)" if binary
@@ -384,10 +408,11 @@ def report(args: argparse.Namespace, levels: list[Level], diffs: list[Difference
         f"(ignore_eos, except the JSON job); cobatch serve --threads {args.threads} --n-ctx {args.n_ctx} "
         f"--max-running 32 --step-token-budget 256 --speculative auto|off; {peer_note}. tok/s: medians over "
         "trials; ratios: median of the per-trial ratios (each trial's in brackets).", "", speed_table, "",
-        f"Drafts and exactness. A near-tie: off's top-2 logprob gap below {args.near_tie_nats} nats where the "
-        "texts part (off asked again alone).", "", detail_table]
+        f"Drafts and exactness. A near-tie: where the token ids part, off (asked again alone, the shared prefix "
+        f"as its prompt) prefers its own token over auto's by less than {args.near_tie_nats} nats (negative: it "
+        "picks auto's).", "", detail_table]
     if gap_lines:
-        lines += ["", "Requests whose auto text differs from off's:", *gap_lines]
+        lines += ["", "Requests whose auto tokens differ from off's:", *gap_lines]
     if prompt_mismatches:
         lines += ["", "Chat prompts whose cobatch token count differs from the ids llama-server got: "
                   + ", ".join(prompt_mismatches)]
@@ -421,9 +446,9 @@ def run(args: argparse.Namespace, record: RunRecord) -> None:
                                                        args.n_ctx, extra_args=speculation_args(spec_type)))
                 contenders.append(Contender(name, url, False))
         levels, asked = asyncio.run(measure(args, contenders, renderer, record))
-        off_texts = {a.key: a.text for lv in levels if lv.contender == "off" for a in lv.answers}
+        off_ids = {a.key: a.token_ids or [] for lv in levels if lv.contender == "off" for a in lv.answers}
         diffs = differences(levels)
-        asyncio.run(measure_gaps(contenders[1], diffs, asked, off_texts, args.tokens, args.gap_checks))
+        asyncio.run(measure_gaps(contenders[1], diffs, asked, off_ids, model.token_bytes, args.gap_checks))
     for d in diffs:
         record.trial(difference=asdict(d))
     mismatches = sorted({a.key for lv in levels if lv.contender == "auto" for a in lv.answers
@@ -448,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated subset of: " + ", ".join(w.name for w in WORKLOADS))
     parser.add_argument("--n-ctx", type=int, default=8192, help="KV cells, for every server")
     parser.add_argument("--near-tie-nats", type=float, default=NEAR_TIE_NATS,
-                        help="a differing text whose off top-2 gap is below this is counted as a near-tie")
+                        help="a difference where off prefers its token by less than this is counted as a near-tie")
     parser.add_argument("--gap-checks", type=int, default=60,
                         help="differing requests re-asked for off's top-2 gap, at most (C=1 first)")
     add_peer_arguments(parser)

@@ -5,7 +5,7 @@ import argparse
 import pytest
 
 from bench.record import read_trials
-from bench.speculative import Answer, Level, differences, report, token_tops
+from bench.speculative import Answer, Difference, Level, differences, report
 from bench.speculative_workloads import WORKLOADS
 
 NAMES = ["auto", "off", "llama-server", "ngram-simple", "ngram-mod"]
@@ -32,8 +32,9 @@ def test_quick_run_measures_both_modes_on_every_workload(tmp_path, capsys):
             assert all(a["tokens"] == 12 for a in level["answers"])
 
 
-def _level(workload, contender, tok_s, texts, trial=0, concurrency=1, valid=None):
-    answers = [Answer(f"{workload}/{i}", True, text, tokens=10, valid=valid) for i, text in enumerate(texts)]
+def _level(workload, contender, tok_s, texts, trial=0, concurrency=1, valid=None, ids=None):
+    answers = [Answer(f"{workload}/{i}", True, text, tokens=10, valid=valid, token_ids=None if ids is None else ids[i])
+               for i, text in enumerate(texts)]
     return Level(trial, concurrency, workload, contender, wall_s=10 * len(texts) / tok_s, answers=answers)
 
 
@@ -62,12 +63,25 @@ def test_report_holds_each_workload_to_the_issue_target():
 def test_differing_texts_are_found_per_request_and_located():
     levels = [_level("story", "auto", 50, ["same", "the cat sat"]), _level("story", "off", 50, ["same", "the dog sat"])]
     (diff,) = differences(levels)
-    assert (diff.key, diff.at_char) == ("story/1", 4)
+    assert (diff.key, diff.at_char, diff.at_token) == ("story/1", 4, None)
 
 
-def test_token_tops_reads_both_routes():
-    completions = {"tokens": ["a", "b"], "top_logprobs": [{"a": -0.1, "c": -2.0}, {"b": -0.5}]}
-    chat = {"content": [{"token": "a", "top_logprobs": [{"token": "a", "logprob": -0.1},
-                                                        {"token": "c", "logprob": -2.0}]}]}
-    assert token_tops(completions) == [("a", [-0.1, -2.0]), ("b", [-0.5])]
-    assert token_tops(chat) == [("a", [-0.1, -2.0])]
+def test_differences_are_located_by_token_where_ids_are_given():
+    # Same text, other tokens ("ab" against "a" + "b"): a difference the texts alone would miss.
+    auto = _level("story", "auto", 50, ["ab", "xyz", "q"], ids=[[1, 2], [5, 6, 7], [9]])
+    off = _level("story", "off", 50, ["ab", "xyz", "q"], ids=[[1, 2], [5, 8, 9], [9, 4]])
+    first, second = differences([auto, off])
+    assert (first.key, first.at_token, first.auto_token, first.off_token) == ("story/1", 1, 6, 8)
+    assert first.at_char == 3  # the texts are equal
+    assert (second.key, second.at_token, second.auto_token, second.off_token) == ("story/2", 1, None, 4)
+
+
+def test_report_counts_near_ties_wider_gaps_and_unmeasured_ones():
+    levels = [_level("story", "auto", 50, ["a"] * 4, ids=[[1]] * 4), _level("story", "off", 50, ["a"] * 4, ids=[[2]] * 4)]
+    diffs = [Difference(f"story/{i}", 1, "story", 0, 0, 1, 2, gap) for i, gap in enumerate((0.1, -0.2, 4.6, None))]
+    diffs[3].note = "the two tokens have the same text"
+    summary, headline = report(_args(concurrency=[1], workloads=["story"]), levels, diffs, ["auto", "off"], None, [])
+    assert "0/4" in summary and "2 near-tie(s), 1 wider, 1 unmeasured" in summary
+    assert "story/2: parts at token 0 (character 0); off prefers its token there by 4.6 nats" in summary
+    assert "not measured (the two tokens have the same text)" in summary
+    assert headline["auto_equal_off"] == "0/4"
