@@ -47,6 +47,7 @@ Output format and restrictions (all make the language *smaller*, so output stays
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 from ..vocabulary import TokenVocabulary
 from .cache import GrammarCache
@@ -77,20 +78,20 @@ def compile_grammar(schema: dict | bool | None, vocab: TokenVocabulary, *,
         key = (json.dumps(schema, separators=(",", ":"), allow_nan=False), id(vocab), open_objects)
     except (TypeError, ValueError) as e:
         raise SchemaError(f"schema is not JSON-serialisable: {e}") from None
-    hit = CACHE.get(key)
-    if hit is not None and hit.idx.token_bytes is vocab.token_bytes:
-        return hit
-    grammar = CompiledGrammar(schema, index_for(vocab), open_objects=open_objects)
-    CACHE.put(key, grammar)
-    return grammar
+    return _cached(key, vocab, lambda: CompiledGrammar(schema, index_for(vocab), open_objects=open_objects))
 
 
 def compile_framed(frame: TextFrame, vocab: TokenVocabulary) -> CompiledGrammar:
     """Tool calls in a model's own syntax (framed.py), compiled for `vocab`; cached likewise."""
-    key = ("frame", frame.key(), id(vocab))
+    return _cached(("frame", frame.key(), id(vocab)), vocab, lambda: CompiledGrammar(None, index_for(vocab), frame=frame))
+
+
+def _cached(key: tuple, vocab: TokenVocabulary, compile_: Callable[[], CompiledGrammar]) -> CompiledGrammar:
+    # The key holds id(vocab), which a freed vocabulary's successor may reuse: the hit must be
+    # for the very same token table.
     hit = CACHE.get(key)
     if hit is not None and hit.idx.token_bytes is vocab.token_bytes:
         return hit
-    grammar = CompiledGrammar(None, index_for(vocab), frame=frame)
+    grammar = compile_()
     CACHE.put(key, grammar)
     return grammar
