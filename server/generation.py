@@ -71,8 +71,10 @@ class GenerationService:
             self.metrics.observe_tenant_refusal(tenant.name, "tier_not_allowed")
             raise Forbidden(f"this API key may not use the {tier} tier; it may use "
                             f"{' and '.join(sorted(tenant.tiers))}", param="service_tier", code="tier_not_allowed")
-        future = asyncio.get_running_loop().run_in_executor(None, self._submit_blocking, specs, id_prefix, caller)
         try:
+            if not caller.internal:
+                self.quotas.refuse_early(tenant)
+            future = asyncio.get_running_loop().run_in_executor(None, self._submit_blocking, specs, id_prefix, caller)
             submitted, admission = await asyncio.shield(future)
         except asyncio.CancelledError:
             future.add_done_callback(self._abandon)  # cancelled mid-submit: don't leave them running

@@ -93,6 +93,22 @@ class Quotas:
             headers = self._headers(limits, usage, sum(e[1] for e in usage.window), now, None)
         return Admission(self, tenant, entry, prompt, headers)
 
+    def refuse_early(self, tenant: Tenant) -> None:
+        """Raise the RateLimited that `admit` would raise for any request of `tenant` whatever
+        its size (in flight, requests per minute), taking nothing: a client sending past its
+        limit then costs no chat rendering, tokenizing or worker thread per refusal. `admit`
+        still decides for a request let through."""
+        limits = tenant.limits
+        if limits.max_in_flight is None and limits.requests_per_minute is None:
+            return
+        with self._lock:
+            usage = self._usage[tenant.name]
+            now = self._clock()
+            self._expire(usage, now)
+            refusal = self._refusal(limits, usage, 0, now, tokens=False)
+        if refusal is not None:
+            raise refusal
+
     def in_flight(self) -> dict[str, int]:
         """Tenant name → requests accepted and not yet finished."""
         with self._lock:
@@ -122,7 +138,8 @@ class Quotas:
         while usage.window and usage.window[0][0] <= now - WINDOW_S:
             usage.window.popleft()
 
-    def _refusal(self, limits: Limits, usage: _Usage, wanted: int, now: float) -> RateLimited | None:
+    def _refusal(self, limits: Limits, usage: _Usage, wanted: int, now: float,
+                 tokens: bool = True) -> RateLimited | None:
         window = usage.window
         used = sum(e[1] for e in window)
         if limits.max_in_flight is not None and usage.in_flight >= limits.max_in_flight:
@@ -132,7 +149,7 @@ class Quotas:
             reason = REQUESTS_PER_MINUTE
             wait = window[len(window) - limits.requests_per_minute][0] + WINDOW_S - now
             message = f"this key's limit of {limits.requests_per_minute} requests per minute is reached"
-        elif limits.tokens_per_minute is not None and used + wanted > limits.tokens_per_minute:
+        elif tokens and limits.tokens_per_minute is not None and used + wanted > limits.tokens_per_minute:
             reason = TOKENS_PER_MINUTE
             if wanted > limits.tokens_per_minute:
                 wait = WINDOW_S

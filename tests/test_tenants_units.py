@@ -152,5 +152,29 @@ def test_requests_per_minute_slide_and_a_request_larger_than_the_limit_says_so()
     assert Quotas(clock).admit(Tenant("free"), lambda: 1 / 0, 10) is not None  # no token limit: never tokenizes
 
 
+def test_a_request_any_size_would_be_refused_for_is_refused_early_with_admits_answer_and_nothing_taken():
+    clock = Clock()
+    quotas = Quotas(clock)
+    tenant = limited(max_in_flight=1, requests_per_minute=5, tokens_per_minute=30)
+    quotas.refuse_early(tenant)  # under every limit: let through, nothing taken
+    held = quotas.admit(tenant, lambda: 10, 10)
+    with pytest.raises(RateLimited) as early:
+        quotas.refuse_early(tenant)
+    with pytest.raises(RateLimited) as late:
+        quotas.admit(tenant, lambda: 1, 1)
+    assert early.value.reason == late.value.reason == "in_flight"
+    assert early.value.headers == late.value.headers and quotas.in_flight() == {"t": 1}
+    held.finish(0)  # charged its 10 prompt tokens: 20 of 30 left
+    quotas.refuse_early(tenant)  # the token limit depends on the request's size: admit decides
+    with pytest.raises(RateLimited, match="tokens per minute"):
+        quotas.admit(tenant, lambda: 10, 11)
+    for _ in range(4):
+        quotas.admit(tenant, lambda: 0, 1).finish(0)
+    with pytest.raises(RateLimited) as early:
+        quotas.refuse_early(tenant)
+    assert early.value.reason == "requests_per_minute" and early.value.headers["Retry-After"] == "60"
+    quotas.refuse_early(Tenant("free"))  # no limits: never refused early
+
+
 def test_reset_times_are_spelt_as_openai_spells_them():
     assert [duration(s) for s in (0.02, 1, 59.5, 60, 361.25)] == ["20ms", "1s", "59.5s", "1m0s", "6m1.25s"]
