@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import os
 import re
 import statistics
 import sys
@@ -134,7 +136,7 @@ def wait_drained(url: str, timeout: float = 120.0) -> None:
 def one_trial(args: argparse.Namespace, trial: int, record: RunRecord) -> None:
     import openai
 
-    for rule, fair, weight_a, scenarios in SERVERS:
+    for rule, fair, weight_a, scenarios in (server for server in SERVERS if server[0] in args.rules):
         with tempfile.TemporaryDirectory(prefix="cobatch-bench-tenants-") as tmp:
             limit = args.quota_in_flight if rule == "quota" else None
             extra = ["--keys-file", str(keys_file(Path(tmp), weight_a, limit)), "--fair-share", fair]
@@ -147,13 +149,24 @@ def one_trial(args: argparse.Namespace, trial: int, record: RunRecord) -> None:
                     for scenario in scenarios:
                         wanted = in_flight(scenario, args)
                         retry_s = 1.0 if scenario == "hammering" else 0.2  # a 429's Retry-After
+                        cpu_before = _cpu_seconds(server.process.pid), time.process_time()
                         result = asyncio.run(window(server.url, model, tier, wanted, args, retry_s))
+                        # The clients run on the same cores: what they spent is the load generator's
+                        # share of any slowdown, not the server's.
+                        result["cpu_s"] = {"server": round(_cpu_seconds(server.process.pid) - cpu_before[0], 1),
+                                           "clients": round(time.process_time() - cpu_before[1], 1)}
                         wait_drained(server.url)
                         record.trial(trial=trial, rule=rule, weight_a=weight_a, tier=tier, scenario=scenario,
                                      in_flight=wanted, **result)
                         print(f"trial {trial} {rule} {tier} {scenario}: B share {result['share']['b']:.3f}, "
                               f"B median {result['median_latency_s']['b']:.2f} s, {result['tok_s']:.1f} tok/s",
                               file=sys.stderr)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds the process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _baseline(record: RunRecord, t: dict) -> dict | None:
@@ -177,9 +190,11 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
                      f'{t["median_latency_s"]["b"]:.2f}',
                      f'{t["median_latency_s"]["b"] / fifo["median_latency_s"]["b"]:.2f}' if fifo else "-",
                      f'{t["tok_s"]:.1f}', f'{t["tok_s"] / fifo["tok_s"]:.3f}' if fifo and fifo["tok_s"] else "-",
-                     sum(t["failures"].values())])
+                     sum(t["failures"].values()),
+                     f'{t["cpu_s"]["server"]} / {t["cpu_s"]["clients"]}' if "cpu_s" in t else "-"])
     table = markdown_table(["trial", "tier", "scenario", "rule", "in flight A/B", "A share", "B share", "B requests",
-                            "B median latency s", "B latency / baseline", "tok/s", "tok/s / baseline", "failures"],
+                            "B median latency s", "B latency / baseline", "tok/s", "tok/s / baseline", "failures",
+                            "CPU s: server / clients"],
                            rows)
     checks: dict[str, list[float]] = {"equal_b_share_min": [], "weighted_share_error_max": [],
                                       "light_latency_vs_fifo_max": [], "tok_s_vs_fifo_min": [], "fifo_b_share": [],
@@ -219,21 +234,24 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
         f"{args.warmup:g} s warm-up + {args.duration:g} s measured; `cobatch serve --max-running {args.max_running} "
         f"--threads {args.threads}`, `--fair-share off` (FIFO) or `on` with A's weight 1 or 3, in each tier.\n\n"
         f"{table}\n\nTargets, worst over tiers and trials: equal weights, B's share >= 0.45: "
-        f"{_verdict(met[0])} ({headline['equal_weights_b_share_min']}; FIFO {headline['fifo_b_share_max']}); "
-        f"weights 3:1, shares within 0.05 of 0.75 / 0.25: {_verdict(met[1])} "
+        f"{_verdict(met[0], headline['equal_weights_b_share_min'])} ({headline['equal_weights_b_share_min']}; FIFO {headline['fifo_b_share_max']}); "
+        f"weights 3:1, shares within 0.05 of 0.75 / 0.25: {_verdict(met[1], headline['weights_3_1_share_error_max'])} "
         f"(off by {headline['weights_3_1_share_error_max']}); light tenant's median latency <= 0.5x FIFO's: "
-        f"{_verdict(met[2])} ({headline['light_b_latency_vs_fifo_max']}x); total tok/s >= 0.95 of FIFO's: "
-        f"{_verdict(met[3])} ({headline['tok_s_vs_fifo_min']}).\n\n"
+        f"{_verdict(met[2], headline['light_b_latency_vs_fifo_max'])} ({headline['light_b_latency_vs_fifo_max']}x); total tok/s >= 0.95 of FIFO's: "
+        f"{_verdict(met[3], headline['tok_s_vs_fifo_min'])} ({headline['tok_s_vs_fifo_min']}).\n\n"
         f"Quota: A limited to {args.quota_in_flight} in flight; B's median latency while A keeps "
         f"{args.a_in_flight} clients sending (all but {args.quota_in_flight} refused with 429) over B's latency while A "
         f"keeps within its limit, per tier and trial: {headline['hammered_b_latency_ratio']} (the baseline "
-        f"is the row's baseline column: FIFO's for the fair-share rows, `within` for `hammering`)."
+        f"is the row's baseline column: FIFO's for the fair-share rows, `within` for `hammering`). The clients "
+        f"run on the same cores as the server: the last column is what each spent over the window's "
+        f"{args.warmup + args.duration:g} s, so a slowdown under hammering splits into the refusals' cost to the "
+        "server and the load generator's to the machine."
     )
     return summary, headline
 
 
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "missed"
+def _verdict(ok: bool, measured: float) -> str:
+    return "not run" if math.isnan(measured) else "met" if ok else "missed"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds before a window's measured part")
     parser.add_argument("--duration", type=float, default=60.0, help="measured seconds of each window")
     parser.add_argument("--tiers", nargs="+", choices=list(SERVICE_TIER), default=list(SERVICE_TIER))
+    parser.add_argument("--rules", nargs="+", choices=[s[0] for s in SERVERS], default=[s[0] for s in SERVERS],
+                        help="the servers to run (a target without its baseline's server is not judged)")
     parser.add_argument("--max-running", "--max-batch", type=int, default=32)
     parser.add_argument("--n-ctx", type=int, default=8192)
     args = parser.parse_args(argv)
