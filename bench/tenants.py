@@ -198,12 +198,15 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
                            rows)
     checks: dict[str, list[float]] = {"equal_b_share_min": [], "weighted_share_error_max": [],
                                       "light_latency_vs_fifo_max": [], "tok_s_vs_fifo_min": [], "fifo_b_share": [],
-                                      "hammered_b_latency": []}
+                                      "hammered_b_latency": [], "hammered_tok_s": [], "hammered_server_cpu": []}
     for t in record.trials:
         fifo = _baseline(record, t)
         if t["rule"] == "quota":
             if t["scenario"] == "hammering" and fifo:
                 checks["hammered_b_latency"].append(t["median_latency_s"]["b"] / fifo["median_latency_s"]["b"])
+                checks["hammered_tok_s"].append(t["tok_s"] / fifo["tok_s"])
+                if "cpu_s" in t and "cpu_s" in fifo and fifo["cpu_s"]["server"]:
+                    checks["hammered_server_cpu"].append(t["cpu_s"]["server"] / fifo["cpu_s"]["server"])
             continue
         if t["rule"] == "fifo":
             if t["scenario"] == "backlogged":
@@ -225,6 +228,10 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
         "light_b_latency_vs_fifo_max": round(max(checks["light_latency_vs_fifo_max"], default=float("nan")), 2),
         "tok_s_vs_fifo_min": round(min(checks["tok_s_vs_fifo_min"], default=float("nan")), 3),
         "hammered_b_latency_ratio": [round(x, 2) for x in checks["hammered_b_latency"]],
+        # The same as scalars (worst over tiers and trials), for `bench versions` to compare.
+        "hammered_b_latency_ratio_max": round(max(checks["hammered_b_latency"], default=float("nan")), 3),
+        "hammered_tok_s_ratio_min": round(min(checks["hammered_tok_s"], default=float("nan")), 3),
+        "hammered_server_cpu_ratio_max": round(max(checks["hammered_server_cpu"], default=float("nan")), 3),
     }
     met = (headline["equal_weights_b_share_min"] >= 0.45, headline["weights_3_1_share_error_max"] <= 0.05,
            headline["light_b_latency_vs_fifo_max"] <= 0.5, headline["tok_s_vs_fifo_min"] >= 0.95)
