@@ -47,15 +47,18 @@ setup(
         # than the registry held when this was pinned).
         # transformers: chat templates must render as its apply_chat_template does, byte for byte
         # (render_jinja_template needs no torch and no weights; 5.24 tested).
+        # gguf: writes the tiny random-weight models of templated families (bench/tiny_model.py); a
+        # correct GGUF writer is not worth hand-writing (0.19 tested).
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "openai>=1.30", "matplotlib>=3.8",
                  "ray[serve]==2.60.0", "lm-eval[api]==0.4.13", "pydantic-ai-slim[openai]>=2.60,<3",
                  "anthropic>=0.40", "openai-agents>=0.24", "selenium>=4.20,<4.52",
-                 "transformers>=4.45"],
+                 "transformers>=4.45", "gguf>=0.19"],
         # `cobatch serve --replicas N` and `cobatch bench cluster`: engines on Ray Serve (server/cluster/).
         "ray": ["ray[serve]==2.60.0"],
         # llguidance: the structured-output benchmark's reference mask computation.
         # jsonschema[format-nongpl]: the format checkers `bench schemas` validates documents with.
-        "bench": ["matplotlib>=3.8", "llguidance>=1.9", "jsonschema[format-nongpl]"],
+        # gguf: `bench tools --tiny-family` writes its model with it; a GGUF writer is not worth hand-writing.
+        "bench": ["matplotlib>=3.8", "llguidance>=1.9", "jsonschema[format-nongpl]", "gguf>=0.19"],
     },
     cffi_modules=["sampling/grammar/csrc/build.py:ffibuilder"],
     entry_points={"console_scripts": ["cobatch=server.cli:main"]},
