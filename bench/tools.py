@@ -43,9 +43,12 @@ from bench.record import RunRecord, add_common_arguments, publish
 from bench.stats import percentile
 from bench.table import markdown_table
 from bench.tool_routes import ROUTES, Answer, Route
+from bench.tiny_families import TINY_FAMILIES
+from bench.tiny_model import tiny_model_path
 from bench.tool_sets import tool_sets
 
 MODES = ("required", "named", "auto")
+FORCED = ("required", "named")  # the modes whose every answer must be calls
 
 
 def requests_for(sets: list[dict[str, Any]], seeds: list[int], max_tokens: int, temperature: float) -> list[dict]:
@@ -128,35 +131,46 @@ def validity_rows(label: str, route: str, outcomes: list[dict]) -> list[list[obj
     return rows
 
 
-def compile_times(sets: list[dict[str, Any]], model_path: str) -> dict[str, list[float]]:
-    """ms per calls grammar, first use and reuse, for every set's required and named schemas."""
+def compile_times(sets: list[dict[str, Any]], model_path: str) -> tuple[dict[str, list[float]], Any]:
+    """ms per calls grammar, first use and reuse, for every set's required and named calls, in the
+    tool syntax the server derives for the model (server/chat_setup.py); and that ToolSyntax."""
     from bindings import Model
-    from sampling.grammar import compile_grammar
+    from sampling.grammar import compile_framed, compile_grammar
     from sampling.grammar.vocab_index import index_for
     from sampling.vocabulary import TokenVocabulary
+    from server.chat_setup import chat_formatter_for
     from server.tools import parse_tools
 
     with Model(model_path) as model:
         vocab = TokenVocabulary(model.token_bytes, model.eog_tokens, model.special_tokens)
+        syntax = chat_formatter_for(model).tool_syntax
+
+    def compile_calls(tools: list[dict], choice: Any) -> None:
+        tool_set = parse_tools(tools, choice, None, syntax)
+        frame = tool_set.tool_frame()
+        if frame is not None:
+            compile_framed(frame, vocab)
+        else:
+            compile_grammar(tool_set.calls_schema(), vocab)
+
     start = time.perf_counter()
     index_for(vocab)
     out: dict[str, list[float]] = {"vocab_index": [(time.perf_counter() - start) * 1000], "first": [], "reuse": []}
     # The process's first compile also fills process-wide tables (a server pays it once, at its first
     # JSON request): timed apart, on a small function of its own that none of the sets uses.
-    warm = parse_tools([{"type": "function", "function": {"name": "warm_up", "parameters": {
-        "type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}}}}}], "required", None)
+    warm = [{"type": "function", "function": {"name": "warm_up", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}}}}}]
     start = time.perf_counter()
-    compile_grammar(warm.calls_schema(), vocab)
+    compile_calls(warm, "required")
     out["warm_up"] = [(time.perf_counter() - start) * 1000]
     for i, s in enumerate(sets):
         named = {"type": "function", "function": {"name": s["tools"][i % len(s["tools"])]["function"]["name"]}}
-        for choice in ("required", named):  # auto compiles the same schema as required
-            schema = parse_tools(s["tools"], choice, None).calls_schema()
+        for choice in ("required", named):  # auto compiles the same grammar as required
             for key in ("first", "reuse"):
                 start = time.perf_counter()
-                compile_grammar(schema, vocab)
+                compile_calls(s["tools"], choice)
                 out[key].append((time.perf_counter() - start) * 1000)
-    return out
+    return out, syntax
 
 
 def speed_pairs(url: str, model: str, sets: list[dict[str, Any]], pairs: int, max_tokens: int) -> list[dict]:
@@ -192,7 +206,7 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     sets = tool_sets(args.sets, args.seed)
     seeds = list(range(args.seeds))
     requests = requests_for(sets, seeds, args.max_tokens, args.temperature)
-    compiles = compile_times(sets, model_path)
+    compiles, syntax = compile_times(sets, model_path)
     routes = [ROUTES[name] for name in args.routes]
     ours: dict[str, list[dict]] = {}
     with SpawnedServer(args.model, args.threads, args.concurrency, args.n_ctx) as server:
@@ -202,7 +216,8 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
             started = time.perf_counter()
             ours[route.name] = send_all(server.url, model_id, requests, args.concurrency, route)
             walls[route.name] = time.perf_counter() - started
-        speeds = speed_pairs(server.url, model_id, sets, args.speed_pairs, args.max_tokens)
+        # The JSON-schema turn writes the generic calls document: the same tokens only for the generic syntax.
+        speeds = speed_pairs(server.url, model_id, sets, args.speed_pairs if syntax.is_generic else 0, args.max_tokens)
     for outcomes in ours.values():
         for o in outcomes:
             record.trial(server="cobatch", **o)
@@ -213,6 +228,7 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
     peer_note = "no peer (give --peer-bin or --peer-url for llama-server --jinja on the same requests)"
     binary = peer_binary(args)
     missing: list[str] = []  # routes the peer does not serve
+    theirs: dict[str, list[dict]] = {}
     if args.peer_url or binary:
         def peer_runs(url: str) -> dict[str, list[dict]]:
             out = {}
@@ -265,22 +281,37 @@ def run(args: argparse.Namespace, record: RunRecord) -> tuple[str, dict]:
                f"requests per route ({', '.join(r.path for r in routes)}: the same conversation, tools and "
                f"tool_choice in each dialect, bench/tool_routes.py), temperature {args.temperature}, max_tokens "
                f"{args.max_tokens}, {args.concurrency} in flight ({wall:.0f} s for cobatch's {ROUTES[first_route].path}). "
-               f"{peer_note}.\n\n{table}\n\n"
+               f"{peer_note}.\n\nModel: {model_note(args, model_path)}; cobatch's tool calls: {syntax.describe()}.\n\n{table}\n\n"
                f"Calls-grammar compile for the model's vocabulary, in this process, the server idle (before "
                f"them, once per process and not counted: the vocabulary index, {compiles['vocab_index'][0]:.0f} ms, "
                f"and a first compile of a two-member function none of the sets uses, "
                f"{compiles['warm_up'][0]:.0f} ms):\n\n{compile_table}\n\n"
-               f"Speed, the same tokens generated both ways:\n\n{speed_table}")
+               + (f"Speed, the same tokens generated both ways:\n\n{speed_table}" if syntax.is_generic else
+                  "Speed pairs: not measured (the JSON-schema turn writes the generic document, not this syntax)."))
     headline = {"valid_pct": round(100 * valid_share, 2), "answered": len(answered), "requests": len(ours[first_route]),
                 **{f"valid_pct_{name}": round(100 * share, 2) for name, share in valid_by_route.items()},
                 "compile_first_p95_ms": round(percentile(first, 95), 2),
                 "compile_reuse_p95_ms": round(percentile(reuse, 95), 3),
+                # where the model must call: the figure llama-server is compared on
+                "valid_pct_required_named": round(100 * _valid_share(ours[first_route], FORCED), 2),
+                **({"peer_valid_pct_required_named": round(100 * _valid_share(theirs[first_route], FORCED), 2)}
+                   if first_route in theirs else {}),
                 "tool_vs_json_tok_s": round(statistics.median(ratios), 3) if ratios else None}
     return summary, headline
 
 
-def _valid_share(outcomes: list[dict]) -> float:
-    answered = [o for o in outcomes if o["answered"]]
+def model_note(args: argparse.Namespace, model_path: str) -> str:
+    from pathlib import Path
+
+    if args.tiny_family is None:
+        return Path(model_path).name
+    spec = TINY_FAMILIES[args.tiny_family]
+    return (f"{Path(model_path).name}, a tiny random-weight {spec.arch} model with {spec.template}'s chat template "
+            f"and the ggml-vocab-{spec.vocab} tokenizer (bench/tiny_model.py): what it writes is noise")
+
+
+def _valid_share(outcomes: list[dict], modes: tuple[str, ...] = MODES) -> float:
+    answered = [o for o in outcomes if o["answered"] and o["mode"] in modes]
     return sum(o["valid"] for o in answered) / max(1, len(answered))
 
 
@@ -307,8 +338,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the dialects every request is sent through (default: chat,responses,messages)")
     add_peer_arguments(parser)  # the peer is started with --jinja
     parser.add_argument("--peer-url", default=None, help="a llama-server already running (with --jinja)")
+    parser.add_argument("--tiny-family", choices=sorted(TINY_FAMILIES), default=None,
+                        help="instead of --model: a tiny random-weight model with this tool-call family's real chat "
+                             "template and tokenizer (bench/tiny_model.py), built once into the cache")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
+    if args.tiny_family is not None:
+        if args.model is not None:
+            parser.error("give --model or --tiny-family, not both")
+        args.model = str(tiny_model_path(args.tiny_family))
     if args.quick:
         args.sets, args.seeds, args.max_tokens, args.speed_pairs, args.concurrency = 2, 1, 96, 1, 2
     record = RunRecord("tools", args, args.model, argv)
