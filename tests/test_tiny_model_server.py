@@ -125,9 +125,11 @@ def test_a_second_turn_renders_the_call_and_its_result_and_answers(client, model
     with httpx.Client(base_url=server, timeout=120) as http:
         tokens = http.post("/tokenize", json={"messages": messages, "tools": TOOLS}).json()["tokens"]
         prompt = http.post("/detokenize", json={"tokens": tokens}).json()["content"]
-    # Qwen 2.5's template: the call echoed in its syntax, the result in a user turn's <tool_response>.
-    assert hermes_text([call]) in prompt
-    assert f"<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in prompt
+    # Qwen 2.5's template: the call echoed in its syntax, its arguments re-serialised by the template's
+    # tojson (", " and ": "), the result in a user turn's <tool_response> (/detokenize drops special tokens).
+    echoed = f'<tool_call>\n{{"name": "{call.function.name}", "arguments": {json.dumps(json.loads(call.function.arguments))}}}\n</tool_call>'
+    assert echoed in prompt
+    assert f"user\n<tool_response>\n{result}\n</tool_response>\nassistant\n" in prompt
     second = client.chat.completions.create(model=model_id, messages=messages, tools=TOOLS, max_tokens=24, seed=3,
                                             temperature=0.8)
     choice = second.choices[0]
