@@ -6,8 +6,7 @@ once those before it were kept, so its chance of being kept is the rate of that 
 times the chances of the tokens before it. Rates are moving averages of the outcomes of verified
 drafts and of proposals judged against the tokens that followed them, shared by all sequences:
 a sequence's own text says little in a few dozen tokens, and what the match length says holds
-across requests (a long match is a passage being copied). Each sequence scales them by how its
-own drafts fared against them (DraftTrust): what is copied where differs between texts.
+across requests (a long match is a passage being copied).
 """
 from __future__ import annotations
 
@@ -15,9 +14,7 @@ import bisect
 
 from engine.drafts import SOURCES, Draft
 from engine.ownership import SingleWriter
-from engine.tuning import (
-    ACCEPTANCE_PRIORS, ACCEPTANCE_WEIGHT, DRAFT_TRUST_MAX, DRAFT_TRUST_MIN, DRAFT_TRUST_PRIOR_TOKENS, MATCH_BUCKETS,
-)
+from engine.tuning import ACCEPTANCE_PRIORS, ACCEPTANCE_WEIGHT, MATCH_BUCKETS
 
 
 class AcceptanceRates(SingleWriter):
@@ -29,13 +26,12 @@ class AcceptanceRates(SingleWriter):
         self.weight = weight
         self.rates: dict[str, list[float]] = {s: list(priors) for s in SOURCES}
 
-    def gains(self, draft: Draft, rows: int, trust: float = 1.0) -> list[float]:
-        """The expected tokens kept from each of the draft's first `rows` tokens, for a sequence
-        whose drafts were kept `trust` times as often as the rates expected."""
+    def gains(self, draft: Draft, rows: int) -> list[float]:
+        """The expected tokens kept from each of the draft's first `rows` tokens."""
         rates, gains, kept = self.rates[draft.source], [], 1.0
         for i in range(min(rows, len(draft.tokens))):
             kept *= rates[_bucket(draft.match, i)]
-            gains.append(min(1.0, trust * kept))
+            gains.append(kept)
         return gains
 
     def learn(self, draft: Draft, kept: int) -> None:
@@ -49,21 +45,3 @@ class AcceptanceRates(SingleWriter):
 def _bucket(match: int, i: int) -> int:
     """The bucket of the draft's i-th token (from 0): a copy's match grows with each kept token."""
     return bisect.bisect_right(MATCH_BUCKETS, match + i if match else 0) - 1
-
-
-class DraftTrust:
-    """One sequence's drafts: tokens kept against tokens the shared rates expected to be kept.
-    Owned by its sequence's holder."""
-
-    def __init__(self) -> None:
-        self.kept = 0.0
-        self.expected = 0.0
-
-    def record(self, expected: float, kept: int) -> None:
-        self.expected += expected
-        self.kept += kept
-
-    @property
-    def factor(self) -> float:
-        prior = DRAFT_TRUST_PRIOR_TOKENS
-        return min(DRAFT_TRUST_MAX, max(DRAFT_TRUST_MIN, (self.kept + prior) / (self.expected + prior)))

@@ -8,7 +8,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from engine.acceptance import DraftTrust
 from engine.drafts import Draft, NgramIndex
 from engine.handle import RequestHandle
 from engine.ownership import SingleWriter
@@ -78,7 +77,6 @@ class Sequence(SingleWriter):
         # position its first token would take).
         self.unverified_draft: tuple[Draft, int] | None = None
         self.draft_cap = DRAFT_CAP_START  # its drafts' length at most (engine/speculation.py)
-        self.draft_trust = DraftTrust()  # its drafts' kept tokens against the shared rates' expectation
         self.drafted_tokens = 0
         self.accepted_tokens = 0
         self.arrival_order = 0  # when the scheduler got it, relative to the others (FIFO)

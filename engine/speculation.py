@@ -19,8 +19,7 @@ is granted. A policy may bound the step's predicted time (the per-token latency 
 
 Acceptance is learned per source and per length of the match a draft continues
 (engine/acceptance.py): a long match is a passage being copied, whose continuation is kept for
-many tokens, so it earns long drafts, while a chance match of two tokens earns none. Each
-sequence scales those shared rates by how its own drafts fared against them. A proposal
+many tokens, so it earns long drafts, while a chance match of two tokens earns none. A proposal
 that got no rows is still judged, for free, against the tokens the sequence goes on to produce
 (all of it, as verification would: in structured text its first token is often the easy one), so
 rates go on learning where drafts stopped. In a step where even a full draft sure to be kept
@@ -88,8 +87,7 @@ class Speculator(SingleWriter):
             proposals.update(self._draft_model_proposals(unproposed, n_ctx))
         if not proposals:
             return
-        gains = {seq: self.acceptance.gains(draft, self.max_draft, seq.draft_trust.factor)
-                 for seq, draft in proposals.items()}
+        gains = {seq: self.acceptance.gains(draft, self.max_draft) for seq, draft in proposals.items()}
         granted = self.allot(gains, cost, plan.n_tokens, outputs, float(outputs), limit_s, room)
         drafted = False
         for i, chunk in enumerate(plan.chunks):
@@ -174,8 +172,6 @@ class Speculator(SingleWriter):
         self._learn(seq, draft, kept)
 
     def _learn(self, seq: Sequence, draft: Draft, kept: int) -> None:
-        # What the shared rates expected of the whole draft, before they learn from it.
-        seq.draft_trust.record(sum(self.acceptance.gains(draft, len(draft.tokens))), kept)
         self.acceptance.learn(draft, kept)
         if kept == len(draft.tokens):
             seq.draft_cap = min(self.max_draft, 2 * seq.draft_cap)

@@ -140,12 +140,6 @@ ACCEPTANCE_WEIGHT = 0.1  # weight of each drafted token's outcome in its bucket'
 # one table of rates for all sequences cannot (after the heuristic schedule of Hugging Face's
 # assisted generation; values are judgement).
 DRAFT_CAP_START, DRAFT_CAP_MIN = 8, 4
-# The shared rates are corrected per sequence by its drafts' kept tokens over what the rates
-# expected of them, each side starting from this many tokens (a sequence's first misses move it
-# little), within these bounds: a function being rewritten is copied until the name or the code
-# block ends, where the rates learned on copied passages overprice it (judgement).
-DRAFT_TRUST_PRIOR_TOKENS = 8.0
-DRAFT_TRUST_MIN, DRAFT_TRUST_MAX = 0.25, 2.0
 # A draft row must promise this many times its cost: acceptance comes in runs (a copied passage
 # is accepted until it ends), so a rate learned on a run overstates the next row. Without it,
 # 16 streams drafted and lost 4-8% (bench speculative, paragraph and story at C=16, 2026-11-27:

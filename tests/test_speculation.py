@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import math
 
 from engine import FinishReason, Priority, Request
-from engine.acceptance import AcceptanceRates, DraftTrust
+from engine.acceptance import AcceptanceRates
 from engine.drafts import PROMPT_LOOKUP, RECENT_OUTPUTS, Draft, Drafter, NgramIndex, RecentOutputs, match_length
 from engine.speculation import Speculator
 from engine.tuning import DRAFT_CAP_MIN, DRAFT_CAP_START, DRAFT_GAIN_MARGIN, MATCH_BUCKETS
@@ -35,7 +35,6 @@ class _Seq:
         self.request = Request([1], priority=priority)
         self.acceptance = acceptance  # each drafted token's chance, given those before it were kept
         self.draft_cap = DRAFT_CAP_START
-        self.draft_trust = DraftTrust()
 
 
 # ---- draft sources ---------------------------------------------------------------------------
@@ -205,27 +204,6 @@ def test_a_sequence_s_draft_cap_doubles_on_a_draft_kept_whole_and_halves_on_a_mi
         spec.sampled(seq, token)
         seq.tokens.append(token)
     assert seq.draft_cap == 2 * DRAFT_CAP_MIN and (seq.drafted_tokens, seq.accepted_tokens) == (56 + 32 + 16 + 8 + 4 + 4, 56 + 5)
-
-
-def test_a_sequence_whose_drafts_miss_more_than_the_shared_rates_expect_is_priced_lower():
-    spec = Speculator(32)
-    copier, renamer = _Seq(), _Seq()
-    for seq in (copier, renamer):
-        seq.tokens, seq.unverified_draft, seq.drafted_tokens, seq.accepted_tokens = [5, 6], None, 0, 0
-    draft = Draft(tuple(range(8)), PROMPT_LOOKUP, 12)
-    for _ in range(6):
-        spec.verified(copier, draft, 8)
-        spec.verified(renamer, draft, 1)  # its copies end early, time after time
-    assert copier.draft_trust.factor > 1.0 > 0.5 > renamer.draft_trust.factor
-    shared = spec.acceptance.gains(draft, 8)
-    mine = spec.acceptance.gains(draft, 8, renamer.draft_trust.factor)
-    assert all(m < g for m, g in zip(mine, shared))
-    assert max(spec.acceptance.gains(draft, 8, copier.draft_trust.factor)) <= 1.0  # never more than a token a row
-    # A fresh sequence starts at the shared rates, and a first miss moves it only part way.
-    fresh = DraftTrust()
-    assert fresh.factor == 1.0
-    fresh.record(expected=6.0, kept=0)
-    assert 0.5 < fresh.factor < 1.0
 
 
 def test_interactive_sequences_draft_first_and_a_limit_or_no_room_stops_drafts():
