@@ -77,6 +77,10 @@ def append_token(seq: Sequence, token: int, eog_tokens: frozenset[int], n_ctx: i
     if seq.stop_filter.stopped or (seq.matcher is not None and seq.matcher.is_finished):
         return FinishReason.STOP
     if seq.n_generated >= seq.request.max_tokens:
+        # A grammar's output complete at the budget's last token (tool calls in a model's own
+        # syntax, where one more call could follow) is whole: only the end token had no room.
+        if seq.matcher is not None and seq.matcher.is_complete:
+            return FinishReason.STOP
         return FinishReason.LENGTH
     if len(seq.tokens) > n_ctx:  # the next token would need a position past the context
         return FinishReason.CONTEXT_LENGTH

@@ -33,6 +33,9 @@ from server.tool_families import family, name_derived
 from server.tool_syntax import derive, with_opening_token
 from server.tools import parse_tools
 
+# Every case tokenizes with a vocab-only model of llama.cpp's, which the conftest counts as a model load.
+pytestmark = pytest.mark.model
+
 TEMPLATES = Path(__file__).parent / "templates"
 
 # template: (family, vocabulary GGUF to tokenize with, parallel calls, text before calls)
