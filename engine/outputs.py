@@ -79,7 +79,8 @@ def append_token(seq: Sequence, token: int, eog_tokens: frozenset[int], n_ctx: i
     if seq.n_generated >= seq.request.max_tokens:
         # A grammar's output complete at the budget's last token (tool calls in a model's own
         # syntax, where one more call could follow) is whole: only the end token had no room.
-        if seq.matcher is not None and seq.matcher.is_complete:
+        # (Not an `auto` answer still undecided: it has written no text, let alone a document.)
+        if seq.matcher is not None and seq.matcher.is_complete and getattr(seq.matcher, "in_document", True):
             return FinishReason.STOP
         return FinishReason.LENGTH
     if len(seq.tokens) > n_ctx:  # the next token would need a position past the context
