@@ -17,6 +17,8 @@ class TinyFamily:
     # Control tokens the family's real vocabulary has and the vocab GGUF lacks, appended to it, so
     # the template's markers tokenize as its model's do (one token each).
     extra_control_tokens: tuple[str, ...] = ()
+    # Added tokens that are text (user-defined: written as text, read as one token), likewise.
+    extra_text_tokens: tuple[str, ...] = ()
 
     def template_text(self) -> str:
         path = TEMPLATES / f"{self.template}.jinja"
@@ -26,8 +28,10 @@ class TinyFamily:
 
 
 TINY_FAMILIES: dict[str, TinyFamily] = {
-    # Qwen 2.5's own tokenizer (<|im_start|>, <tool_call> are single tokens in it) and architecture.
-    "hermes": TinyFamily("Qwen-Qwen2.5-7B-Instruct", "qwen2", "qwen2"),
+    # Qwen's tokenizer (<|im_start|> is one token) and architecture; Qwen 2.5 added <tool_call> and
+    # </tool_call> as text tokens, which the vocab GGUF (Qwen 1.5's) lacks.
+    "hermes": TinyFamily("Qwen-Qwen2.5-7B-Instruct", "qwen2", "qwen2",
+                         extra_text_tokens=("<tool_call>", "</tool_call>")),
     # Llama 3's tokenizer (<|eot_id|>, <|python_tag|>, <|start_header_id|>) and architecture.
     "llama3": TinyFamily("meta-llama-Llama-3.1-8B-Instruct", "llama-bpe", "llama"),
     # Nemo's own tokenizer (Tekken) is not among llama.cpp's vocab GGUFs; Llama 2's SentencePiece

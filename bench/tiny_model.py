@@ -73,7 +73,8 @@ def write_tiny_model(path: Path, spec: TinyFamily, vocab_gguf: Path, chat_templa
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(10000.0)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    n_vocab = copy_tokenizer(writer, gguf.GGUFReader(str(vocab_gguf)), spec.extra_control_tokens)
+    n_vocab = copy_tokenizer(writer, gguf.GGUFReader(str(vocab_gguf)), spec.extra_control_tokens,
+                             spec.extra_text_tokens)
     writer.add_chat_template(chat_template)
     for name, array in tensors(spec.arch, shape, n_vocab):
         writer.add_tensor(name, array)
@@ -83,9 +84,11 @@ def write_tiny_model(path: Path, spec: TinyFamily, vocab_gguf: Path, chat_templa
     writer.close()
 
 
-def copy_tokenizer(writer, reader, extra_control_tokens: tuple[str, ...]) -> int:
+def copy_tokenizer(writer, reader, extra_control_tokens: tuple[str, ...],
+                   extra_text_tokens: tuple[str, ...] = ()) -> int:
     """Every tokenizer.* key of `reader` into `writer` (but its chat template), with the extra
-    control tokens appended to the vocabulary; returns the vocabulary's size."""
+    control tokens, then the extra text (user-defined) tokens, appended to the vocabulary; returns
+    the vocabulary's size."""
     import gguf
 
     values = {}
@@ -93,16 +96,19 @@ def copy_tokenizer(writer, reader, extra_control_tokens: tuple[str, ...]) -> int
         if key.startswith("tokenizer.") and key != "tokenizer.chat_template":
             values[key] = (field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
     tokens, *token_kinds = values["tokenizer.ggml.tokens"]
-    if extra_control_tokens:
-        clash = set(extra_control_tokens) & set(tokens)
+    extra = list(extra_control_tokens) + list(extra_text_tokens)
+    if extra:
+        clash = set(extra) & set(tokens)
         if clash:
             raise ValueError(f"the vocabulary already has {sorted(clash)}")
-        values["tokenizer.ggml.tokens"] = (tokens + list(extra_control_tokens), *token_kinds)
-        extend = {"tokenizer.ggml.scores": 0.0, "tokenizer.ggml.token_type": int(gguf.TokenType.CONTROL)}
-        for key, filler in extend.items():
+        values["tokenizer.ggml.tokens"] = (tokens + extra, *token_kinds)
+        types = ([int(gguf.TokenType.CONTROL)] * len(extra_control_tokens)
+                 + [int(gguf.TokenType.USER_DEFINED)] * len(extra_text_tokens))
+        extend = {"tokenizer.ggml.scores": [0.0] * len(extra), "tokenizer.ggml.token_type": types}
+        for key, fillers in extend.items():
             if key in values:
                 old, kind, sub = values[key]
-                values[key] = (list(old) + [filler] * len(extra_control_tokens), kind, sub)
+                values[key] = (list(old) + fillers, kind, sub)
     for key, (value, kind, sub) in values.items():
         writer.add_key_value(key, value, kind, sub if kind == gguf.GGUFValueType.ARRAY else None)
     return len(values["tokenizer.ggml.tokens"][0])

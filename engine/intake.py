@@ -78,7 +78,10 @@ class Intake:
                                                             "json_alternative"), alternative.opening.encode(),
                                     None if frame is None else frame.opening_token)
         if request.json_or_text:  # free text is always possible, so no budget is too small
-            return TriggeredMatcher(matcher, None if frame is None else frame.opening_token)
+            if frame is None:
+                return TriggeredMatcher(matcher)
+            return TriggeredMatcher(matcher, frame.opening_token, after_text=frame.after_text,
+                                    marker=frame.marker.encode())
         needed = matcher.min_tokens_to_complete()
         if request.max_tokens < needed:
             raise InvalidParameterError(

@@ -63,9 +63,10 @@ class MessageAnswer:
             return _text_content(result.text), *self._stop_reason(result)
         calls = self.reader.finish(stopped=result.finish_reason is FinishReason.STOP)
         if calls is not None:
-            return [{"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments)}
-                    for c in calls], "tool_use", None
-        text = "" if self.reader.is_calls else self.reader.content()  # calls cut short: none returned
+            before = _text_content(self.reader.content())  # text the model wrote before its calls
+            return before + [{"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments)}
+                             for c in calls], "tool_use", None
+        text = self.reader.content()  # calls cut short: none returned, only the text before them
         return _text_content(text), *self._stop_reason(result)
 
     def _stop_reason(self, result: GenerationResult) -> tuple[str, str | None]:

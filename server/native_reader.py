@@ -4,7 +4,9 @@ The same pieces as the generic reader (server/tool_reader.py): a call's start on
 complete, then fragments of its arguments, verbatim; `finish()` checks the whole answer against
 the syntax (rebuilt from the calls read, it must be the text received) and each call's arguments
 against its function's parameters. In "auto" mode the first character decides, as the grammar's
-trigger does: the syntax's opening character opens calls, anything else is text. In "format"
+trigger does: the syntax's opening character opens calls, anything else is text; for a family
+that writes text before its calls, that text is "prose", watched for the calls' marker as the
+grammar watches it, and the calls read from there (the text before is the content). In "format"
 mode (a JSON output format beside the tools) the syntax's whole start decides, as the grammar's
 EitherMatcher does: calls, or the format's document. A syntax whose calls open with a special
 token (no text) is read from the text after it.
@@ -51,9 +53,42 @@ def spec_reader(spec: "GenerationSpec", id_prefix: str = "call_") -> ToolOutputR
 @dataclass
 class NativeReader(ToolOutputReader):
     _model_ids: list[str] = field(default_factory=list)  # ids the model wrote (Mistral), in order
+    _held: str = ""  # prose: text that may still be the start of the calls' marker
+    _calls_from: int = 0  # where in the output the calls begin (after text, in prose)
 
     def _opening_char(self) -> str:
         return self.tools.syntax.start[0]
+
+    def _text_mode(self) -> str:
+        return "prose" if self.tools.syntax.calls_after_text else "text"
+
+    def _prose(self, delta: str) -> list[Event]:
+        """Text that calls may follow: where it first holds the marker (as the grammar watches
+        it), the calls begin; the template's joint before them is no part of the content."""
+        s = self.tools.syntax
+        held = self._held + delta
+        at = held.find(s.marker)
+        if at < 0:
+            keep = _longest_start(held, (s.text_joint + s.marker, s.marker))
+            self._held = held[len(held) - keep:]
+            return self._text_event(held[:len(held) - keep])
+        before = held[:at]
+        if s.text_joint and before.endswith(s.text_joint):
+            before = before[:len(before) - len(s.text_joint)]
+        events = self._text_event(before)
+        self._held, self._buffer, self.mode = "", held[at:], "calls"
+        self._calls_from = len(self._seen) - len(self._buffer)
+        return events + self._consume()
+
+    def _text_event(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        self._text.append(text)
+        return [Text(text)]
+
+    def flush(self) -> list[Event]:
+        held, self._held = self._held, ""
+        return self._text_event(held) if self.mode == "prose" else []
 
     def _new_id(self) -> str:
         s = self.tools.syntax
@@ -131,6 +166,7 @@ class NativeReader(ToolOutputReader):
         return events
 
     def finish(self, stopped: bool) -> list[Call] | None:
+        self.flush()
         if self.mode == "answer" and stopped:
             self._check_answer()
         if self.mode != "calls" or not stopped:
@@ -141,8 +177,19 @@ class NativeReader(ToolOutputReader):
             raise InternalError(f"the calls ended early: {self._seen[-200:]!r}")
         ids = self._model_ids or [""] * len(self.calls)
         rebuilt = s.calls_text([(c.name, c.arguments, i) for c, i in zip(self.calls, ids)])
-        if rebuilt != self._seen:
+        if rebuilt != self._seen[self._calls_from:]:
             raise InternalError("the calls reader misread the calls")
         for call in self.calls:
             check_arguments(self.tools, call.name, json.loads(call.arguments))
         return self.calls
+
+
+def _longest_start(text: str, patterns: tuple[str, ...]) -> int:
+    """The length of the longest end of `text` that begins one of `patterns` (not all of it)."""
+    best = 0
+    for pattern in patterns:
+        for n in range(min(len(text), len(pattern) - 1), best, -1):
+            if pattern.startswith(text[len(text) - n:]):
+                best = n
+                break
+    return best

@@ -58,6 +58,10 @@ class _Answer:
         """The chunks for a text delta of choice i."""
         raise NotImplementedError
 
+    def held(self, i: int) -> Iterator[dict[str, Any]]:
+        """The chunks of text choice i held back until it ended (a possible start of calls)."""
+        return iter(())
+
     def closing(self, i: int, result: GenerationResult) -> dict[str, Any]:
         """The chunk that finishes choice i."""
         raise NotImplementedError
@@ -99,6 +103,8 @@ class _Answer:
             if error is not None:
                 yield self.error_event(error)
                 return
+            for chunk in self.held(i):
+                yield encode_event(chunk)
             yield encode_event(self.closing(i, item))
         if self.include_usage:
             payload = self.envelope(self.chunk_object, [])
@@ -182,6 +188,10 @@ class ChatAnswer(_Answer):
         for event in self.readers[i].feed(text):
             yield self.tool_chunk(i, event)
 
+    def held(self, i: int) -> Iterator[dict[str, Any]]:
+        for event in self.readers[i].flush() if self.readers else ():
+            yield self.tool_chunk(i, event)
+
     def closing(self, i: int, result: GenerationResult) -> dict[str, Any]:
         reason = self.tool_message(i, result)[1] if self.readers else openai_finish_reason(result)
         return self.chunk(i, reason, delta={})
@@ -190,12 +200,13 @@ class ChatAnswer(_Answer):
         """The message and finish reason of a choice read by readers[i] (fed all its text)."""
         reader = self.readers[i]
         calls = reader.finish(stopped=result.finish_reason is FinishReason.STOP)
+        # The content: the text, or the text written before calls (none for most answers that call).
+        content = reader.content() or None if reader.is_calls else reader.content()
         if calls is None:  # text, or (never in practice: the grammar closes in time) a call cut short
-            content = None if reader.is_calls else reader.content()
             return {"role": "assistant", "content": content}, openai_finish_reason(result)
         tool_calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                       for c in calls]
-        return {"role": "assistant", "content": None, "tool_calls": tool_calls}, "tool_calls"
+        return {"role": "assistant", "content": content, "tool_calls": tool_calls}, "tool_calls"
 
     def tool_chunk(self, i: int, event: Text | CallStart | Arguments) -> dict[str, Any]:
         if isinstance(event, Text):

@@ -68,6 +68,8 @@ async def read_pieces(handles: list[RequestHandle], reader: ToolOutputReader | N
             for piece in [Text(item)] if reader is None else reader.feed(item):
                 yield piece
         else:
+            for piece in [] if reader is None else reader.flush():  # text held while it could open calls
+                yield piece
             yield item
 
 

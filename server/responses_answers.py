@@ -81,9 +81,11 @@ class ResponseAnswer:
         status = "incomplete" if result.finish_reason in TRUNCATED else "completed"
         calls = None if self.reader is None else self.reader.finish(stopped=result.finish_reason is FinishReason.STOP)
         if calls is not None:
-            output = [function_call_item(call, "completed") for call in calls]
+            before = self.reader.content()  # text the model wrote before its calls
+            output = [self.message_item(before, "completed")] if before else []
+            output += [function_call_item(call, "completed") for call in calls]
         else:
-            text = result.text if self.reader is None else ("" if self.reader.is_calls else self.reader.content())
+            text = result.text if self.reader is None else self.reader.content()  # cut short: the text before
             output = [self.message_item(text, status)] if text else []
         payload = self._envelope(status, output, usage(result))
         if status == "incomplete":

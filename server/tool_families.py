@@ -34,7 +34,8 @@ def _known(name: str, **pieces: object) -> ToolSyntax:
 FAMILIES: tuple[Family, ...] = (
     Family("hermes", "Qwen 2.5, Hermes 2 Pro / 3, Granite 4, MiMo, Bielik", ("<tool_call>", '"arguments": '), None,
            _known("hermes", call_head='<tool_call>\n{"name": "', name_to_args='", "arguments": ',
-                  call_tail="}\n</tool_call>", separator="\n", parallel=True, text_before=True)),
+                  call_tail="}\n</tool_call>", separator="\n", parallel=True, text_before=True,
+                  text_joint="\n")),
     Family("llama3", "Llama 3.1, 3.2, 3.3 (functions; <|python_tag|> is for built-in tools)",
            ('{"name": "', '"parameters": '), None,
            _known("llama3", call_head='{"name": "', name_to_args='", "parameters": ', call_tail="}")),

@@ -85,7 +85,9 @@ class ToolOutputReader:
             return []
         self._seen += delta
         if self.mode == "auto":
-            self.mode = "calls" if delta[0] == self._opening_char() else "text"
+            self.mode = "calls" if delta[0] == self._opening_char() else self._text_mode()
+        if self.mode == "prose":
+            return self._prose(delta)
         if self.mode == "format":
             delta = self._decide_format()
             if not delta:
@@ -99,6 +101,17 @@ class ToolOutputReader:
     def _opening_char(self) -> str:
         """Under auto, the first character that makes the output calls (the grammar's trigger)."""
         return "{"
+
+    def _text_mode(self) -> str:
+        """Under auto, the mode of an answer that begins as text: "text" to its end here."""
+        return "text"
+
+    def _prose(self, delta: str) -> list[Event]:
+        raise NotImplementedError  # only readers of syntaxes whose calls may follow text
+
+    def flush(self) -> list[Event]:
+        """Text held back while it could still open calls, once the output has ended."""
+        return []
 
     def _decide_format(self) -> str:
         """Format mode: the grammar (sampling/grammar/either.py) makes an output that begins with
@@ -188,6 +201,7 @@ class ToolOutputReader:
         """The complete, valid calls (None: this answer makes no call). `stopped`: the output
         ended by itself (not max_tokens, context, cancellation); only then can calls be whole.
         An answer in the format is checked against it the same way (and is no call)."""
+        self.flush()
         if self.mode == "answer" and stopped:
             self._check_answer()
         if self.mode != "calls" or not stopped:

@@ -46,6 +46,7 @@ class ToolSyntax:
     closing: str = ""
     parallel: bool = False  # the template writes several calls in one answer
     text_before: bool = False  # the template writes content before the calls
+    text_joint: str = ""  # what it writes between that content and the calls
     id_length: int = 0  # >0: call_tail holds an id of this many letters and digits at id_at
     id_at: int = 0
     opening_token: int | None = None  # a special token (no text) that opens the calls
@@ -58,6 +59,20 @@ class ToolSyntax:
     def start(self) -> str:
         """The text every answer that calls begins with (after an opening special token)."""
         return self.opening + self.call_head
+
+    @property
+    def calls_after_text(self) -> bool:
+        """Under `auto`, calls may follow text. Not after an opening special token: the reader of
+        the text could not see where it opened."""
+        return self.text_before and self.opening_token is None
+
+    @property
+    def marker(self) -> str:
+        """What opens calls written after text (text_before): the start up to the end of its first
+        tag (`<tool_call>`), all of it when it has none (`<function=`)."""
+        start = self.start
+        end = start.find(">")
+        return start[:end + 1] if end >= 0 else start
 
     def call_text(self, name: str, arguments: str, call_id: str = "") -> str:
         """One call as the grammar writes it (arguments: JSON text, verbatim)."""
@@ -147,7 +162,8 @@ def derive(template: Renderer) -> ToolSyntax | None:
                    and mixed.index(_TEXT) < mixed.index(start))
     if not syntax.start.strip():
         return None  # nothing would tell a call from text
-    return replace(syntax, text_before=text_before)
+    joint = mixed[mixed.index(_TEXT) + len(_TEXT):mixed.index(start)] if text_before and mixed else ""
+    return replace(syntax, text_before=text_before, text_joint=joint)
 
 
 def _locate(rendered: str, i: int) -> tuple[int, int, int] | None:

@@ -103,7 +103,8 @@ class ToolSet:
                       for f in functions)
         arguments = {"anyOf": [_arguments_schema(f, f"#/anyOf/{i}") for i, f in enumerate(functions)]}
         one = self.max_calls == 1 or not s.parallel
-        return TextFrame(s.opening, calls, arguments, s.separator, s.closing, 1 if one else None, s.opening_token)
+        return TextFrame(s.opening, calls, arguments, s.separator, s.closing, 1 if one else None, s.opening_token,
+                         after_text=s.calls_after_text, marker=s.marker)
 
     def calls_json_schema(self) -> JsonSchema | None:
         """calls_schema() as the engine takes it. Not checked again: each function's parameters

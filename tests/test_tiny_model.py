@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import subprocess
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,7 @@ def test_a_tiny_model_carries_the_vocab_tokenizer_the_template_and_the_arch_tens
     spec = TINY_FAMILIES["mistral"]
     shape = TinyShape(n_layer=1, n_embd=64, n_head=2, n_head_kv=1, n_ff=96)
     source = gguf.GGUFReader(str(_vocab(spec.vocab)))
+    spec = replace(spec, extra_text_tokens=("<tool_call>",))  # a text token after the control ones
     write_tiny_model(tmp_path / "m.gguf", spec, _vocab(spec.vocab), "{{ messages }}", shape)
     written = gguf.GGUFReader(str(tmp_path / "m.gguf"))
 
@@ -91,8 +93,8 @@ def test_a_tiny_model_carries_the_vocab_tokenizer_the_template_and_the_arch_tens
     tokens = value(written, "tokenizer.ggml.tokens")
     n_source = len(value(source, "tokenizer.ggml.tokens"))
     assert tokens[:n_source] == value(source, "tokenizer.ggml.tokens")
-    assert tokens[n_source:] == list(spec.extra_control_tokens)
-    assert value(written, "tokenizer.ggml.token_type")[n_source:] == [3] * len(spec.extra_control_tokens)
+    assert tokens[n_source:] == list(spec.extra_control_tokens) + ["<tool_call>"]
+    assert value(written, "tokenizer.ggml.token_type")[n_source:] == [3] * len(spec.extra_control_tokens) + [4]
     for key in source.fields:
         if key.startswith("tokenizer.") and key not in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
                                                         "tokenizer.ggml.scores", "tokenizer.chat_template"):
@@ -121,6 +123,9 @@ def test_each_tiny_model_loads_derives_its_family_and_generates(family):
         if family == "mistral":  # the appended control token is one special token, as in Mistral's vocabulary
             assert syntax.opening_token is not None
             assert model.tokenize("[TOOL_CALLS]", add_bos=False, parse_special=True) == [syntax.opening_token]
+        if family == "hermes":  # Qwen 2.5's text tokens: one token each, written as their text
+            [call] = model.tokenize("<tool_call>", add_bos=False)
+            assert model.token_to_piece(call) == b"<tool_call>" and call not in model.special_tokens
     with Engine(str(path), n_ctx=512, max_running=2) as engine:
         result = engine.generate("Hello", max_tokens=8, temperature=0.8, seed=1, ignore_eos=True)[0]
     assert result.metrics.tokens_generated == 8

@@ -30,6 +30,7 @@ from server.jinja_chat import JinjaChat, message_dict
 from server.native_reader import NativeReader, reader_for, spec_reader
 from server.openai_schemas import parse_chat
 from server.tool_families import family, name_derived
+from server.tool_reader import Text
 from server.tool_syntax import derive, with_opening_token
 from server.tools import parse_tools
 
@@ -188,6 +189,93 @@ def test_auto_opens_calls_with_the_native_opening_and_otherwise_is_text(template
     reader = reader_for(tools, "auto")
     reader.feed("Hello there")
     assert reader.finish(stopped=True) is None and reader.content() == "Hello there"
+
+
+def _auto_matcher(grammar, frame) -> TriggeredMatcher:
+    """The matcher the engine makes for an `auto` turn (engine/intake.py)."""
+    return TriggeredMatcher(grammar.matcher(), frame.opening_token, after_text=frame.after_text,
+                            marker=frame.marker.encode())
+
+
+@pytest.mark.parametrize("template", sorted(t for t, case in CASES.items() if case[3]))
+def test_auto_calls_may_follow_text_where_the_family_writes_text_before_them(template):
+    model, _, syntax, vocab = _setup(template)
+    tools = parse_tools([WEATHER, TIME], "auto", None, syntax)
+    frame = tools.tool_frame()
+    assert (frame.after_text, frame.marker) == (syntax.opening_token is None, syntax.marker)
+    grammar = compile_framed(frame, vocab)
+    words = "Let me check the weather."
+    ids = model.tokenize(words + syntax.text_joint + syntax.start + "get_time", add_bos=False)
+    matcher, answer = _auto_matcher(grammar, frame), b""
+    for token in ids:  # the model's own spelling of text, then the marker and the call's start
+        assert matcher.is_allowed(token, 300)
+        matcher.advance(token)
+        answer += vocab.token_bytes[token]
+        if not frame.after_text:  # the opening is a special token: text stays text
+            assert matcher.released
+            return
+        assert matcher.mode in ("prose", "document") and not matcher.released
+        assert matcher.in_document == (syntax.marker.encode() in answer)
+    assert matcher.in_document
+    text = answer.decode() + _walk(matcher, vocab, np.random.default_rng(5), 300 - len(ids))
+    before = text[:text.index(syntax.marker)].removesuffix(syntax.text_joint)
+    assert words in before
+    rng = random.Random(template)
+    for _ in range(4):  # the reader finds the calls where the grammar opened them, in any pieces
+        reader, events = reader_for(tools, "auto"), []
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, 20)))
+        for a, b in zip([0] + cuts, cuts + [len(text)]):
+            events += reader.feed(text[a:b])
+        calls = reader.finish(stopped=True)
+        assert calls and calls[0].name == "get_time" and reader.content() == before
+        assert "".join(e.text for e in events if isinstance(e, Text)) == before
+
+
+@pytest.mark.parametrize("template", sorted(t for t, case in CASES.items() if case[3]))
+def test_a_token_that_completes_the_marker_must_go_on_as_the_calls_do(template):
+    """A token may end the marker and carry more (`>\\n` after `<tool_call`): allowed only when
+    the marker and that rest begin calls the budget can still finish."""
+    _, _, syntax, vocab = _setup(template)
+    frame = parse_tools([WEATHER, TIME], "auto", None, syntax).tool_frame()
+    if not frame.after_text:
+        pytest.skip("the calls open with a special token in this vocabulary: text stays text")
+    grammar = compile_framed(frame, vocab)
+    marker, start = syntax.marker.encode(), syntax.start.encode()
+    matcher = _auto_matcher(grammar, frame)
+    matcher.advance_bytes(b"Checking. " + marker[:-1])
+    assert matcher.mode == "prose"
+    heads = [(syntax.start + name + syntax.name_to_args).encode() for name in ("get_weather", "get_time")]
+    enders = [t for t, b in enumerate(vocab.token_bytes)  # short enough to be judged by the heads alone
+              if b[:1] == marker[-1:] and len(marker) + len(b) - 1 <= min(map(len, heads))
+              and t not in vocab.special_tokens]
+    verdicts = {t: matcher.is_allowed(t, 300) for t in enders}
+    assert verdicts == {t: any(h.startswith(marker + vocab.token_bytes[t][1:]) for h in heads) for t in enders}
+    assert any(verdicts.values()) and not all(verdicts.values())
+    mask = matcher.allowed_mask(300)
+    assert np.flatnonzero(~mask).tolist() == [t for t in range(mask.size) if not matcher.is_allowed(t, 300)]
+    assert not any(matcher.is_allowed(t, 3) for t in enders)  # no call fits in what is left
+    plain = next(t for t, b in enumerate(vocab.token_bytes) if b == b"a")
+    assert matcher.is_allowed(plain, 3) and matcher.mode == "prose"
+
+
+def test_text_that_only_looks_like_the_start_of_calls_is_held_then_given_back():
+    _, _, syntax, _ = _setup("Qwen-Qwen2.5-7B-Instruct")
+    tools = parse_tools([WEATHER, TIME], "auto", None, syntax)
+    reader = reader_for(tools, "auto")
+    pieces = ["Use", " the <tool", "_ca"]
+    events = [e for p in pieces for e in reader.feed(p)]
+    assert "".join(e.text for e in events) == "Use the "  # "<tool_ca" may yet open calls
+    assert [e.text for e in reader.flush()] == ["<tool_ca"]
+    assert reader.finish(stopped=True) is None and reader.content() == "Use the <tool_ca"
+    # two calls after text, the template's "\n" between them dropped from the content
+    answer = ("Sure.\n" + syntax.calls_text([("get_weather", '{"city": "Oslo", "unit": "c"}', ""),
+                                             ("get_time", '{"zone": "CET"}', "")]))
+    reader = reader_for(tools, "auto")
+    events = [e for ch in answer for e in reader.feed(ch)]
+    calls = reader.finish(stopped=True)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo", "unit": "c"}),
+                                                                 ("get_time", {"zone": "CET"})]
+    assert reader.content() == "Sure." and "".join(e.text for e in events if isinstance(e, Text)) == "Sure."
 
 
 @pytest.mark.parametrize("template", sorted(CASES))

@@ -37,6 +37,10 @@ class TextFrame:
     closing: str = ""
     max_calls: int | None = None
     opening_token: int | None = None
+    # Under `auto`: calls may follow text, opened where the text first holds `marker` (a prefix of
+    # the calls' text) or the opening token (trigger.py).
+    after_text: bool = False
+    marker: str = ""
 
     def key(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

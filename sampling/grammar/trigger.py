@@ -8,6 +8,12 @@ token may begin a document only while the remaining budget can still complete on
 that is started is always finished in time. A model whose calls open with a special token (no
 text: Mistral's `[TOOL_CALLS]`) may open the document with that token too; the grammar then
 starts after it.
+
+A family whose template writes text before its calls (Qwen's `Sure.\n<tool_call>...`) passes
+`after_text`: text then stays watched, and where it first holds the calls' `marker` (or the
+opening special token), the grammar takes over from the marker's first byte, the text before it
+being the answer's content. A token that would complete the marker is allowed only if what
+follows the marker in it begins a document the budget can still finish (marker_watch.py).
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import copy
 
 import numpy as np
 
+from .marker_watch import MarkerWatch
 from .matcher import GrammarMatcher
 from .vocab_index import VocabIndex
 
@@ -31,10 +38,18 @@ def first_bytes(idx: VocabIndex) -> np.ndarray:
 class TriggeredMatcher:
     """Wraps a document matcher; the engine's sampler and jump-forward see the same interface."""
 
-    def __init__(self, inner: GrammarMatcher, opening_token: int | None = None) -> None:
+    def __init__(self, inner: GrammarMatcher, opening_token: int | None = None, *,
+                 after_text: bool = False, marker: bytes = b"") -> None:
         self._inner = inner
         self._opening_token = opening_token
         idx: VocabIndex = inner._g.idx
+        self._after_text = after_text
+        # Watched for in text: the opening token, else the marker (a prefix of the document).
+        self._watch = MarkerWatch(marker, idx) if after_text and opening_token is None else None
+        self._marker_state = 0
+        self._opened_by: dict[bytes, int | None] = {}  # after the marker: tokens to finish, None: refused
+        self._all = idx.derived("all_tokens", lambda: _read_only(np.ones(idx.size, dtype=bool)))
+        self._masks: dict[tuple[int, ...], np.ndarray] = {}
         self._opening = inner.next_bytes_after(b"")
         first = idx.derived("first_bytes", lambda: first_bytes(idx))
         key = ("opens_document", self._opening)
@@ -44,7 +59,7 @@ class TriggeredMatcher:
         # only text, and must see the same decision as the grammar.
         self._textless = idx.derived("textless", lambda: first < 0)
         self._needed = inner.min_tokens_to_complete()
-        self.mode = "undecided"  # then "document" or "text"
+        self.mode = "undecided"  # then "document", "text" (released) or "prose" (text, watched)
 
     @property
     def released(self) -> bool:
@@ -74,16 +89,54 @@ class TriggeredMatcher:
     def _may_open(self, remaining_tokens: int | None) -> bool:
         return remaining_tokens is None or remaining_tokens >= self._needed
 
+    def _may_open_after_text(self, token: int, remaining_tokens: int | None) -> bool:
+        """Prose: whether `token` may be written (True unless it would open calls that cannot be)."""
+        if token == self._opening_token:
+            return self._may_open(remaining_tokens)
+        if self._watch is None:
+            return True
+        rest = self._watch.completing[self._marker_state].tokens.get(token)
+        if rest is None:
+            return True
+        needed = self._opened_by.get(rest, -1)
+        if needed == -1:
+            twin = self._inner.fork()
+            try:
+                twin.advance_bytes(self._watch.marker + rest)
+                needed = twin.min_tokens_to_complete()
+            except ValueError:
+                needed = None
+            self._opened_by[rest] = needed
+        return needed is not None and (remaining_tokens is None or needed <= remaining_tokens - 1)
+
+    def _prose_mask(self, remaining_tokens: int | None) -> np.ndarray:
+        candidates = [] if self._watch is None else list(self._watch.completing[self._marker_state].tokens)
+        if self._opening_token is not None:
+            candidates.append(self._opening_token)
+        refused = tuple(t for t in candidates if not self._may_open_after_text(t, remaining_tokens))
+        if not refused:
+            return self._all
+        mask = self._masks.get(refused)
+        if mask is None:  # the same object for the same refusals: the sampler caches per mask
+            mask = np.ones(self._opens.size, dtype=bool)
+            mask[list(refused)] = False
+            self._masks[refused] = _read_only(mask)
+        return mask
+
     def allowed_mask(self, remaining_tokens: int | None = None) -> np.ndarray:
         if self.mode == "document":
             return self._inner.allowed_mask(remaining_tokens)
         if self.mode == "text":
-            return np.ones(self._opens.size, dtype=bool)
+            return self._all
+        if self.mode == "prose":
+            return self._prose_mask(remaining_tokens)
         mask = ~self._opens
         if self._may_open(remaining_tokens):
             mask |= self._inner.allowed_mask(remaining_tokens)
         elif self._opening_token is not None:
             mask[self._opening_token] = False
+        if self._watch is not None:  # text that holds the whole marker already
+            mask &= self._prose_mask(remaining_tokens)
         return mask
 
     def is_allowed(self, token: int, remaining_tokens: int | None = None) -> bool:
@@ -93,10 +146,12 @@ class TriggeredMatcher:
             return False
         if self.mode == "text":
             return True
+        if self.mode == "prose":
+            return self._may_open_after_text(token, remaining_tokens)
         if token == self._opening_token:
             return self._may_open(remaining_tokens)
         if not self._opens[token]:
-            return True
+            return self._watch is None or self._may_open_after_text(token, remaining_tokens)
         return self._may_open(remaining_tokens) and self._inner.is_allowed(token, remaining_tokens)
 
     def only_text(self, remaining_tokens: int) -> bytes | None:
@@ -113,6 +168,7 @@ class TriggeredMatcher:
         """An independent matcher at the same position (GrammarMatcher.fork)."""
         twin = copy.copy(self)
         twin._inner = self._inner.fork()
+        twin._masks = {}
         return twin
 
     # ------------------------------------------------------------ updates
@@ -124,7 +180,13 @@ class TriggeredMatcher:
                 self._inner.advance(token)  # raises if the grammar does not allow it
                 self.mode = "document"
             elif not (0 <= token < self._textless.size and self._textless[token]):
-                self.mode = "text"
+                self._to_text(self._inner._g.idx.token_bytes[token])
+            return
+        if self.mode == "prose":
+            if token == self._opening_token:
+                self.mode = "document"
+            elif 0 <= token < self._textless.size and not self._textless[token]:
+                self._watch_text(self._inner._g.idx.token_bytes[token])
             return
         if self.mode == "document":
             self._inner.advance(token)
@@ -135,7 +197,34 @@ class TriggeredMatcher:
                 self._inner.advance_bytes(data)
                 self.mode = "document"
             elif data:
-                self.mode = "text"
+                self._to_text(data)
+            return
+        if self.mode == "prose":
+            self._watch_text(data)
             return
         if self.mode == "document":
             self._inner.advance_bytes(data)
+
+    def _to_text(self, data: bytes) -> None:
+        if not self._after_text:
+            self.mode = "text"
+            return
+        self.mode = "prose"
+        self._watch_text(data)
+
+    def _watch_text(self, data: bytes) -> None:
+        if self._watch is None:
+            return
+        state, end = self._watch.run(self._marker_state, data)
+        if end is None:
+            self._marker_state = state
+            return
+        # Checked before it was allowed (is_allowed): raises only for bytes forced past the check.
+        self._inner.advance_bytes(self._watch.marker + data[end:])
+        self.mode = "document"
+        self._masks = {}
+
+
+def _read_only(mask: np.ndarray) -> np.ndarray:
+    mask.flags.writeable = False
+    return mask
