@@ -10,7 +10,10 @@ E tokens in T seconds gains from one more draft row worth g tokens exactly when
 sequences first, then by gain, while g > m x c x E / T holds, the margin m (DRAFT_GAIN_MARGIN)
 covering a rate learned on a run of accepted tokens (T counts the rows already added at m times
 their cost): at one or a few streams the step's fixed cost dominates and drafts run; when the
-batch is compute-bound c x E / T nears one token and no draft pays. One exception to the
+batch is compute-bound c x E / T nears one token and no draft pays. E and T are those of a decode
+step of every admitted sequence, the step a kept draft token spares a row of, even when this
+step also carries prompt chunks (its own tokens per second would price draft rows as nearly
+free while sixteen prompts fill, and drafts there cost more than they saved). One exception to the
 row-by-row rule: a step with a single output row (one stream) pays a jump with its first draft
 row (the step-cost model's multi_output_s: the projection becomes a matrix product), which one
 likely row cannot pay back but a run of them can; so rows are added past where the rule stops
@@ -67,12 +70,14 @@ class Speculator(SingleWriter):
     draft_model_s: float = 0.0  # this step's time in the draft model (outside the main step's cost)
 
     def draft(self, plan: StepPlan, kv: KvCache, cost: StepCost | None, room: int, n_ctx: int,
-              limit_s: float | None) -> None:
+              limit_s: float | None, running: int = 0) -> None:
         """Attach drafts to the plan's decoding chunks that pay for them, within `room` more rows
-        and `limit_s` predicted seconds, with KV blocks reserved for every drafted token."""
+        and `limit_s` predicted seconds, with KV blocks reserved for every drafted token.
+        `running`: the sequences admitted (decoding or not), whose decode steps are to come."""
         self.draft_model_s = 0.0
         outputs = sum(1 for c in plan.chunks if c.wants_logits)
-        if cost is None or room <= 0 or limit_s == 0.0 or not _a_certain_draft_pays(cost, plan.n_tokens, outputs, min(room, self.max_draft)):
+        steady = max(outputs, running)
+        if cost is None or room <= 0 or limit_s == 0.0 or not _a_certain_draft_pays(cost, steady, min(room, self.max_draft)):
             return  # looking for drafts costs Python time on every sequence: not where none can pay
         proposals: dict[Sequence, Draft] = {}
         unproposed: dict[Sequence, int] = {}  # the draft limit of sequences the model-free sources left
@@ -88,7 +93,7 @@ class Speculator(SingleWriter):
         if not proposals:
             return
         gains = {seq: self.acceptance.gains(draft, self.max_draft) for seq, draft in proposals.items()}
-        granted = self.allot(gains, cost, plan.n_tokens, outputs, float(outputs), limit_s, room)
+        granted = self.allot(gains, cost, plan.n_tokens, outputs, float(outputs), limit_s, room, steady)
         drafted = False
         for i, chunk in enumerate(plan.chunks):
             k = granted.get(chunk.seq, 0)
@@ -102,19 +107,27 @@ class Speculator(SingleWriter):
 
     @staticmethod
     def allot(gains: dict[Sequence, list[float]], cost: StepCost, tokens: int, outputs: int,
-              expected_tokens: float, limit_s: float | None = None, room: int | None = None) -> dict[Sequence, int]:
+              expected_tokens: float, limit_s: float | None = None, room: int | None = None,
+              steady: int | None = None) -> dict[Sequence, int]:
         """Draft rows per sequence (the rule in the module docstring), given the tokens each
         draft row is expected to add (`gains[seq][i]` for its i-th row, non-increasing). The planned
         step feeds `tokens` rows, `outputs` of them with logits, and is expected to produce
-        `expected_tokens`; `limit_s` bounds its predicted seconds, `room` its extra rows."""
+        `expected_tokens`; `limit_s` bounds its predicted seconds, `room` its extra rows.
+        `steady` (more than `outputs`): the sequences whose decode steps are to come. A token is
+        then worth what it costs in a decode step of all of them, the step it would otherwise
+        come from, not what this step makes per second: one carrying prompt chunks makes few
+        tokens in a long time, which would price every draft row as nearly free."""
         row_s = cost.per_token_s + cost.per_output_s
         step_s = cost.seconds(tokens, outputs)
         # A step with one output row pays the jump to a matrix product with its first draft row:
         # that row is judged with the rows after it, as the best prefix of the greedy order.
         jump_s = cost.multi_output_s if outputs == 1 else 0.0
+        ref_s = step_s
+        if steady is not None and steady > outputs:
+            ref_s, expected_tokens = cost.seconds(steady, steady), expected_tokens * steady / max(outputs, 1)
         granted = dict.fromkeys(gains, 0)
-        best, best_rate = {}, expected_tokens / step_s
-        predicted_s, weighed_s = step_s, step_s  # the latter with each added cost times the margin
+        best, best_rate = {}, expected_tokens / ref_s
+        predicted_s, weighed_s = step_s, ref_s  # the latter with each added cost times the margin
         rows = 0
         left = float("inf") if room is None else room
         while left > 0:
@@ -219,9 +232,10 @@ class Speculator(SingleWriter):
         return draft
 
 
-def _a_certain_draft_pays(cost: StepCost, tokens: int, outputs: int, rows: int) -> bool:
-    """Whether `rows` draft rows sure to be kept would pass the allotment's rule."""
-    step_s = cost.seconds(tokens, outputs)
+def _a_certain_draft_pays(cost: StepCost, outputs: int, rows: int) -> bool:
+    """Whether `rows` draft rows sure to be kept would pass the allotment's rule in a decode step
+    of `outputs` sequences."""
+    step_s = cost.seconds(outputs, outputs)
     added_s = rows * (cost.per_token_s + cost.per_output_s) + (cost.multi_output_s if outputs == 1 else 0.0)
     return (outputs + rows) / (step_s + DRAFT_GAIN_MARGIN * added_s) > outputs / step_s
 

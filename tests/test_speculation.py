@@ -146,8 +146,8 @@ def test_a_step_where_no_draft_can_pay_looks_for_none():
     from engine.speculation import _a_certain_draft_pays
 
     row_heavy = StepCost(fixed_s=0.02, per_token_s=0.004, per_output_s=0.011)
-    assert not _a_certain_draft_pays(row_heavy, 16, 16, 8)  # 16 streams: even certain drafts lose
-    assert _a_certain_draft_pays(row_heavy, 1, 1, 8)
+    assert not _a_certain_draft_pays(row_heavy, 16, 8)  # 16 streams: even certain drafts lose
+    assert _a_certain_draft_pays(row_heavy, 1, 8)
     crowd = [_Seq(acceptance=1.0) for _ in range(16)]
     assert _allot(crowd, row_heavy) == {}  # the allotment agrees: nothing is skipped that would pay
     assert _allot(crowd[:1], row_heavy)
@@ -356,3 +356,17 @@ def test_finished_outputs_draft_for_later_requests_of_their_scope(drafting):
                                   sampling=SamplingParams(temperature=0.0))).result(10)
     assert list(again.token_ids) == expected_tokens(first, 30)
     assert engine.stats().speculation.drafted[RECENT_OUTPUTS] > 0
+
+
+def test_a_step_carrying_prompt_chunks_prices_draft_rows_as_the_decode_steps_to_come():
+    # Three sequences decode while thirteen more fill their prompts in 250-token chunks: the
+    # step makes three tokens in a long time, but a kept draft token spares a row of a decode
+    # step of all sixteen, where rows cost nearly a token each.
+    seqs = [_Seq(acceptance=0.8) for _ in range(3)]
+    gains = {s: [0.8 ** (i + 1) for i in range(8)] for s in seqs}
+    mixed = dict(cost=ROW_HEAVY, tokens=253, outputs=3, expected_tokens=3.0)
+    assert Speculator.allot(gains, **mixed)  # judged by this step alone, every sequence drafts
+    assert Speculator.allot(gains, **mixed, steady=16) == {}
+    assert Speculator.allot(gains, **mixed, steady=3) == Speculator.allot(gains, **mixed)
+    alone = {(seq := _Seq(acceptance=0.9)): [0.9 ** (i + 1) for i in range(8)]}
+    assert Speculator.allot(alone, FIXED_HEAVY, 1, 1, 1.0, steady=1)[seq] == 8  # one stream: as before
