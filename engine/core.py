@@ -31,6 +31,7 @@ from engine.speculation import Speculator
 from engine.step_plan import Chunk, StepPlan
 from engine.stats import RECENT_STEPS, EngineStats, StatsBoard, StepProfile, StepRecord, TierStats
 from engine.thread_governor import ThreadGovernor
+from engine.tuning import LANE_HOLD_MAX_S
 from engine.verify import verify
 from sampling.sampler import BatchSampler
 
@@ -40,13 +41,13 @@ log = logging.getLogger("cobatch.engine")
 class DecodeWatch(Protocol):
     """Told when each llama_decode starts and ends (the loop's interrupt window)."""
 
-    def begin(self, interruptible: bool, kind: str, threads: int) -> None: ...
+    def begin(self, interruptible: bool, kind: str, threads: int, batch_only: bool = False) -> None: ...
 
     def end(self, completed: bool) -> None: ...
 
 
 class _Unwatched:
-    def begin(self, interruptible: bool, kind: str, threads: int) -> None:
+    def begin(self, interruptible: bool, kind: str, threads: int, batch_only: bool = False) -> None:
         pass
 
     def end(self, completed: bool) -> None:
@@ -96,6 +97,7 @@ class EngineCore(SingleWriter):
         self._on_finished = on_finished
         self._cut_by_governor = False
         self._lane_busy = lane_busy  # the first-token lane is computing a prompt
+        self._held_since: float | None = None  # batch work has waited for the lane since then
         self.board = board or StatsBoard()
         self.publish_stats()
 
@@ -136,10 +138,9 @@ class EngineCore(SingleWriter):
 
     def step(self) -> bool:
         """One engine step; False when there was nothing to decode."""
-        if self._lane_busy() and not any(seq.is_decoding for seq in self.scheduler.running):
-            # A step of prompt chunks alone would share the cores with the lane's prompt, which
-            # is handed over within tens of milliseconds; decode steps do not wait.
+        if self._hold_for_lane():
             return False
+        self._held_since = None
         clock = time.perf_counter
         t0 = clock()
         self.step_cost.expect_threads(self.thread_governor.current)
@@ -161,7 +162,8 @@ class EngineCore(SingleWriter):
         self.runner.set_threads(threads)
         self.publish_stats()  # readers see this step's admissions while it decodes
         t2 = clock()
-        outcome = self._decode(plan.interruptible, kind, threads)
+        batch_only = all(c.seq.request.priority is Priority.BATCH for c in plan.chunks)
+        outcome = self._decode(plan.interruptible, kind, threads, batch_only)
         t3 = clock()
         if outcome is not DecodeOutcome.OK:
             self._recover(outcome)
@@ -195,6 +197,20 @@ class EngineCore(SingleWriter):
         if DEBUG_CHECKS:
             self.kv_cache.check()
         return True
+
+    def _hold_for_lane(self) -> bool:
+        """Whether this turn waits for the first-token lane. A step of batch work would share the
+        two cores with the lane's prompt (three ggml threads on two cores slow both), which is
+        handed over within tens of milliseconds; interactive sequences already decoding do not
+        wait, and batch work waits at most LANE_HOLD_MAX_S before a step of its own."""
+        now = time.perf_counter()
+        if not self._lane_busy() or any(s.is_decoding and s.request.priority is Priority.INTERACTIVE
+                                        for s in self.scheduler.running):
+            self._held_since = None
+            return False
+        if self._held_since is None:
+            self._held_since = now
+        return now - self._held_since < LANE_HOLD_MAX_S
 
     def _record_step(self, carried: tuple[int, int, int, int], made: tuple[int, int] | list[int], seconds: float,
                      threads: int, done: bool, interrupted: bool) -> None:
@@ -241,8 +257,8 @@ class EngineCore(SingleWriter):
         return copies
 
     # ---- the step's parts -------------------------------------------------------------------
-    def _decode(self, interruptible: bool, kind: str, threads: int) -> DecodeOutcome:
-        self._watch.begin(interruptible, kind, threads)
+    def _decode(self, interruptible: bool, kind: str, threads: int, batch_only: bool) -> DecodeOutcome:
+        self._watch.begin(interruptible, kind, threads, batch_only)
         self.thread_governor.begin()
         outcome = DecodeOutcome.ABORTED
         try:

@@ -38,6 +38,7 @@ class InterruptWindow:
         self._interruptible = False  # the step in flight was planned interruptible
         self._started = 0.0
         self._kind: tuple[str, int] = ("decode", 0)
+        self._batch_only = False
         self._in_flight = False
         # An arrival between two decodes may come after the engine took its inbox for the next
         # step: that step was planned without it, so it is aborted as soon as it starts.
@@ -45,11 +46,13 @@ class InterruptWindow:
         # Seconds by (step kind, threads), moving average of interruptible steps.
         self.typical_steps: dict[tuple[str, int], float] = {}
 
-    def begin(self, interruptible: bool, kind: str = "decode", threads: int = 0) -> None:
+    def begin(self, interruptible: bool, kind: str = "decode", threads: int = 0, batch_only: bool = False) -> None:
+        """`batch_only`: no interactive sequence is in the step (it waits for the lane)."""
         with self._lock:
             self._interrupter.reset()
             self._open = self._interruptible = interruptible
             self._kind = (kind, threads)
+            self._batch_only = batch_only
             self._started = self._clock()
             self._in_flight = True
             # A step planned after the arrival was taken is not interruptible (it carries the
@@ -72,10 +75,11 @@ class InterruptWindow:
     def lane_started(self) -> bool:
         """The first-token lane took an arrival: abort a step of prompt chunks alone in flight,
         however far it is (the lane would share the cores with it, and at depth an abort may
-        land only when a long attention node ends, so the lane does not wait for it). True if
+        land only when a long attention node ends, so the lane does not wait for it), or a step
+        of batch work alone early in it (batch work waits for the lane: engine/core.py). True if
         one was told to abort."""
         with self._lock:
-            if self._open and self._kind[0] == "prompt":
+            if self._open and (self._kind[0] == "prompt" or (self._batch_only and self._young())):
                 self._interrupter.interrupt()
                 self._open = False
                 return True

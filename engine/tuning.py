@@ -42,6 +42,7 @@ TYPICAL_STEP_NEWEST_WEIGHT = 0.2
 # prompt takes 65 ms against 36 on two (66a3cd9, docs/scheduling.md, "The first-token lane";
 # bench/results/20261127T042334Z-mixed-priority).
 LANE_THREADS = 1
+LANE_HOLD_MAX_S = 0.3  # judgement: a short prompt's first token on one thread takes 25-220 ms
 LANE_MIN_CELLS = 256  # llama.cpp pads a context to a multiple of 256 cells anyway
 
 # ---- the engine loop (engine/loop.py) ----------------------------------------------------------

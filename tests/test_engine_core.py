@@ -485,3 +485,50 @@ def test_an_arrival_in_the_first_token_lane_aborts_a_prompt_only_step_however_fa
     window.end(completed=False)
     window.begin(interruptible=False, kind="prompt")  # an interactive prompt's own step
     assert not window.lane_started() and not interrupter.interrupted
+
+
+def test_batch_steps_wait_for_the_first_token_lane_a_bounded_time(monkeypatch):
+    import engine.core as core_module
+
+    busy = [False]
+    config = EngineConfig(n_ctx=1024, max_running=4, step_token_budget=64, n_threads=1, prefix_cache=False,
+                          speculative=False)
+    runner = FakeRunner(config.n_ctx)
+    core = EngineCore(FakeModel(), runner, config, lane_busy=lambda: busy[0])
+    intake = Intake(FakeModel(), config.n_ctx, canceller=lambda request_id: None)
+    batch = intake.sequence(prompt(1), dict(max_tokens=50, request_id="b", priority="batch", temperature=0.0))
+    core.add(batch)
+    for _ in range(3):
+        assert core.step()
+    made = len(batch.tokens)
+    busy[0] = True  # the lane computes an arrival's prompt: batch work waits, not sharing the cores
+    monkeypatch.setattr(core_module, "LANE_HOLD_MAX_S", 0.05)
+    assert not core.step() and not core.step() and len(batch.tokens) == made
+    time.sleep(0.06)  # waited its bound: one step of its own, then it may wait again
+    assert core.step() and len(batch.tokens) == made + 1
+    assert not core.step()
+    chat = intake.sequence(prompt(2), dict(max_tokens=50, request_id="i", priority="interactive", temperature=0.0))
+    core.add(chat)  # (as a sequence handed over by the lane would be)
+    time.sleep(0.06)
+    assert core.step()  # the chat's prompt
+    assert core.step() and core.step()  # an interactive sequence decoding never waits
+    busy[0] = False
+    assert core.step()
+
+
+def test_the_lane_taking_an_arrival_aborts_a_young_step_of_batch_work_alone():
+    for kind in ("decode", "mixed"):
+        interrupter, now, window = _window_with_typical_steps(kind)
+        window.begin(interruptible=True, kind=kind, batch_only=True)
+        now[0] += 0.01
+        assert window.lane_started() and interrupter.interrupted
+        window.end(completed=False)
+        interrupter.interrupted = False
+        window.begin(interruptible=True, kind=kind, batch_only=True)
+        now[0] += 0.9  # late in the step: its output projection cannot be aborted
+        assert not window.lane_started() and not interrupter.interrupted
+        window.end(completed=True)
+        window.begin(interruptible=True, kind=kind, batch_only=False)
+        now[0] += 0.01  # interactive rows in it: they do not wait for the lane, nothing to gain
+        assert not window.lane_started() and not interrupter.interrupted
+        window.end(completed=True)

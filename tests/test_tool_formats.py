@@ -296,6 +296,15 @@ def test_a_hand_written_answer_parses_streamed_as_whole(template):
         for a, b in zip([0] + cuts, cuts + [len(text)]):
             streamed.feed(text[a:b])
         assert [(c.name, c.arguments) for c in streamed.finish(stopped=True)] == got
+    if syntax.calls_after_text:  # text first, as the template writes it, under auto
+        answer = "Let me look that up." + syntax.text_joint + text
+        for _ in range(5):
+            cuts = sorted(rng.sample(range(1, len(answer)), rng.randint(1, 25)))
+            streamed = reader_for(tools, "auto")
+            for a, b in zip([0] + cuts, cuts + [len(answer)]):
+                streamed.feed(answer[a:b])
+            assert [(c.name, c.arguments) for c in streamed.finish(stopped=True)] == got
+            assert streamed.content() == "Let me look that up."
 
 
 @pytest.mark.parametrize("template", ["Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.1-8B-Instruct",
