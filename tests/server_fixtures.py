@@ -3,6 +3,7 @@ real engine, and checks that the engine is idle with every KV sequence freed."""
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import json
 import os
@@ -187,7 +188,33 @@ def spawn_serve(*args: str, launcher: tuple[str, ...] = ("-m", "server.cli"), lo
     )
     if log is not None:
         out.close()
+    else:
+        _drain(proc)
     return proc, f"http://127.0.0.1:{port}"
+
+
+def _drain(proc: subprocess.Popen) -> None:
+    """Read the server's output as it comes, keeping its last lines (proc.output_tail): a pipe
+    nobody reads fills at 64 KB, and the server's next log line then blocks it (a store failing
+    many times logs that much), which looks like a hung server."""
+    tail: collections.deque[str] = collections.deque(maxlen=200)
+    proc.output_tail = tail  # type: ignore[attr-defined]
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            tail.append(line)
+
+    reader = threading.Thread(target=read, daemon=True, name=f"serve-{proc.pid}-output")
+    reader.start()
+    proc.output_reader = reader  # type: ignore[attr-defined]
+
+
+def output_of(proc: subprocess.Popen) -> str:
+    """The last lines a spawned server wrote (all of them when it wrote to a log file: read that)."""
+    reader = getattr(proc, "output_reader", None)
+    if reader is not None and proc.poll() is not None:
+        reader.join(5)  # the pipe ends with the process: the last lines are in
+    return "".join(getattr(proc, "output_tail", ())) or f"exited {proc.returncode}"
 
 
 def wait_serving(proc: subprocess.Popen, url: str, timeout: float = 180) -> None:
@@ -196,7 +223,7 @@ def wait_serving(proc: subprocess.Popen, url: str, timeout: float = 180) -> None
         try:
             return httpx.get(f"{url}/health", timeout=2).status_code == 200
         except httpx.TransportError:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else f"exited {proc.returncode}"
+            assert proc.poll() is None, output_of(proc)
             return False
 
     wait_until(ready, timeout, "cobatch serve did not become ready")
