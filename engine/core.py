@@ -140,7 +140,6 @@ class EngineCore(SingleWriter):
         """One engine step; False when there was nothing to decode."""
         if self._hold_for_lane():
             return False
-        self._held_since = None
         clock = time.perf_counter
         t0 = clock()
         self.step_cost.expect_threads(self.thread_governor.current)
@@ -210,7 +209,10 @@ class EngineCore(SingleWriter):
             return False
         if self._held_since is None:
             self._held_since = now
-        return now - self._held_since < LANE_HOLD_MAX_S
+        if now - self._held_since < LANE_HOLD_MAX_S:
+            return True
+        self._held_since = None  # waited its bound: one step of its own, then it may wait again
+        return False
 
     def _record_step(self, carried: tuple[int, int, int, int], made: tuple[int, int] | list[int], seconds: float,
                      threads: int, done: bool, interrupted: bool) -> None:

@@ -201,7 +201,7 @@ class ChatAnswer(_Answer):
         reader = self.readers[i]
         calls = reader.finish(stopped=result.finish_reason is FinishReason.STOP)
         # The content: the text, or the text written before calls (none for most answers that call).
-        content = reader.content() or None if reader.is_calls else reader.content()
+        content = (reader.content() or None) if reader.is_calls else reader.content()
         if calls is None:  # text, or (never in practice: the grammar closes in time) a call cut short
             return {"role": "assistant", "content": content}, openai_finish_reason(result)
         tool_calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}

@@ -8,15 +8,9 @@ vocabulary, with what of each comes after the marker, so a step checks only thos
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from .vocab_index import VocabIndex
-
-
-class Completing(NamedTuple):
-    tokens: dict[int, bytes]  # token -> its bytes after the marker's end
 
 
 def transitions(marker: bytes) -> np.ndarray:
@@ -39,31 +33,32 @@ class MarkerWatch:
             raise ValueError("an empty marker")
         self.marker = marker
         self._table = idx.derived(("marker_table", marker), lambda: transitions(marker))
-        self.completing: tuple[Completing, ...] = idx.derived(
+        # Per state: token -> its bytes after the marker's end, for the tokens that complete it.
+        self.completing: tuple[dict[int, bytes], ...] = idx.derived(
             ("marker_completing", marker), lambda: _completing(self._table, marker, idx))
 
     def run(self, state: int, data: bytes) -> tuple[int, int | None]:
         """(the state after `data`, the offset in `data` just past the marker's first completion,
         None if it does not complete)."""
-        table, m = self._table, len(self.marker)
-        for i, byte in enumerate(data):
-            state = int(table[state, byte])
-            if state == m:
-                return state, i + 1
-        return state, None
+        return _run(self._table, len(self.marker), state, data)
 
 
-def _completing(table: np.ndarray, marker: bytes, idx: VocabIndex) -> tuple[Completing, ...]:
+def _run(table: np.ndarray, m: int, state: int, data: bytes) -> tuple[int, int | None]:
+    for i, byte in enumerate(data):
+        state = int(table[state, byte])
+        if state == m:
+            return state, i + 1
+    return state, None
+
+
+def _completing(table: np.ndarray, marker: bytes, idx: VocabIndex) -> tuple[dict[int, bytes], ...]:
     m, last = len(marker), marker[-1]
     per_state: list[dict[int, bytes]] = [{} for _ in range(m)]
     for token, data in enumerate(idx.token_bytes):
         if last not in data:  # the marker completes on its last byte
             continue
         for start in range(m):
-            state = start
-            for i, byte in enumerate(data):
-                state = int(table[state, byte])
-                if state == m:
-                    per_state[start][token] = data[i + 1:]
-                    break
-    return tuple(Completing(d) for d in per_state)
+            _, end = _run(table, m, start, data)
+            if end is not None:
+                per_state[start][token] = data[end:]
+    return tuple(per_state)

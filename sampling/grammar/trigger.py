@@ -95,7 +95,7 @@ class TriggeredMatcher:
             return self._may_open(remaining_tokens)
         if self._watch is None:
             return True
-        rest = self._watch.completing[self._marker_state].tokens.get(token)
+        rest = self._watch.completing[self._marker_state].get(token)
         if rest is None:
             return True
         needed = self._opened_by.get(rest, -1)
@@ -110,7 +110,7 @@ class TriggeredMatcher:
         return needed is not None and (remaining_tokens is None or needed <= remaining_tokens - 1)
 
     def _prose_mask(self, remaining_tokens: int | None) -> np.ndarray:
-        candidates = [] if self._watch is None else list(self._watch.completing[self._marker_state].tokens)
+        candidates = [] if self._watch is None else list(self._watch.completing[self._marker_state])
         if self._opening_token is not None:
             candidates.append(self._opening_token)
         refused = tuple(t for t in candidates if not self._may_open_after_text(t, remaining_tokens))
