@@ -75,6 +75,19 @@ def css(driver, selector: str):
     return driver.find_elements(By.CSS_SELECTOR, selector)
 
 
+def attributes(driver, selector: str, name: str) -> list[str | None]:
+    """One attribute of every match, read in one script: the live view replaces its cards on every
+    event, so a handle found a moment earlier may already be stale."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map((e) => e.getAttribute(arguments[1]))",
+        selector, name)
+
+
+def texts(driver, selector: str) -> list[str]:
+    return driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map((e) => e.textContent)", selector)
+
+
 def open_page(driver, url: str) -> None:
     driver.get(url + "/")
     driver.get_log("browser")  # drop what an earlier page logged
@@ -152,7 +165,7 @@ def test_the_page_loads_and_every_view_runs_without_console_errors(browser, serv
     wait_for(lambda: int(by_id(browser, "engine-status").get_attribute("data-events") or 0) >= 3, 20,
              "the live view got no events")
     assert by_id(browser, "steps-chart").is_displayed()
-    assert {c.get_attribute("data-card") for c in css(browser, "#engine-cards .card")} >= {
+    assert set(attributes(browser, "#engine-cards .card", "data-card")) >= {
         "running", "queued interactive", "queued batch", "decode threads", "KV blocks used / total"}
     by_id(browser, "tab-batches").click()
     assert by_id(browser, "upload-form").is_displayed() and not by_id(browser, "steps-chart").is_displayed()
@@ -298,7 +311,7 @@ def test_a_conversation_survives_a_server_restart_and_can_be_renamed_and_deleted
         wait_for(lambda: css(browser, "#conversation-list li[data-count='2']"), 10, "the conversation is not listed")
         css(browser, "#conversation-list li button[title=Rename]")[0].click()
         css(browser, "#conversation-list li input")[0].send_keys("Colours\n")  # the old title is selected
-        wait_for(lambda: [b.text for b in css(browser, "#conversation-list li .open")] == ["Colours"], 10, "no rename")
+        wait_for(lambda: texts(browser, "#conversation-list li .open") == ["Colours"], 10, "no rename")
     finally:
         _stop(proc)
     proc, url = _serve(data_dir)
