@@ -160,6 +160,9 @@ class GenerationService:
                 for handle in handles:
                     handle.cancel()  # client gone, or this task was cancelled (forced shutdown)
                 results_task.cancel()
+                # A cancelled gather ends holding a CancelledError; read it, or asyncio logs it as an
+                # error ("exception was never retrieved") on every disconnect.
+                results_task.add_done_callback(_retrieve)
 
     def client_left(self, handle: RequestHandle, endpoint: str, priority: str) -> None:
         if not handle.done():
@@ -248,6 +251,11 @@ def tools_refusal(exc: InvalidParameterError, spec: GenerationSpec) -> APIError:
                                   "within the parameters)", param=param)
         return BadRequest(f"'tools' cannot be compiled into a grammar: {message}", param="tools")
     return BadRequest(str(exc), param=exc.field)
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def _result_of(handle: RequestHandle) -> GenerationResult:
