@@ -15,7 +15,10 @@ A fourth server gives A a limit of --quota-in-flight requests in flight (B none)
 `within` A keeps exactly its limit in flight, `hammering` A keeps --a-in-flight in flight, all but
 the limit refused with 429 and retried after its Retry-After (1 s), as the `openai` SDK would
 (each client retries on its own, so about --a-in-flight refusals a second). B's median latency while A hammers, over
-its latency while A keeps within its limit: what refusals cost the others (target: about 1).
+its latency while A keeps within its limit: what refusals cost the others (target: about 1). The
+flood (A's clients beyond its limit) is sent over raw sockets from a process of its own at nice 19
+(--no-hostile-apart: `openai` clients beside B's): a hostile client is somebody else's machine,
+and on this one its CPU would be charged to the server.
 
 Targets (issue 47), per tier: backlogged with equal weights, B's share >= 0.45 (FIFO: about
 b / (a + b)); with weights 3:1, shares within 0.05 of 0.75 / 0.25; light, B's median latency
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import re
@@ -66,10 +70,14 @@ def in_flight(scenario: str, args: argparse.Namespace) -> dict[str, int]:
     return {"a": a, "b": b}
 
 
-async def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace,
-                 retry_s: float = 0.2) -> dict:
-    """Closed-loop clients for warmup + duration seconds; what finished inside the measured part.
-    A client whose request failed sends again `retry_s` later."""
+HOSTILE_NICE = 19  # the flood's own process: a client elsewhere costs this machine nothing
+
+
+async def run_clients(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace,
+                      retry_s: float, start_at: float) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Closed-loop clients from `start_at` (time.monotonic(), the same clock in every process) for
+    warmup + duration seconds: every answer, timed from start_at, and each tenant's failures. A
+    client whose request failed sends again `retry_s` later."""
     import openai
 
     clients = {t: openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEYS[t], max_retries=0, timeout=600)
@@ -77,12 +85,12 @@ async def window(url: str, model: str, tier: str, in_flight: dict[str, int], arg
     prompts = benchmark_prompts(64)
     finished: list[dict[str, Any]] = []
     failures = {t: 0 for t in in_flight}
-    t0 = time.perf_counter()
+    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
 
     async def client_loop(tenant: str, i: int) -> None:
         n = i
         while True:
-            start = time.perf_counter()
+            start = time.monotonic()
             try:
                 answer = await clients[tenant].chat.completions.create(
                     model=model, max_tokens=args.tokens, service_tier=SERVICE_TIER[tier],
@@ -94,18 +102,104 @@ async def window(url: str, model: str, tier: str, in_flight: dict[str, int], arg
                     print(f"{tenant}: request failed: {exc}", file=sys.stderr)
                 await asyncio.sleep(retry_s)
                 continue
-            end = time.perf_counter()
-            finished.append({"tenant": tenant, "start": start - t0, "end": end - t0,
+            end = time.monotonic()
+            finished.append({"tenant": tenant, "start": start - start_at, "end": end - start_at,
                              "tokens": answer.usage.completion_tokens if answer.usage else 0})
             n += len(prompts) // 2 + 1
 
     tasks = [asyncio.ensure_future(client_loop(t, i)) for t, n in in_flight.items() for i in range(n)]
-    await asyncio.sleep(args.warmup + args.duration)
+    await asyncio.sleep(max(0.0, start_at + args.warmup + args.duration - time.monotonic()))
     for task in tasks:
         task.cancel()  # the requests still out are cancelled by the server when their clients go
     await asyncio.gather(*tasks, return_exceptions=True)
     for client in clients.values():
         await client.close()
+    return finished, failures
+
+
+async def flood(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace,
+                retry_s: float, start_at: float) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """run_clients' closed loops over raw keep-alive sockets, each request's bytes built once: a
+    refusal costs this side a fraction of a millisecond (the `openai` client: about 8 ms), so the
+    flood keeps its rate on a machine whose cores the server fills. A refused client waits the
+    response's Retry-After (at least `retry_s`), as the `openai` SDK would."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    prompts = benchmark_prompts(64)
+    finished: list[dict[str, Any]] = []
+    failures = {t: 0 for t in in_flight}
+    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+
+    def request_bytes(tenant: str, n: int) -> bytes:
+        body = json.dumps({"model": model, "max_tokens": args.tokens, "service_tier": SERVICE_TIER[tier],
+                           "messages": [{"role": "user", "content": prompts[n % len(prompts)]}],
+                           "temperature": 0.0, "ignore_eos": True}).encode()
+        return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEYS[tenant]}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+    async def client_loop(tenant: str, i: int) -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            request = request_bytes(tenant, i)
+            while True:
+                start = time.monotonic()
+                writer.write(request)
+                status = int((await reader.readline()).split()[1])
+                headers = {}
+                while (line := await reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.decode().partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                body = await reader.readexactly(int(headers.get("content-length", 0)))
+                if status == 200:
+                    finished.append({"tenant": tenant, "start": start - start_at, "end": time.monotonic() - start_at,
+                                     "tokens": json.loads(body)["usage"]["completion_tokens"]})
+                    continue
+                failures[tenant] += 1
+                await asyncio.sleep(max(retry_s, float(headers.get("retry-after", 0))))
+        finally:
+            writer.close()
+
+    tasks = [asyncio.ensure_future(client_loop(t, i)) for t, n in in_flight.items() for i in range(n)]
+    await asyncio.sleep(max(0.0, start_at + args.warmup + args.duration - time.monotonic()))
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return finished, failures
+
+
+def _hostile_process(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace,
+                     retry_s: float, start_at: float, out: Any) -> None:
+    os.nice(HOSTILE_NICE)
+    out.put(asyncio.run(flood(url, model, tier, in_flight, args, retry_s, start_at)))
+
+
+def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace,
+           retry_s: float = 0.2, apart: dict[str, int] | None = None) -> dict:
+    """What finished inside the measured part of a window. `apart` of each tenant's clients run in
+    a process of their own at nice 19 (the rest in this one), so the load a flood of refused
+    requests puts on the machine's cores is not charged to the server; its CPU seconds are reported."""
+    import multiprocessing
+    import resource
+
+    apart = {t: n for t, n in (apart or {}).items() if n > 0}
+    start_at = time.monotonic() + (3.0 if apart else 0.0)  # the other process's imports
+    own = {t: n - apart.get(t, 0) for t, n in in_flight.items()}
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    process = None
+    if apart:
+        context = multiprocessing.get_context("spawn")
+        out = context.Queue()
+        process = context.Process(target=_hostile_process, daemon=True,
+                                  args=(url, model, tier, apart, args, retry_s, start_at, out))
+        process.start()
+    finished, failures = asyncio.run(run_clients(url, model, tier, own, args, retry_s, start_at))
+    hostile_cpu = 0.0
+    if process is not None:
+        theirs, their_failures = out.get(timeout=120)
+        process.join(30)
+        finished = finished + theirs
+        failures = {t: failures.get(t, 0) + their_failures.get(t, 0) for t in in_flight}
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        hostile_cpu = (children.ru_utime - children_before.ru_utime) + (children.ru_stime - children_before.ru_stime)
     lo, hi = args.warmup, args.warmup + args.duration
     inside = [f for f in finished if lo <= f["end"] <= hi]
     tokens = {t: sum(f["tokens"] for f in inside if f["tenant"] == t) for t in in_flight}
@@ -118,6 +212,7 @@ async def window(url: str, model: str, tier: str, in_flight: dict[str, int], arg
         "median_latency_s": {t: (statistics.median(v) if v else float("nan")) for t, v in latencies.items()},
         "tok_s": total / args.duration,
         "failures": failures,
+        "apart_cpu_s": round(hostile_cpu, 1),
     }
 
 
@@ -150,11 +245,15 @@ def one_trial(args: argparse.Namespace, trial: int, record: RunRecord) -> None:
                         wanted = in_flight(scenario, args)
                         retry_s = 1.0 if scenario == "hammering" else 0.2  # a 429's Retry-After
                         cpu_before = _cpu_seconds(server.process.pid), time.process_time()
-                        result = asyncio.run(window(server.url, model, tier, wanted, args, retry_s))
+                        flood = {"a": wanted["a"] - args.quota_in_flight} if scenario == "hammering" else None
+                        result = window(server.url, model, tier, wanted, args, retry_s,
+                                        apart=flood if args.hostile_apart else None)
                         # The clients run on the same cores: what they spent is the load generator's
                         # share of any slowdown, not the server's.
+                        apart_cpu = result.pop("apart_cpu_s")
                         result["cpu_s"] = {"server": round(_cpu_seconds(server.process.pid) - cpu_before[0], 1),
-                                           "clients": round(time.process_time() - cpu_before[1], 1)}
+                                           "clients": round(time.process_time() - cpu_before[1] + apart_cpu, 1),
+                                           "apart": apart_cpu}
                         wait_drained(server.url)
                         record.trial(trial=trial, rule=rule, weight_a=weight_a, tier=tier, scenario=scenario,
                                      in_flight=wanted, **result)
@@ -191,7 +290,7 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
                      f'{t["median_latency_s"]["b"] / fifo["median_latency_s"]["b"]:.2f}' if fifo else "-",
                      f'{t["tok_s"]:.1f}', f'{t["tok_s"] / fifo["tok_s"]:.3f}' if fifo and fifo["tok_s"] else "-",
                      sum(t["failures"].values()),
-                     f'{t["cpu_s"]["server"]} / {t["cpu_s"]["clients"]}' if "cpu_s" in t else "-"])
+                     _cpu_cell(t)])
     table = markdown_table(["trial", "tier", "scenario", "rule", "in flight A/B", "A share", "B share", "B requests",
                             "B median latency s", "B latency / baseline", "tok/s", "tok/s / baseline", "failures",
                             "CPU s: server / clients"],
@@ -252,9 +351,21 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
         f"is the row's baseline column: FIFO's for the fair-share rows, `within` for `hammering`). The clients "
         f"run on the same cores as the server: the last column is what each spent over the window's "
         f"{args.warmup + args.duration:g} s, so a slowdown under hammering splits into the refusals' cost to the "
-        "server and the load generator's to the machine."
+        "server and the load generator's to the machine. "
+        + (f"Under hammering, A's clients beyond its limit send over raw sockets from a process of their own at "
+           f"nice {HOSTILE_NICE} (in brackets: its CPU seconds), as a client on another machine would cost this "
+           "one nothing; `failures` counts their 429s."
+           if args.hostile_apart else "All clients run in one process at normal priority.")
     )
     return summary, headline
+
+
+def _cpu_cell(t: dict) -> str:
+    if "cpu_s" not in t:
+        return "-"
+    cpu = t["cpu_s"]
+    apart = f' ({cpu["apart"]} at nice {HOSTILE_NICE})' if cpu.get("apart") else ""
+    return f'{cpu["server"]} / {cpu["clients"]}{apart}'
 
 
 def _verdict(ok: bool, measured: float) -> str:
@@ -276,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiers", nargs="+", choices=list(SERVICE_TIER), default=list(SERVICE_TIER))
     parser.add_argument("--rules", nargs="+", choices=[s[0] for s in SERVERS], default=[s[0] for s in SERVERS],
                         help="the servers to run (a target without its baseline's server is not judged)")
+    parser.add_argument("--hostile-apart", action=argparse.BooleanOptionalAction, default=True,
+                        help="under hammering, run A's clients beyond its limit in their own process at nice 19")
     parser.add_argument("--max-running", "--max-batch", type=int, default=32)
     parser.add_argument("--n-ctx", type=int, default=8192)
     args = parser.parse_args(argv)
