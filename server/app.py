@@ -30,6 +30,7 @@ from server.errors import CLIENT_CLOSED_REQUEST, APIError, InternalError, Method
 from server.generation import GenerationService
 from server.health import health_payload
 from server.jobs.routes import Jobs, job_routes
+from server.limit_gate import LimitGate
 from server.metrics import ServerMetrics
 from server.responses_keeper import ResponseKeeper
 from server.responses_stored_routes import stored_response_routes
@@ -132,6 +133,9 @@ def create_app(
         check = KeyCheck(settings.api_keys, settings.admin_api_keys, settings.tenant_keys)
         open_paths = OPEN_PATHS | page_paths if settings.protect_metrics else OPEN_PATHS | page_paths | {"/metrics"}
         middleware.append(Middleware(RequireKeys, check=check, open_paths=open_paths))
+        middleware.append(Middleware(LimitGate, quotas=quotas, metrics=metrics, endpoints={
+            "/generate": "generate", "/v1/completions": "completions", "/v1/chat/completions": "chat_completions",
+            "/v1/responses": responses_routes.RESPONSES, "/v1/messages": anthropic_routes.MESSAGES}))
         own_headers = {"Authorization": f"Bearer {check.internal_key}"}
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={HTTPException: _http_exception})

@@ -71,9 +71,7 @@ class GenerationService:
             self.metrics.observe_tenant_refusal(tenant.name, "tier_not_allowed")
             raise Forbidden(f"this API key may not use the {tier} tier; it may use "
                             f"{' and '.join(sorted(tenant.tiers))}", param="service_tier", code="tier_not_allowed")
-        try:
-            if not caller.internal:
-                self.quotas.refuse_early(tenant)
+        try:  # a tenant already at a request limit was refused at the door (server/limit_gate.py)
             future = asyncio.get_running_loop().run_in_executor(None, self._submit_blocking, specs, id_prefix, caller)
             submitted, admission = await asyncio.shield(future)
         except asyncio.CancelledError:

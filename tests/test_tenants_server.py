@@ -72,11 +72,22 @@ def test_the_request_past_max_in_flight_gets_a_429_with_the_headers_and_others_a
         assert refused.headers["x-ratelimit-limit-requests"] == "2"
         assert refused.headers["x-ratelimit-remaining-requests"] == "0"
         assert refused.headers["x-ratelimit-reset-requests"] == "1s" and refused.headers["retry-after"] == "1"
+        # Refused at the door, before the body is read: even one that is not JSON gets the 429,
+        # in the shape of the route's API.
+        not_json = client.post("/v1/chat/completions", content=b"{not json", headers=auth("sk-busy"))
+        assert not_json.status_code == 429 and not_json.json()["error"]["code"] == "rate_limit_exceeded"
+        assert not_json.headers["retry-after"] == "1"
+        anthropic_shape = client.post("/v1/messages", json={}, headers={"x-api-key": "sk-busy"})
+        assert anthropic_shape.status_code == 429
+        assert anthropic_shape.json()["type"] == "error" and anthropic_shape.json()["error"]["type"] == "rate_limit_error"
+        assert client.post("/tokenize", json={"prompt": "hi"}, headers=auth("sk-busy")).status_code == 200  # not generation
         other = generate(client, "sk-other")  # another tenant is not held back by busy's limit
         assert other.status_code == 200 and other.json()["metrics"]["tokens_generated"] == TOKENS_PER_REQUEST_MAX
         samples = scrape(client)
         assert metric(samples, "cobatch_tenant_requests_in_flight", tenant="busy") == 2
-        assert metric(samples, "cobatch_tenant_refusals_total", tenant="busy", reason="in_flight") == 1
+        assert metric(samples, "cobatch_tenant_refusals_total", tenant="busy", reason="in_flight") == 3
+        assert metric(samples, "cobatch_requests_rejected_total", endpoint="chat_completions", status="429",
+                      reason="rate_limit_exceeded") == 1
     finally:
         for stream in streams:
             stream.__exit__(None, None, None)  # hang up: the requests are cancelled
