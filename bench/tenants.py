@@ -22,7 +22,11 @@ and on this one its CPU would be charged to the server.
 
 Targets (issue 47), per tier: backlogged with equal weights, B's share >= 0.45 (FIFO: about
 b / (a + b)); with weights 3:1, shares within 0.05 of 0.75 / 0.25; light, B's median latency
-<= 0.5x its latency under FIFO; total tok/s >= 0.95 of FIFO's in both scenarios.
+<= 0.5x its latency under FIFO; total tok/s >= 0.95 of FIFO's in both scenarios. Total tok/s is the
+tier's tokens as the server computed them over the measured part (its counter
+cobatch_priority_tokens_produced_total, read at both ends): answers of one length started
+together end together, so counting the answers that ended in the window jumps by whole waves of
+them (50 s windows held 2 or 3 waves of 32 answers: 82 or 123 tok/s for the same server).
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ import re
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -172,6 +177,16 @@ def _hostile_process(url: str, model: str, tier: str, in_flight: dict[str, int],
     out.put(asyncio.run(flood(url, model, tier, in_flight, args, retry_s, start_at)))
 
 
+def _read_produced(url: str, tier: str, at: tuple[float, ...], out: list[float]) -> None:
+    pattern = re.compile(rf'^cobatch_priority_tokens_produced_total{{priority="{tier}"}} ([0-9.e+]+)$', re.M)
+    for moment in at:
+        time.sleep(max(0.0, moment - time.monotonic()))
+        match = pattern.search(httpx.get(url + "/metrics", timeout=10).text)
+        if match is None:
+            return
+        out.append(float(match.group(1)))
+
+
 def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace,
            retry_s: float = 0.2, apart: dict[str, int] | None = None) -> dict:
     """What finished inside the measured part of a window. `apart` of each tenant's clients run in
@@ -191,7 +206,13 @@ def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: arg
         process = context.Process(target=_hostile_process, daemon=True,
                                   args=(url, model, tier, apart, args, retry_s, start_at, out))
         process.start()
+    produced: list[float] = []  # the tier's tokens produced, read as the measured part starts and ends
+    reader = threading.Thread(target=_read_produced, daemon=True,
+                              args=(url, tier, (start_at + args.warmup, start_at + args.warmup + args.duration),
+                                    produced))
+    reader.start()
     finished, failures = asyncio.run(run_clients(url, model, tier, own, args, retry_s, start_at))
+    reader.join(30)
     hostile_cpu = 0.0
     if process is not None:
         theirs, their_failures = out.get(timeout=120)
@@ -210,7 +231,10 @@ def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: arg
         "requests": {t: len(v) for t, v in latencies.items()},
         "share": {t: (n / total if total else float("nan")) for t, n in tokens.items()},
         "median_latency_s": {t: (statistics.median(v) if v else float("nan")) for t, v in latencies.items()},
-        "tok_s": total / args.duration,
+        # As computed: answers of 64 tokens started together end together, so the tokens of the
+        # answers that ended inside the window jump by whole waves of them.
+        "tok_s": (produced[1] - produced[0]) / args.duration if len(produced) == 2 else float("nan"),
+        "tok_s_finished": total / args.duration,
         "failures": failures,
         "apart_cpu_s": round(hostile_cpu, 1),
     }
@@ -338,7 +362,9 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
         f"Tenants: two keys, closed-loop `openai` chat clients of {args.tokens}-token answers; backlogged: A keeps "
         f"{args.a_in_flight} in flight, B {args.b_in_flight}; light: B keeps {args.light_in_flight}; windows of "
         f"{args.warmup:g} s warm-up + {args.duration:g} s measured; `cobatch serve --max-running {args.max_running} "
-        f"--threads {args.threads}`, `--fair-share off` (FIFO) or `on` with A's weight 1 or 3, in each tier.\n\n"
+        f"--threads {args.threads}`, `--fair-share off` (FIFO) or `on` with A's weight 1 or 3, in each tier. "
+        "Shares and latencies: the answers that ended inside the measured part; tok/s: the tier's tokens as "
+        "computed over it (the server's counter).\n\n"
         f"{table}\n\nTargets, worst over tiers and trials: equal weights, B's share >= 0.45: "
         f"{_verdict(met[0], headline['equal_weights_b_share_min'])} ({headline['equal_weights_b_share_min']}; FIFO {headline['fifo_b_share_max']}); "
         f"weights 3:1, shares within 0.05 of 0.75 / 0.25: {_verdict(met[1], headline['weights_3_1_share_error_max'])} "

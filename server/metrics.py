@@ -211,12 +211,20 @@ def _tier_metrics(stats: EngineStats) -> Iterable:
                                     "request (KV kept), by priority", labels=["priority"])
     admitted = CounterMetricFamily("cobatch_priority_admissions", "Admissions (resumptions after suspension "
                                    "or preemption included), by priority", labels=["priority"])
+    # Counted step by step as computed: a rate over a short window is not bunched into the
+    # moments requests finish, as cobatch_generated_tokens is.
+    computed = CounterMetricFamily("cobatch_priority_prompt_tokens_computed", "Prompt (and recomputed) tokens "
+                                   "fed to llama_decode, by priority", labels=["priority"])
+    produced = CounterMetricFamily("cobatch_priority_tokens_produced", "Tokens produced as they are computed "
+                                   "(sampled, verified drafts, forced), by priority", labels=["priority"])
     for name, tier in sorted(stats.tiers.items()):
         running.add_metric([name], tier.running)
         preempted.add_metric([name], tier.preemptions)
         suspended.add_metric([name], tier.suspensions)
         admitted.add_metric([name], tier.admitted)
-    yield from (running, preempted, suspended, admitted)
+        computed.add_metric([name], tier.prompt_tokens)
+        produced.add_metric([name], tier.tokens_generated)
+    yield from (running, preempted, suspended, admitted, computed, produced)
     yield _single(CounterMetricFamily, "cobatch_engine_steps_interrupted",
                   "Batch-only steps aborted for an arriving interactive request", stats.steps_interrupted)
     yield _single(CounterMetricFamily, "cobatch_first_token_lane_requests", "Interactive requests whose first "

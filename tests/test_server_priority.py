@@ -37,8 +37,14 @@ def test_timeout_is_validated(http, openai_client):
 
 
 def test_per_tier_metrics_are_exported(http):
-    http.post("/generate", json={"prompt": "Hi", "max_tokens": 2, "priority": "interactive"})
+    before = scrape(http)
+    http.post("/generate", json={"prompt": "Hi", "max_tokens": 2, "priority": "interactive", "ignore_eos": True})
     text = scrape(http)
+    # Tokens as computed: this request's two, and its prompt (a cached part is not computed).
+    produced = "cobatch_priority_tokens_produced_total"
+    assert metric(text, produced, priority="interactive") - metric(before, produced, priority="interactive") == 2
+    computed = "cobatch_priority_prompt_tokens_computed_total"
+    assert metric(text, computed, priority="interactive") > metric(before, computed, priority="interactive")
     assert metric(text, "cobatch_priority_admissions_total", priority="interactive") >= 1
     assert metric(text, "cobatch_priority_running_sequences", priority="batch") == 0
     assert any(name == "cobatch_engine_steps_interrupted_total" for name, _ in text)
