@@ -346,6 +346,8 @@ class JobRunner:
 
     async def _one(self, job: _Job, request: PendingRequest) -> None:
         try:
+            if self._stopping:  # taken before the drain began and not sent yet: it stays pending
+                return
             try:
                 outcome = await self._execute(job.endpoint, request.body, owner=job.owner)
             except asyncio.CancelledError:
