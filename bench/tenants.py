@@ -23,8 +23,9 @@ and on this one its CPU would be charged to the server.
 Targets (issue 47), per tier: backlogged with equal weights, B's share >= 0.45 (FIFO: about
 b / (a + b)); with weights 3:1, shares within 0.05 of 0.75 / 0.25; light, B's median latency
 <= 0.5x its latency under FIFO; total tok/s >= 0.95 of FIFO's in both scenarios. Total tok/s is the
-tier's tokens as the server computed them over the measured part (its counter
-cobatch_priority_tokens_produced_total, read at both ends): answers of one length started
+tier's tokens, and a share each tenant's, as the server computed them over the measured part (its
+counters cobatch_priority_tokens_produced_total and cobatch_tenant_tokens_produced_total, read at
+both ends): answers of one length started
 together end together, so counting the answers that ended in the window jumps by whole waves of
 them (50 s windows held 2 or 3 waves of 32 answers: 82 or 123 tok/s for the same server).
 """
@@ -177,14 +178,17 @@ def _hostile_process(url: str, model: str, tier: str, in_flight: dict[str, int],
     out.put(asyncio.run(flood(url, model, tier, in_flight, args, retry_s, start_at)))
 
 
-def _read_produced(url: str, tier: str, at: tuple[float, ...], out: list[float]) -> None:
-    pattern = re.compile(rf'^cobatch_priority_tokens_produced_total{{priority="{tier}"}} ([0-9.e+]+)$', re.M)
+def _read_produced(url: str, tier: str, at: tuple[float, ...], out: list[dict[str, float]]) -> None:
+    """At each moment, the server's tokens produced (as computed) in `tier` and by each tenant."""
+    tier_pattern = re.compile(rf'^cobatch_priority_tokens_produced_total{{priority="{tier}"}} ([0-9.e+]+)$', re.M)
+    tenant_pattern = re.compile(r'^cobatch_tenant_tokens_produced_total{tenant="([^"]*)"} ([0-9.e+]+)$', re.M)
     for moment in at:
         time.sleep(max(0.0, moment - time.monotonic()))
-        match = pattern.search(httpx.get(url + "/metrics", timeout=10).text)
+        text = httpx.get(url + "/metrics", timeout=10).text
+        match = tier_pattern.search(text)
         if match is None:
             return
-        out.append(float(match.group(1)))
+        out.append({"tier": float(match.group(1)), **{t: float(n) for t, n in tenant_pattern.findall(text)}})
 
 
 def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace,
@@ -206,7 +210,7 @@ def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: arg
         process = context.Process(target=_hostile_process, daemon=True,
                                   args=(url, model, tier, apart, args, retry_s, start_at, out))
         process.start()
-    produced: list[float] = []  # the tier's tokens produced, read as the measured part starts and ends
+    produced: list[dict[str, float]] = []  # tokens produced, read as the measured part starts and ends
     reader = threading.Thread(target=_read_produced, daemon=True,
                               args=(url, tier, (start_at + args.warmup, start_at + args.warmup + args.duration),
                                     produced))
@@ -226,14 +230,18 @@ def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: arg
     tokens = {t: sum(f["tokens"] for f in inside if f["tenant"] == t) for t in in_flight}
     latencies = {t: [f["end"] - f["start"] for f in inside if f["tenant"] == t] for t in in_flight}
     total = sum(tokens.values())
+    # As computed: answers of 64 tokens started together end together, so the tokens of the
+    # answers that ended inside the window jump by whole waves of them.
+    computed = {k: produced[1].get(k, 0.0) - produced[0].get(k, 0.0) for k in ("tier", *in_flight)} \
+        if len(produced) == 2 else {}
+    by_tenant = sum(computed.get(t, 0.0) for t in in_flight)
     return {
         "tokens": tokens,
         "requests": {t: len(v) for t, v in latencies.items()},
-        "share": {t: (n / total if total else float("nan")) for t, n in tokens.items()},
+        "share": {t: (computed[t] / by_tenant if by_tenant else float("nan")) for t in in_flight},
+        "share_finished": {t: (n / total if total else float("nan")) for t, n in tokens.items()},
         "median_latency_s": {t: (statistics.median(v) if v else float("nan")) for t, v in latencies.items()},
-        # As computed: answers of 64 tokens started together end together, so the tokens of the
-        # answers that ended inside the window jump by whole waves of them.
-        "tok_s": (produced[1] - produced[0]) / args.duration if len(produced) == 2 else float("nan"),
+        "tok_s": computed["tier"] / args.duration if computed else float("nan"),
         "tok_s_finished": total / args.duration,
         "failures": failures,
         "apart_cpu_s": round(hostile_cpu, 1),
@@ -363,8 +371,8 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
         f"{args.a_in_flight} in flight, B {args.b_in_flight}; light: B keeps {args.light_in_flight}; windows of "
         f"{args.warmup:g} s warm-up + {args.duration:g} s measured; `cobatch serve --max-running {args.max_running} "
         f"--threads {args.threads}`, `--fair-share off` (FIFO) or `on` with A's weight 1 or 3, in each tier. "
-        "Shares and latencies: the answers that ended inside the measured part; tok/s: the tier's tokens as "
-        "computed over it (the server's counter).\n\n"
+        "Shares and tok/s: tokens as computed over the measured part (the server's counters, by tenant and by "
+        "tier); latencies: the answers that ended inside it.\n\n"
         f"{table}\n\nTargets, worst over tiers and trials: equal weights, B's share >= 0.45: "
         f"{_verdict(met[0], headline['equal_weights_b_share_min'])} ({headline['equal_weights_b_share_min']}; FIFO {headline['fifo_b_share_max']}); "
         f"weights 3:1, shares within 0.05 of 0.75 / 0.25: {_verdict(met[1], headline['weights_3_1_share_error_max'])} "

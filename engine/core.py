@@ -92,6 +92,7 @@ class EngineCore(SingleWriter):
         self.lane_first_tokens = 0  # sequences adopted with their first token from the lane
         self._finished = {p: 0 for p in Priority}
         self._tier_tokens = {p: [0, 0] for p in Priority}  # prompt tokens computed, tokens produced
+        self._tenant_tokens: dict[str, int] = {}  # tokens produced, by tenant (a share over any window)
         self.recent_steps: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
         self._watch = watch or _Unwatched()
         self._on_finished = on_finished
@@ -188,6 +189,8 @@ class EngineCore(SingleWriter):
         made = [0, 0]  # interactive, batch
         for seq, before in zip(seqs, lengths_before):
             made[seq.request.priority is Priority.BATCH] += len(seq.tokens) - before
+            tenant = seq.request.tenant
+            self._tenant_tokens[tenant] = self._tenant_tokens.get(tenant, 0) + len(seq.tokens) - before
         profile = self.profiles["decode" if kind == "decode" else "mixed"]
         profile.record((t1 - t0 - draft_s, draft_s, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens,
                        made[0] + made[1])
@@ -396,6 +399,7 @@ class EngineCore(SingleWriter):
             lane_first_tokens=self.lane_first_tokens,
             speculation=None if self.speculator is None else self.speculator.stats(),
             tenants_waiting=scheduler.policy.waiting_by_tenant(),
+            tenant_tokens_produced=dict(self._tenant_tokens),
             recent_steps=tuple(self.recent_steps),
         )
 

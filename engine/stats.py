@@ -64,6 +64,7 @@ class EngineStats:
     lane_first_tokens: int = 0  # requests whose first token the first-token lane gave (counted when handed back)
     speculation: SpeculationStats | None = None  # None: speculative decoding is off
     tenants_waiting: Mapping[str, int] = field(default_factory=dict)  # tenant → queued sequences (fair share on)
+    tenant_tokens_produced: Mapping[str, int] = field(default_factory=dict)  # tenant → tokens produced in steps
     recent_steps: tuple[StepRecord, ...] = ()  # the last RECENT_STEPS steps, oldest first
 
 

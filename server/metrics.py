@@ -200,6 +200,11 @@ class _TenantCollector(Collector):
         for tenant, n in sorted((stats.tenants_waiting if stats is not None else {}).items()):
             waiting.add_metric([tenant], n)
         yield waiting
+        produced = CounterMetricFamily("cobatch_tenant_tokens_produced", "Tokens produced as they are computed "
+                                       "(sampled, verified drafts, forced), by tenant", labels=["tenant"])
+        for tenant, n in sorted((stats.tenant_tokens_produced if stats is not None else {}).items()):
+            produced.add_metric([tenant], n)
+        yield produced
 
 
 def _tier_metrics(stats: EngineStats) -> Iterable:

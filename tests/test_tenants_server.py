@@ -92,7 +92,11 @@ def test_the_request_past_max_in_flight_gets_a_429_with_the_headers_and_others_a
         for stream in streams:
             stream.__exit__(None, None, None)  # hang up: the requests are cancelled
     wait_until(lambda: server.ctx.service.quotas.in_flight().get("busy") == 0, 30, "busy's requests did not end")
+    produced = metric(scrape(client), "cobatch_tenant_tokens_produced_total", tenant="busy")
     assert generate(client, "sk-busy").status_code == 200
+    # Counted as computed, by tenant (tokens from the first-token lane are not a step's).
+    assert metric(scrape(client), "cobatch_tenant_tokens_produced_total", tenant="busy") - produced in (
+        TOKENS_PER_REQUEST_MAX - 1, TOKENS_PER_REQUEST_MAX)
     # What the openai client reads of an accepted chat: its limit, and the place it took.
     busy = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-busy", max_retries=0)
     raw = busy.chat.completions.with_raw_response.create(
