@@ -25,9 +25,9 @@ b / (a + b)); with weights 3:1, shares within 0.05 of 0.75 / 0.25; light, B's me
 <= 0.5x its latency under FIFO; total tok/s >= 0.95 of FIFO's in both scenarios. Total tok/s is the
 tier's tokens, and a share each tenant's, as the server computed them over the measured part (its
 counters cobatch_priority_tokens_produced_total and cobatch_tenant_tokens_produced_total, read at
-both ends): answers of one length started
-together end together, so counting the answers that ended in the window jumps by whole waves of
-them (50 s windows held 2 or 3 waves of 32 answers: 82 or 123 tok/s for the same server).
+both ends): answers of one length started together end together, so counting the answers that
+ended in the window jumps by whole waves of them (50 s windows held 2 or 3 waves of 32 answers:
+82 or 123 tok/s for the same server).
 """
 from __future__ import annotations
 
@@ -113,14 +113,21 @@ async def run_clients(url: str, model: str, tier: str, in_flight: dict[str, int]
                              "tokens": answer.usage.completion_tokens if answer.usage else 0})
             n += len(prompts) // 2 + 1
 
-    tasks = [asyncio.ensure_future(client_loop(t, i)) for t, n in in_flight.items() for i in range(n)]
-    await asyncio.sleep(max(0.0, start_at + args.warmup + args.duration - time.monotonic()))
-    for task in tasks:
-        task.cancel()  # the requests still out are cancelled by the server when their clients go
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await _loops_until_the_end(client_loop, in_flight, start_at, args)
     for client in clients.values():
         await client.close()
     return finished, failures
+
+
+async def _loops_until_the_end(client_loop: Any, in_flight: dict[str, int], start_at: float,
+                               args: argparse.Namespace) -> None:
+    """`client_loop(tenant, i)` for each of a tenant's clients, cancelled when the window ends (the
+    requests still out are cancelled by the server when their clients go)."""
+    tasks = [asyncio.ensure_future(client_loop(t, i)) for t, n in in_flight.items() for i in range(n)]
+    await asyncio.sleep(max(0.0, start_at + args.warmup + args.duration - time.monotonic()))
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def flood(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace,
@@ -164,11 +171,7 @@ async def flood(url: str, model: str, tier: str, in_flight: dict[str, int], args
         finally:
             writer.close()
 
-    tasks = [asyncio.ensure_future(client_loop(t, i)) for t, n in in_flight.items() for i in range(n)]
-    await asyncio.sleep(max(0.0, start_at + args.warmup + args.duration - time.monotonic()))
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await _loops_until_the_end(client_loop, in_flight, start_at, args)
     return finished, failures
 
 
@@ -277,9 +280,9 @@ def one_trial(args: argparse.Namespace, trial: int, record: RunRecord) -> None:
                         wanted = in_flight(scenario, args)
                         retry_s = 1.0 if scenario == "hammering" else 0.2  # a 429's Retry-After
                         cpu_before = _cpu_seconds(server.process.pid), time.process_time()
-                        flood = {"a": wanted["a"] - args.quota_in_flight} if scenario == "hammering" else None
+                        beyond_limit = {"a": wanted["a"] - args.quota_in_flight} if scenario == "hammering" else None
                         result = window(server.url, model, tier, wanted, args, retry_s,
-                                        apart=flood if args.hostile_apart else None)
+                                        apart=beyond_limit if args.hostile_apart else None)
                         # The clients run on the same cores: what they spent is the load generator's
                         # share of any slowdown, not the server's.
                         apart_cpu = result.pop("apart_cpu_s")

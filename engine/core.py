@@ -188,9 +188,9 @@ class EngineCore(SingleWriter):
         t5 = clock()
         made = [0, 0]  # interactive, batch
         for seq, before in zip(seqs, lengths_before):
-            made[seq.request.priority is Priority.BATCH] += len(seq.tokens) - before
-            tenant = seq.request.tenant
-            self._tenant_tokens[tenant] = self._tenant_tokens.get(tenant, 0) + len(seq.tokens) - before
+            n = len(seq.tokens) - before
+            made[seq.request.priority is Priority.BATCH] += n
+            self._tenant_tokens[seq.request.tenant] = self._tenant_tokens.get(seq.request.tenant, 0) + n
         profile = self.profiles["decode" if kind == "decode" else "mixed"]
         profile.record((t1 - t0 - draft_s, draft_s, t2 - t1, t3 - t2, t4 - t3, t5 - t4), plan.n_tokens,
                        made[0] + made[1])

@@ -34,4 +34,3 @@ class LimitGate:
                 self.metrics.observe_rejection(endpoint, refusal.status_code, refusal.code or refusal.error_type)
                 return await error_response(refusal, scope)(scope, receive, send)
         await self.app(scope, receive, send)
-
