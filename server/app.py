@@ -98,25 +98,24 @@ def create_app(
         if jobs is not None:
             await jobs.close()  # last: it holds the data directory's lock
 
+    # The routes that generate, with their metric labels: the limit gate refuses a tenant at its
+    # limits on these before their body is read.
+    generating = (("/generate", generate_routes.generate, "generate"),
+                  ("/v1/completions", openai_routes.completions, "completions"),
+                  ("/v1/chat/completions", openai_routes.chat_completions, "chat_completions"),
+                  ("/v1/responses", responses_routes.responses, responses_routes.RESPONSES),
+                  ("/v1/messages", anthropic_routes.messages, anthropic_routes.MESSAGES))
     routes = [
         Route("/health", _plain(health, ctx), methods=["GET"]),
         Route("/metrics", _plain(prometheus, ctx), methods=["GET"]),
-        Route("/generate", _api(generate_routes.generate, ctx, "generate"), methods=["POST"]),
         Route("/tokenize", _api(tokenize_routes.tokenize, ctx, "tokenize"), methods=["POST"]),
         Route("/detokenize", _api(tokenize_routes.detokenize, ctx, "detokenize"), methods=["POST"]),
         Route("/tokenizer_info", _api(tokenize_routes.tokenizer_info, ctx, "tokenize"), methods=["GET"]),
         Route("/v1/models", _api(openai_routes.list_models, ctx, "models"), methods=["GET"]),
         Route("/v1/models/{model:path}", _api(openai_routes.get_model, ctx, "models"), methods=["GET"]),
-        Route("/v1/completions", _api(openai_routes.completions, ctx, "completions"), methods=["POST"]),
-        Route(
-            "/v1/chat/completions",
-            _api(openai_routes.chat_completions, ctx, "chat_completions"),
-            methods=["POST"],
-        ),
-        Route("/v1/responses", _api(responses_routes.responses, ctx, responses_routes.RESPONSES), methods=["POST"]),
+        *(Route(path, _api(handler, ctx, label), methods=["POST"]) for path, handler, label in generating),
         *(Route(path, _api(handler, ctx, label), methods=[method])
           for path, handler, method, label in stored_response_routes()),
-        Route("/v1/messages", _api(anthropic_routes.messages, ctx, anthropic_routes.MESSAGES), methods=["POST"]),
         Route("/v1/messages/count_tokens", _api(anthropic_routes.count_tokens, ctx, anthropic_routes.COUNT_TOKENS),
               methods=["POST"]),
         Route("/v1/engine/events", _api(engine_events, ctx, "engine_events"), methods=["GET"]),
@@ -133,9 +132,8 @@ def create_app(
         check = KeyCheck(settings.api_keys, settings.admin_api_keys, settings.tenant_keys)
         open_paths = OPEN_PATHS | page_paths if settings.protect_metrics else OPEN_PATHS | page_paths | {"/metrics"}
         middleware.append(Middleware(RequireKeys, check=check, open_paths=open_paths))
-        middleware.append(Middleware(LimitGate, quotas=quotas, metrics=metrics, endpoints={
-            "/generate": "generate", "/v1/completions": "completions", "/v1/chat/completions": "chat_completions",
-            "/v1/responses": responses_routes.RESPONSES, "/v1/messages": anthropic_routes.MESSAGES}))
+        middleware.append(Middleware(LimitGate, quotas=quotas, metrics=metrics,
+                                     endpoints={path: label for path, _, label in generating}))
         own_headers = {"Authorization": f"Bearer {check.internal_key}"}
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={HTTPException: _http_exception})
