@@ -32,6 +32,8 @@ class Model:
         self._vocab = llama_cpp.llama_model_get_vocab(handle)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(handle)
+        self.n_embd: int = llama_cpp.llama_model_n_embd(handle)
+        self.n_params: int = llama_cpp.llama_model_n_params(handle)  # 0 for a vocabulary-only file
         self.bos_token: int = llama_cpp.llama_vocab_bos(self._vocab)
         self.eos_token: int = llama_cpp.llama_vocab_eos(self._vocab)  # chat templates name it
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))

@@ -27,7 +27,7 @@ from engine.request import FinishReason, Priority
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.step_cost import StepCostModel
-from engine.speculation import Speculator
+from engine.speculation import Speculator, projection_ratio
 from engine.step_plan import Chunk, StepPlan
 from engine.stats import RECENT_STEPS, EngineStats, StatsBoard, StepProfile, StepRecord, TierStats
 from engine.thread_governor import ThreadGovernor
@@ -84,7 +84,9 @@ class EngineCore(SingleWriter):
         self.jump = JumpForward(lambda text: model.tokenize(text, add_bos=False), model.token_bytes) \
             if cfg.jump_forward else None
         self.tokens_forced = 0  # appended by jump-forward, unsampled
-        self.speculator = Speculator(cfg.speculative_max_draft, draft_model=draft_model) if cfg.speculative else None
+        self.speculator = Speculator(
+            cfg.speculative_max_draft, draft_model=draft_model,
+            projection_ratio=projection_ratio(model.n_vocab, model.n_embd, model.n_params)) if cfg.speculative else None
         self.thread_governor = ThreadGovernor(cfg.n_threads, runner.interrupter, adaptive=cfg.adaptive_threads)
         self.profiles = {"decode": StepProfile(), "mixed": StepProfile()}
         self.steps_run = 0  # llama_decode calls, interrupted ones included

@@ -20,6 +20,12 @@ likely row cannot pay back but a run of them can; so rows are added past where t
 once the jump is in, and the best prefix of that order (the most tokens per weighed second)
 is granted. A policy may bound the step's predicted time (the per-token latency target).
 
+A draft row's price is the fit's cost of one more row with logits, but never less than its token
+cost plus the output projection's share in proportion to the model's weights (per token, the
+projection multiplies n_vocab x n_embd weights against the body's). Steps that all carry the same
+rows (sixteen streams decoding) cannot tell the fit a row's cost from the step's fixed cost; it
+then may split them anyhow, and a row priced at half its cost drafts at sixteen streams and loses.
+
 Acceptance is learned per source and per length of the match a draft continues
 (engine/acceptance.py): a long match is a passage being copied, whose continuation is kept for
 many tokens, so it earns long drafts, while a chance match of two tokens earns none. A proposal
@@ -68,6 +74,7 @@ class Speculator(SingleWriter):
     verified_rows: int = 0  # output rows of drafted sequences: their sampling rows plus one per drafted token
     draft_model: DraftModel | None = None
     draft_model_s: float = 0.0  # this step's time in the draft model (outside the main step's cost)
+    projection_ratio: float = 0.0  # the output projection's weights over the body's (projection_ratio())
 
     def draft(self, plan: StepPlan, kv: KvCache, cost: StepCost | None, room: int, n_ctx: int,
               limit_s: float | None, running: int = 0) -> None:
@@ -77,7 +84,10 @@ class Speculator(SingleWriter):
         self.draft_model_s = 0.0
         outputs = sum(1 for c in plan.chunks if c.wants_logits)
         steady = max(outputs, running)
-        if cost is None or room <= 0 or limit_s == 0.0 or not _a_certain_draft_pays(cost, steady, min(room, self.max_draft)):
+        if cost is None or room <= 0 or limit_s == 0.0:
+            return
+        row_s = self.row_price(cost)
+        if not _a_certain_draft_pays(cost, steady, min(room, self.max_draft), row_s):
             return  # looking for drafts costs Python time on every sequence: not where none can pay
         proposals: dict[Sequence, Draft] = {}
         unproposed: dict[Sequence, int] = {}  # the draft limit of sequences the model-free sources left
@@ -93,7 +103,7 @@ class Speculator(SingleWriter):
         if not proposals:
             return
         gains = {seq: self.acceptance.gains(draft, self.max_draft) for seq, draft in proposals.items()}
-        granted = self.allot(gains, cost, plan.n_tokens, outputs, float(outputs), limit_s, room, steady)
+        granted = self.allot(gains, cost, plan.n_tokens, outputs, float(outputs), limit_s, room, steady, row_s)
         drafted = False
         for i, chunk in enumerate(plan.chunks):
             k = granted.get(chunk.seq, 0)
@@ -108,7 +118,7 @@ class Speculator(SingleWriter):
     @staticmethod
     def allot(gains: dict[Sequence, list[float]], cost: StepCost, tokens: int, outputs: int,
               expected_tokens: float, limit_s: float | None = None, room: int | None = None,
-              steady: int | None = None) -> dict[Sequence, int]:
+              steady: int | None = None, row_s: float | None = None) -> dict[Sequence, int]:
         """Draft rows per sequence (the rule in the module docstring), given the tokens each
         draft row is expected to add (`gains[seq][i]` for its i-th row, non-increasing). The planned
         step feeds `tokens` rows, `outputs` of them with logits, and is expected to produce
@@ -116,8 +126,9 @@ class Speculator(SingleWriter):
         `steady` (more than `outputs`): the sequences whose decode steps are to come. A token is
         then worth what it costs in a decode step of all of them, the step it would otherwise
         come from, not what this step makes per second: one carrying prompt chunks makes few
-        tokens in a long time, which would price every draft row as nearly free."""
-        row_s = cost.per_token_s + cost.per_output_s
+        tokens in a long time, which would price every draft row as nearly free. `row_s`: a draft
+        row's price (default: the fit's)."""
+        row_s = cost.per_token_s + cost.per_output_s if row_s is None else row_s
         step_s = cost.seconds(tokens, outputs)
         # A step with one output row pays the jump to a matrix product with its first draft row:
         # that row is judged with the rows after it, as the best prefix of the greedy order.
@@ -150,6 +161,10 @@ class Speculator(SingleWriter):
             if expected_tokens / weighed_s > best_rate:
                 best, best_rate = {seq: k for seq, k in granted.items() if k}, expected_tokens / weighed_s
         return best
+
+    def row_price(self, cost: StepCost) -> float:
+        """Seconds one more row with logits adds to a step (the module docstring)."""
+        return max(cost.per_token_s + cost.per_output_s, (1.0 + self.projection_ratio) * cost.per_token_s)
 
     def stats(self) -> SpeculationStats:
         return SpeculationStats(
@@ -232,11 +247,21 @@ class Speculator(SingleWriter):
         return draft
 
 
-def _a_certain_draft_pays(cost: StepCost, outputs: int, rows: int) -> bool:
+def projection_ratio(n_vocab: int, n_embd: int, n_params: int) -> float:
+    """The output projection's weights over the rest that a token multiplies (0: not known).
+    The input embedding is a lookup, and with tied embeddings the projection is that same table;
+    an untied model's second table counts in its body here, which only lowers the ratio."""
+    projection = n_vocab * n_embd
+    body = n_params - projection
+    return projection / body if body > 0 else 0.0
+
+
+def _a_certain_draft_pays(cost: StepCost, outputs: int, rows: int, row_s: float | None = None) -> bool:
     """Whether `rows` draft rows sure to be kept would pass the allotment's rule in a decode step
     of `outputs` sequences."""
     step_s = cost.seconds(outputs, outputs)
-    added_s = rows * (cost.per_token_s + cost.per_output_s) + (cost.multi_output_s if outputs == 1 else 0.0)
+    row_s = cost.per_token_s + cost.per_output_s if row_s is None else row_s
+    added_s = rows * row_s + (cost.multi_output_s if outputs == 1 else 0.0)
     return (outputs + rows) / (step_s + DRAFT_GAIN_MARGIN * added_s) > outputs / step_s
 
 

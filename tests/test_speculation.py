@@ -153,6 +153,25 @@ def test_a_step_where_no_draft_can_pay_looks_for_none():
     assert _allot(crowd[:1], row_heavy)
 
 
+def test_a_fit_that_cannot_tell_fixed_from_row_costs_prices_rows_by_the_projections_share():
+    from engine.speculation import _a_certain_draft_pays, projection_ratio
+
+    # Gemma 3 270M's sizes; and a fit seen at 16 streams that put most of a step into its fixed
+    # part (every step had 16 rows): rows at 5.6 ms, where a raw loop measured 9.2.
+    ratio = projection_ratio(262_144, 640, 268_098_176)
+    assert 1.6 < ratio < 1.75
+    assert projection_ratio(262_144, 640, 0) == 0.0  # no weights known: no floor
+    confused = StepCost(fixed_s=0.069, per_token_s=0.00336, per_output_s=0.00222)
+    crowd = [_Seq(acceptance=0.95) for _ in range(16)]
+    assert _allot(crowd, confused)  # priced as the fit says, certain-looking drafts are verified
+    price = Speculator(8, projection_ratio=ratio).row_price(confused)
+    assert price == pytest.approx((1 + ratio) * 0.00336)
+    assert not _a_certain_draft_pays(confused, 16, 8, price)
+    assert _allot(crowd, confused, row_s=price) == {}
+    assert _allot(crowd[:1], confused, row_s=price)  # one stream still drafts
+    assert Speculator(8).row_price(confused) == pytest.approx(0.00558)  # no ratio: the fit's own
+
+
 def test_a_proposal_without_rows_is_judged_against_the_tokens_that_follow_and_counts_no_draft():
     spec = Speculator(8)
     spec.acceptance = AcceptanceRates(priors=(0.3,) * len(MATCH_BUCKETS), weight=0.2)
