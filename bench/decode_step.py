@@ -8,8 +8,8 @@ cache, and llama.cpp's attention spans every used cell, which is a cost of cachi
 the prefix-sharing benchmark), not of the step loop this benchmark isolates.
 
 `--speculative-off-too` adds a second engine with speculative decoding off, run in the same
-trials, interleaved: what speculation costs (or gains) the step at each B, apart from the
-machine's drift between runs.
+trials, interleaved, which engine goes first alternating: what speculation costs (or gains) the
+step at each B, apart from the machine's drift between runs.
 """
 from __future__ import annotations
 
@@ -59,14 +59,15 @@ def run(batch_sizes: list[int], n_generate: int, trials: int, threads: int, mode
         run_raw_loop(engine.model, token_prompts, n_generate, context=raw_ctx)
         for b in batch_sizes:
             raw, eng, off = {"greedy": []}, [], []
-            for _ in range(trials):  # interleaved, so drifts in machine speed hit both alike
+            for trial in range(trials):  # interleaved, so drifts in machine speed hit both alike
                 r = run_raw_loop(engine.model, token_prompts[:b], n_generate, context=raw_ctx)
                 raw["greedy"].append(b * r.steps / r.decode_seconds)
-                eng.append({mode: engine_run(engine, prompts_all[:b], n_generate, cfg)
-                            for mode, cfg in SAMPLING.items()})
-                if plain is not None:
-                    off.append({mode: engine_run(plain, prompts_all[:b], n_generate, cfg)
-                                for mode, cfg in SAMPLING.items()})
+                # With two engines, which goes first alternates: a fixed order would hand one of
+                # them whatever the one before it leaves on the cores.
+                order = [(eng, engine)] + ([(off, plain)] if plain is not None else [])
+                for runs, runner in (order if trial % 2 == 0 else order[::-1]):
+                    runs.append({mode: engine_run(runner, prompts_all[:b], n_generate, cfg)
+                                 for mode, cfg in SAMPLING.items()})
                 if record is not None:
                     extra = {f"speculative_off_{m}": v for m, v in off[-1].items()} if off else {}
                     record.trial(batch=b, raw_loop_tok_s=raw["greedy"][-1], **eng[-1], **extra)
