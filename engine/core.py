@@ -198,6 +198,8 @@ class EngineCore(SingleWriter):
                        made[0] + made[1])
         self._record_step(carried, made, t5 - t0, threads, done=True, interrupted=False)
         self.step_cost.record(plan.n_tokens, self.runner.n_outputs, t5 - t0 - draft_s, threads)
+        if self.speculator is not None:
+            self.speculator.step_done(kind == "decode", made[0] + made[1], t5 - t0 - draft_s)
         if DEBUG_CHECKS:
             self.kv_cache.check()
         return True

@@ -34,6 +34,10 @@ that got no rows is still judged, for free, against the tokens the sequence goes
 rates go on learning where drafts stopped. In a step where even a full draft sure to be kept
 would not pay (a crowded batch), no drafts are looked for at all.
 
+What the allotment predicts is then checked against what drafted steps made
+(engine/draft_payoff.py): where they made fewer tokens per second than plain steps of as many
+sequences, no drafts are looked for there for a while.
+
 A draft model (engine/draft_model.py), when one is loaded, is asked only for the sequences the
 model-free sources have nothing for: their drafts cost nothing but a lookup, and where they
 exist (text being copied) they are the better guess; the draft model's costs a decode per
@@ -45,6 +49,7 @@ from dataclasses import dataclass, field, replace
 
 from engine.acceptance import AcceptanceRates
 from engine.draft_model import DraftModel
+from engine.draft_payoff import DraftPayoff
 from engine.drafts import DRAFT_MODEL, SOURCES, Draft, Drafter, NgramIndex
 from engine.kv_cache import KvCache
 from engine.ownership import SingleWriter
@@ -75,6 +80,9 @@ class Speculator(SingleWriter):
     draft_model: DraftModel | None = None
     draft_model_s: float = 0.0  # this step's time in the draft model (outside the main step's cost)
     projection_ratio: float = 0.0  # the output projection's weights over the body's (projection_ratio())
+    payoff: DraftPayoff = field(default_factory=DraftPayoff)
+    _steady: int | None = None  # this step's count of admitted sequences, once the step was considered
+    _drafted: bool = False
 
     def draft(self, plan: StepPlan, kv: KvCache, cost: StepCost | None, room: int, n_ctx: int,
               limit_s: float | None, running: int = 0) -> None:
@@ -84,7 +92,8 @@ class Speculator(SingleWriter):
         self.draft_model_s = 0.0
         outputs = sum(1 for c in plan.chunks if c.wants_logits)
         steady = max(outputs, running)
-        if cost is None or room <= 0 or limit_s == 0.0:
+        self._steady, self._drafted = steady, False
+        if cost is None or room <= 0 or limit_s == 0.0 or self.payoff.loses(steady):
             return
         row_s = self.row_price(cost)
         if not _a_certain_draft_pays(cost, steady, min(room, self.max_draft), row_s):
@@ -114,6 +123,14 @@ class Speculator(SingleWriter):
             elif chunk.seq in proposals and chunk.seq.unverified_draft is None:
                 chunk.seq.unverified_draft = (proposals[chunk.seq], len(chunk.seq.tokens))
         self.steps_with_drafts += drafted
+        self._drafted = drafted
+
+    def step_done(self, decode_only: bool, tokens: int, seconds: float) -> None:
+        """The planned step made `tokens` in `seconds`; `decode_only`: it carried no prompt chunk
+        (only such steps are compared, like with like)."""
+        if decode_only and self._steady is not None:
+            self.payoff.record(self._steady, self._drafted, tokens, seconds)
+        self._steady = None
 
     @staticmethod
     def allot(gains: dict[Sequence, list[float]], cost: StepCost, tokens: int, outputs: int,

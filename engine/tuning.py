@@ -146,6 +146,12 @@ DRAFT_CAP_START, DRAFT_CAP_MIN = 8, 4
 # 16 streams drafted and lost 4-8% (bench speculative, paragraph and story at C=16, 2026-11-27:
 # auto / off 0.94-0.99 and 0.84-0.95 over 4 trials); rows cost 0.94 of a token there.
 DRAFT_GAIN_MARGIN = 1.2
+# Drafts' measured payoff (engine/draft_payoff.py): decode steps with drafts against those without,
+# per count of sequences decoding. At 16 streams drafted steps took 175-276 ms against a plain
+# step's 143 and made 1-6 tokens more (2026-11-29), past the steps' own spread of about 10%: 4 of
+# each tell that, and the moving average's weight follows the machine within a dozen steps. After 512 plain steps (about a
+# minute at 16 streams) drafts are tried again there (judgement).
+PAYOFF_MIN_STEPS, PAYOFF_WEIGHT, PAYOFF_RETRY_STEPS = 4, 0.2, 512
 
 # ---- the draft model (engine/draft_model.py) ----------------------------------------------------
 # A draft model stops extending a draft at a token it gives less than this probability: each

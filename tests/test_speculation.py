@@ -12,6 +12,7 @@ import math
 from engine import FinishReason, Priority, Request
 from engine.acceptance import AcceptanceRates
 from engine.drafts import PROMPT_LOOKUP, RECENT_OUTPUTS, Draft, Drafter, NgramIndex, RecentOutputs, match_length
+from engine.draft_payoff import DraftPayoff
 from engine.speculation import Speculator
 from engine.tuning import DRAFT_CAP_MIN, DRAFT_CAP_START, DRAFT_GAIN_MARGIN, MATCH_BUCKETS
 from engine.step_cost import StepCost, StepCostModel
@@ -298,6 +299,8 @@ def _row(seq):
 @pytest.fixture
 def drafting(monkeypatch):
     monkeypatch.setattr(StepCostModel, "estimate", lambda self, threads=None: FIXED_HEAVY)
+    # Fake steps take real, tiny and uneven seconds: what drafts made per second is not their test.
+    monkeypatch.setattr(DraftPayoff, "loses", lambda self, decoding: False)
     engine, runner = fake_engine(speculative=True, max_running=4, step_token_budget=64)
     yield engine, runner
     engine.close()
@@ -389,3 +392,49 @@ def test_a_step_carrying_prompt_chunks_prices_draft_rows_as_the_decode_steps_to_
     assert Speculator.allot(gains, **mixed, steady=3) == Speculator.allot(gains, **mixed)
     alone = {(seq := _Seq(acceptance=0.9)): [0.9 ** (i + 1) for i in range(8)]}
     assert Speculator.allot(alone, FIXED_HEAVY, 1, 1, 1.0, steady=1)[seq] == 8  # one stream: as before
+
+
+# ---- the measured payoff ---------------------------------------------------------------------
+def test_drafts_stop_where_drafted_steps_made_fewer_tokens_per_second_and_are_tried_again_later():
+    from engine.draft_payoff import DraftPayoff
+    from engine.tuning import PAYOFF_MIN_STEPS, PAYOFF_RETRY_STEPS
+
+    payoff = DraftPayoff()
+    for _ in range(PAYOFF_MIN_STEPS):
+        payoff.record(16, False, 16, 0.143)  # plain: 112 tok/s
+        payoff.record(1, False, 1, 0.028)
+        assert not payoff.loses(16)  # too few drafted steps to judge
+        payoff.record(16, True, 19, 0.200)  # drafted: 3 more tokens, 95 tok/s
+        payoff.record(1, True, 6, 0.060)  # one stream: 100 tok/s against 36
+    assert payoff.loses(16) and not payoff.loses(1)
+    assert not payoff.loses(8)  # nothing known at another count
+    for _ in range(PAYOFF_RETRY_STEPS - 1):
+        payoff.record(16, False, 16, 0.143)
+    assert payoff.loses(16)
+    payoff.record(16, False, 16, 0.143)
+    assert not payoff.loses(16)  # stale: drafts are tried there again
+    for _ in range(PAYOFF_MIN_STEPS):
+        payoff.record(16, True, 24, 0.160)  # now they pay: 150 tok/s
+    assert not payoff.loses(16)
+
+
+def test_the_engine_looks_for_no_drafts_where_its_drafted_steps_lost(drafting, monkeypatch):
+    engine, runner = drafting
+    monkeypatch.undo()
+    monkeypatch.setattr(StepCostModel, "estimate", lambda self, threads=None: FIXED_HEAVY)
+    prompt = _repetitive(2)
+
+    def lost_at_one_stream(runner):
+        payoff = engine.core.speculator.payoff
+        for _ in range(PAYOFF_MIN_STEPS):
+            payoff.record(1, False, 1, 0.030)
+            payoff.record(1, True, 2, 0.090)
+
+    from engine.tuning import PAYOFF_MIN_STEPS
+    engine.inspect(lost_at_one_stream)
+    result = engine.generate([prompt], max_tokens=30, temperature=0.0)[0]
+    assert list(result.token_ids) == expected_tokens(prompt, 30)
+    assert not any(row.drafted for step in runner.decoded for row in step)
+    assert result.metrics.drafted_tokens == 0
+    other = engine.generate([_repetitive(4), _repetitive(5)], max_tokens=30, temperature=0.0)
+    assert sum(r.metrics.drafted_tokens for r in other) > 0  # two streams: nothing measured there

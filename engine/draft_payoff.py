@@ -1,0 +1,65 @@
+"""Whether drafts have paid, as measured: tokens per second of decode steps that carried drafts
+against those that did not, per count of sequences decoding.
+
+The allotment (engine/speculation.py) predicts what a draft row costs from the step-cost fit.
+Where every step has the same rows, that fit cannot tell a row's cost from the step's fixed cost,
+and at sixteen streams on two cores a row costs about what each of the sixteen does: drafts that
+the prediction passes then lose. So the prediction is checked against the outcome: once a few
+drafted steps at a count made fewer tokens per second than the plain steps at that count, no
+drafts are looked for there, until enough plain steps have passed for the evidence to be stale
+(the machine's speed and the text both change).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.ownership import SingleWriter
+from engine.tuning import PAYOFF_MIN_STEPS, PAYOFF_RETRY_STEPS, PAYOFF_WEIGHT
+
+
+@dataclass
+class _Rate:
+    tokens: float = 0.0  # moving averages over steps: tokens made, and seconds taken
+    seconds: float = 0.0
+    steps: int = 0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.steps += 1
+        weight = max(PAYOFF_WEIGHT, 1.0 / self.steps)  # a plain mean until the average takes over
+        self.tokens += weight * (tokens - self.tokens)
+        self.seconds += weight * (seconds - self.seconds)
+
+    @property
+    def per_second(self) -> float:
+        return self.tokens / self.seconds
+
+
+@dataclass
+class DraftPayoff(SingleWriter):
+    """Engine thread only."""
+
+    plain: dict[int, _Rate] = field(default_factory=dict)
+    drafted: dict[int, _Rate] = field(default_factory=dict)
+    quiet: dict[int, int] = field(default_factory=dict)  # plain steps since drafts were judged to lose
+
+    def record(self, decoding: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A decode step of `decoding` sequences made `tokens` in `seconds`."""
+        if seconds <= 0.0:
+            return
+        (self.drafted if drafted else self.plain).setdefault(decoding, _Rate()).add(tokens, seconds)
+        if not drafted and decoding in self.quiet:
+            self.quiet[decoding] += 1
+            if self.quiet[decoding] >= PAYOFF_RETRY_STEPS:
+                del self.quiet[decoding], self.drafted[decoding]  # stale: try again
+
+    def loses(self, decoding: int) -> bool:
+        """Whether drafted steps at this count were measured to make fewer tokens per second."""
+        if decoding in self.quiet:
+            return True
+        drafted, plain = self.drafted.get(decoding), self.plain.get(decoding)
+        if drafted is None or plain is None or min(drafted.steps, plain.steps) < PAYOFF_MIN_STEPS:
+            return False
+        if drafted.per_second < plain.per_second:
+            self.quiet[decoding] = 0
+            return True
+        return False
