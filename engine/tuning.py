@@ -148,10 +148,12 @@ DRAFT_CAP_START, DRAFT_CAP_MIN = 8, 4
 DRAFT_GAIN_MARGIN = 1.2
 # Drafts' measured payoff (engine/draft_payoff.py): decode steps with drafts against those without,
 # per count of sequences decoding. At 16 streams drafted steps took 175-276 ms against a plain
-# step's 143 and made 1-6 tokens more (2026-11-29), past the steps' own spread of about 10%: 4 of
-# each tell that, and the moving average's weight follows the machine within a dozen steps. After 512 plain steps (about a
-# minute at 16 streams) drafts are tried again there (judgement).
-PAYOFF_MIN_STEPS, PAYOFF_WEIGHT, PAYOFF_RETRY_STEPS = 4, 0.2, 512
+# step's 143 and made 1-6 tokens more (2026-11-29). At one stream a drafted step either gains
+# many tokens or loses one row's cost, so a verdict needs many of them: after 4 (and a short
+# average) drafts on the function rewrite stopped at its first misses and the stream ran at 0.97
+# of no drafts, against 1.19 without the check (runs 075531Z, 065919Z). After 256 plain steps
+# drafts are tried again there (judgement).
+PAYOFF_MIN_STEPS, PAYOFF_WEIGHT, PAYOFF_RETRY_STEPS = 16, 0.05, 256
 
 # ---- the draft model (engine/draft_model.py) ----------------------------------------------------
 # A draft model stops extending a draft at a token it gives less than this probability: each
