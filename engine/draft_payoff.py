@@ -7,14 +7,16 @@ and at sixteen streams on two cores a row costs about what each of the sixteen d
 the prediction passes then lose. So the prediction is checked against the outcome: once a few
 drafted steps at a count made fewer tokens per second than the plain steps at that count, no
 drafts are looked for there, until enough plain steps have passed for the evidence to be stale
-(the machine's speed and the text both change).
+(the machine's speed and the text both change). One stream is left to the prediction: its
+drafted steps vary its rows, and its plain steps' speed varies with the text (a JSON document's
+forced runs), which would stop drafts for whatever comes next.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from engine.ownership import SingleWriter
-from engine.tuning import PAYOFF_MIN_STEPS, PAYOFF_RETRY_STEPS, PAYOFF_WEIGHT
+from engine.tuning import PAYOFF_MIN_STEPS, PAYOFF_MIN_STREAMS, PAYOFF_RETRY_STEPS, PAYOFF_WEIGHT
 
 
 @dataclass
@@ -53,7 +55,10 @@ class DraftPayoff(SingleWriter):
                 del self.quiet[decoding], self.drafted[decoding]  # stale: try again
 
     def loses(self, decoding: int) -> bool:
-        """Whether drafted steps at this count were measured to make fewer tokens per second."""
+        """Whether drafted steps at this count were measured to make fewer tokens per second
+        (never at one stream, whose drafted steps show the fit a row's cost)."""
+        if decoding < PAYOFF_MIN_STREAMS:
+            return False
         if decoding in self.quiet:
             return True
         drafted, plain = self.drafted.get(decoding), self.plain.get(decoding)

@@ -152,8 +152,11 @@ DRAFT_GAIN_MARGIN = 1.2
 # many tokens or loses one row's cost, so a verdict needs many of them: after 4 (and a short
 # average) drafts on the function rewrite stopped at its first misses and the stream ran at 0.97
 # of no drafts, against 1.19 without the check (runs 075531Z, 065919Z). After 256 plain steps
-# drafts are tried again there (judgement).
+# drafts are tried again there (judgement). Not at one stream: its drafted steps vary its rows,
+# so the fit sees a row's cost there; and plain steps of a JSON job (jump-forward's runs) made it
+# stop drafts for the next workload (paragraph 1.29 of off against 1.58, run 080156Z).
 PAYOFF_MIN_STEPS, PAYOFF_WEIGHT, PAYOFF_RETRY_STEPS = 16, 0.05, 256
+PAYOFF_MIN_STREAMS = 2
 
 # ---- the draft model (engine/draft_model.py) ----------------------------------------------------
 # A draft model stops extending a draft at a token it gives less than this probability: each

@@ -407,6 +407,9 @@ def test_drafts_stop_where_drafted_steps_made_fewer_tokens_per_second_and_are_tr
         payoff.record(16, True, 19, 0.200)  # drafted: 3 more tokens, 95 tok/s
         payoff.record(1, True, 6, 0.060)  # one stream: 100 tok/s against 36
     assert payoff.loses(16) and not payoff.loses(1)
+    for _ in range(PAYOFF_MIN_STEPS):
+        payoff.record(1, True, 1, 0.060)  # one stream losing: left to the prediction
+    assert not payoff.loses(1)
     assert not payoff.loses(8)  # nothing known at another count
     for _ in range(PAYOFF_RETRY_STEPS - 1):
         payoff.record(16, False, 16, 0.143)
@@ -424,17 +427,17 @@ def test_the_engine_looks_for_no_drafts_where_its_drafted_steps_lost(drafting, m
     monkeypatch.setattr(StepCostModel, "estimate", lambda self, threads=None: FIXED_HEAVY)
     prompt = _repetitive(2)
 
-    def lost_at_one_stream(runner):
+    def lost_at_two_streams(runner):
         payoff = engine.core.speculator.payoff
         for _ in range(PAYOFF_MIN_STEPS):
-            payoff.record(1, False, 1, 0.030)
-            payoff.record(1, True, 2, 0.090)
+            payoff.record(2, False, 2, 0.030)
+            payoff.record(2, True, 3, 0.090)
 
     from engine.tuning import PAYOFF_MIN_STEPS
-    engine.inspect(lost_at_one_stream)
-    result = engine.generate([prompt], max_tokens=30, temperature=0.0)[0]
-    assert list(result.token_ids) == expected_tokens(prompt, 30)
+    engine.inspect(lost_at_two_streams)
+    results = engine.generate([prompt, _repetitive(4)], max_tokens=30, temperature=0.0)
+    assert [list(r.token_ids) for r in results] == [expected_tokens(prompt, 30), expected_tokens(_repetitive(4), 30)]
     assert not any(row.drafted for step in runner.decoded for row in step)
-    assert result.metrics.drafted_tokens == 0
-    other = engine.generate([_repetitive(4), _repetitive(5)], max_tokens=30, temperature=0.0)
-    assert sum(r.metrics.drafted_tokens for r in other) > 0  # two streams: nothing measured there
+    assert sum(r.metrics.drafted_tokens for r in results) == 0
+    alone = engine.generate([_repetitive(5)], max_tokens=30, temperature=0.0)[0]
+    assert alone.metrics.drafted_tokens > 0  # one stream: nothing measured there
