@@ -42,29 +42,26 @@ class DraftPayoff(SingleWriter):
 
     plain: dict[int, _Rate] = field(default_factory=dict)
     drafted: dict[int, _Rate] = field(default_factory=dict)
-    quiet: dict[int, int] = field(default_factory=dict)  # plain steps since drafts were judged to lose
+    quiet: dict[int, int] = field(default_factory=dict)  # plain steps since drafts were judged to lose there
 
     def record(self, decoding: int, drafted: bool, tokens: int, seconds: float) -> None:
         """A decode step of `decoding` sequences made `tokens` in `seconds`."""
-        if seconds <= 0.0:
+        if seconds <= 0.0 or decoding < PAYOFF_MIN_STREAMS:
             return
         (self.drafted if drafted else self.plain).setdefault(decoding, _Rate()).add(tokens, seconds)
-        if not drafted and decoding in self.quiet:
-            self.quiet[decoding] += 1
+        if decoding in self.quiet:
+            self.quiet[decoding] += not drafted
             if self.quiet[decoding] >= PAYOFF_RETRY_STEPS:
                 del self.quiet[decoding], self.drafted[decoding]  # stale: try again
+        elif self._drafts_lost(decoding):
+            self.quiet[decoding] = 0
 
     def loses(self, decoding: int) -> bool:
         """Whether drafted steps at this count were measured to make fewer tokens per second
         (never at one stream, whose drafted steps show the fit a row's cost)."""
-        if decoding < PAYOFF_MIN_STREAMS:
-            return False
-        if decoding in self.quiet:
-            return True
+        return decoding in self.quiet
+
+    def _drafts_lost(self, decoding: int) -> bool:
         drafted, plain = self.drafted.get(decoding), self.plain.get(decoding)
-        if drafted is None or plain is None or min(drafted.steps, plain.steps) < PAYOFF_MIN_STEPS:
-            return False
-        if drafted.per_second < plain.per_second:
-            self.quiet[decoding] = 0
-            return True
-        return False
+        return (drafted is not None and plain is not None and min(drafted.steps, plain.steps) >= PAYOFF_MIN_STEPS
+                and drafted.per_second < plain.per_second)

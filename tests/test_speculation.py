@@ -14,7 +14,9 @@ from engine.acceptance import AcceptanceRates
 from engine.drafts import PROMPT_LOOKUP, RECENT_OUTPUTS, Draft, Drafter, NgramIndex, RecentOutputs, match_length
 from engine.draft_payoff import DraftPayoff
 from engine.speculation import Speculator
-from engine.tuning import DRAFT_CAP_MIN, DRAFT_CAP_START, DRAFT_GAIN_MARGIN, MATCH_BUCKETS
+from engine.tuning import (
+    DRAFT_CAP_MIN, DRAFT_CAP_START, DRAFT_GAIN_MARGIN, MATCH_BUCKETS, PAYOFF_MIN_STEPS, PAYOFF_RETRY_STEPS,
+)
 from engine.step_cost import StepCost, StepCostModel
 from engine.verify import verify
 from sampling.params import SamplingParams
@@ -396,9 +398,6 @@ def test_a_step_carrying_prompt_chunks_prices_draft_rows_as_the_decode_steps_to_
 
 # ---- the measured payoff ---------------------------------------------------------------------
 def test_drafts_stop_where_drafted_steps_made_fewer_tokens_per_second_and_are_tried_again_later():
-    from engine.draft_payoff import DraftPayoff
-    from engine.tuning import PAYOFF_MIN_STEPS, PAYOFF_RETRY_STEPS
-
     payoff = DraftPayoff()
     for _ in range(PAYOFF_MIN_STEPS):
         payoff.record(16, False, 16, 0.143)  # plain: 112 tok/s
@@ -433,7 +432,6 @@ def test_the_engine_looks_for_no_drafts_where_its_drafted_steps_lost(drafting, m
             payoff.record(2, False, 2, 0.030)
             payoff.record(2, True, 3, 0.090)
 
-    from engine.tuning import PAYOFF_MIN_STEPS
     engine.inspect(lost_at_two_streams)
     results = engine.generate([prompt, _repetitive(4)], max_tokens=30, temperature=0.0)
     assert [list(r.token_ids) for r in results] == [expected_tokens(prompt, 30), expected_tokens(_repetitive(4), 30)]
