@@ -153,6 +153,8 @@ class EngineCore(SingleWriter):
             self.speculator.draft(plan, self.kv_cache, self.step_cost.estimate(),
                                   self.scheduler.step_token_budget - plan.n_tokens, self.n_ctx,
                                   self.scheduler.policy.draft_limit_s, len(self.scheduler.running))
+            if self.speculator.drafted:
+                self.scheduler.policy.step_drafted(plan)
         carried = _carried_by_tier(plan)
         t1 = clock()
         # The draft model's decodes are its own cost, not the main step's (engine/draft_model.py).

@@ -142,6 +142,9 @@ class SchedulingPolicy(SingleWriter):
         """Note a planned step; True if an interactive arrival would be worth aborting it for."""
         return False
 
+    def step_drafted(self, plan: StepPlan) -> None:
+        """Drafts were attached to the planned step's chunks (engine/speculation.py)."""
+
     def step_aborted(self, view: QueueView) -> None:
         """The last planned step was interrupted before it finished."""
 
@@ -341,8 +344,7 @@ class TwoTierPolicy(SchedulingPolicy):
         return rows, prompt_tokens
 
     def step_planned(self, view: QueueView, plan: StepPlan) -> bool:
-        if self._last_step_bounded and (cost := self.step_cost.estimate()) is not None:
-            self._predicted_s = cost.seconds(plan.n_tokens, sum(_outputs(c) for c in plan.chunks))
+        self._predict(plan)
         self._carried = {c.seq for c in plan.chunks if c.seq.request.priority is INTERACTIVE}
         waited = self._steps_without_batch
         has_batch = any(c.seq.request.priority is BATCH for c in plan.chunks)
@@ -360,6 +362,15 @@ class TwoTierPolicy(SchedulingPolicy):
             self.interrupt_steps and not self._interactive_prefilling(view)
             and self._batch_may_wait(waited) and self._interactive_slot_free(view)
         )
+
+    def step_drafted(self, plan: StepPlan) -> None:
+        # The interval the calibration learns from is the drafted step's: without its draft rows
+        # in the prediction, every drafted step would look like a miss and shrink later budgets.
+        self._predict(plan)
+
+    def _predict(self, plan: StepPlan) -> None:
+        if self._last_step_bounded and (cost := self.step_cost.estimate()) is not None:
+            self._predicted_s = cost.seconds(plan.n_tokens, sum(_outputs(c) for c in plan.chunks))
 
     def step_aborted(self, view: QueueView) -> None:
         self._carried = set()
@@ -445,8 +456,9 @@ class TwoTierPolicy(SchedulingPolicy):
 
 
 def _outputs(chunk: Chunk) -> int:
-    """Rows of a chunk that produce logits: its sampling row, and the rows of a scored prompt."""
-    return len(scored_positions(chunk)) + int(chunk.wants_logits)
+    """Rows of a chunk that produce logits: its sampling row, its drafted tokens' rows, and the
+    rows of a scored prompt."""
+    return len(scored_positions(chunk)) + int(chunk.wants_logits) + len(chunk.draft)
 
 
 def _batch_running(view: QueueView) -> bool:

@@ -125,6 +125,11 @@ class Speculator(SingleWriter):
         self.steps_with_drafts += drafted
         self._drafted = drafted
 
+    @property
+    def drafted(self) -> bool:
+        """Whether the step last considered got drafts."""
+        return self._drafted
+
     def step_done(self, decode_only: bool, tokens: int, seconds: float) -> None:
         """The planned step made `tokens` in `seconds`; `decode_only`: it carried no prompt chunk
         (only such steps are compared, like with like)."""

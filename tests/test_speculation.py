@@ -9,10 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import math
 
-from engine import FinishReason, Priority, Request
+from engine import EngineConfig, FinishReason, Priority, Request
 from engine.acceptance import AcceptanceRates
+from engine.core import EngineCore
 from engine.drafts import PROMPT_LOOKUP, RECENT_OUTPUTS, Draft, Drafter, NgramIndex, RecentOutputs, match_length
 from engine.draft_payoff import DraftPayoff
+from engine.intake import Intake
 from engine.speculation import Speculator
 from engine.tuning import (
     DRAFT_CAP_MIN, DRAFT_CAP_START, DRAFT_GAIN_MARGIN, MATCH_BUCKETS, PAYOFF_MIN_STEPS, PAYOFF_RETRY_STEPS,
@@ -21,7 +23,7 @@ from engine.step_cost import StepCost, StepCostModel
 from engine.verify import verify
 from sampling.params import SamplingParams
 from sampling.sampler import BatchSampler
-from tests.fake_backend import N_VOCAB, expected_tokens, fake_engine
+from tests.fake_backend import N_VOCAB, FakeModel, FakeRunner, expected_tokens, fake_engine
 
 # A small model on a CPU: the step's fixed cost (the weights' pass) dwarfs one more row's.
 FIXED_HEAVY = StepCost(fixed_s=0.030, per_token_s=0.0005, per_output_s=0.0015)
@@ -439,3 +441,31 @@ def test_the_engine_looks_for_no_drafts_where_its_drafted_steps_lost(drafting, m
     assert sum(r.metrics.drafted_tokens for r in results) == 0
     alone = engine.generate([_repetitive(5)], max_tokens=30, temperature=0.0)[0]
     assert alone.metrics.drafted_tokens > 0  # one stream: nothing measured there
+
+
+def test_a_drafted_step_under_the_latency_target_is_judged_against_a_prediction_with_its_draft_rows(monkeypatch):
+    # The calibration learns how far intervals run past predictions; a drafted step's prediction
+    # must count its draft rows, or every drafted step would read as late and shrink later budgets.
+    monkeypatch.setattr(StepCostModel, "estimate", lambda self, threads=None: FIXED_HEAVY)
+    monkeypatch.setattr(DraftPayoff, "loses", lambda self, decoding: False)
+    config = EngineConfig(n_ctx=1024, max_running=4, step_token_budget=64, n_threads=1, prefix_cache=False,
+                          speculative=True, interactive_token_ms=200, batch_min_share=0.1)
+    runner = FakeRunner(config.n_ctx)
+    core = EngineCore(FakeModel(), runner, config)
+    intake = Intake(FakeModel(), config.n_ctx, canceller=lambda request_id: None)
+    for request_id, tokens, priority in (("b0", _repetitive(7), "batch"), ("i0", _repetitive(2), "interactive")):
+        core.add(intake.sequence(tokens, dict(max_tokens=40, request_id=request_id, priority=priority,
+                                              temperature=0.0)))
+    policy = core.scheduler.policy
+    for _ in range(40):
+        core.step()
+        rows = runner.current
+        if policy._last_step_bounded and any(r.drafted for r in rows):
+            break
+    else:
+        raise AssertionError("no drafted step under the latency target")
+    n_rows = sum(r.length + r.drafted for r in rows)
+    predicted = FIXED_HEAVY.seconds(n_rows, len(rows) + sum(r.drafted for r in rows))
+    start = policy.calibration
+    policy.interactive_intervals([0.99 * predicted * start])  # on time for the step as drafted
+    assert policy.calibration < start
