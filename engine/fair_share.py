@@ -3,9 +3,14 @@ Serving Large Language Models", OSDI 2024: the Virtual Token Counter).
 
 Each tenant of a tier has a counter of the service it received there: every token computed for
 one of its sequences (prompt, recomputed prompt after a preemption, generated, drafted) adds
-1 / weight. Generated tokens count as the step that computes them completes; the prompt (what an
-admitted sequence has yet to compute) counts when it is admitted, as in the paper, so several
-slots freed at once do not all go to the tenant that was least served before any of them.
+1 / weight. The prompt (what an admitted sequence has yet to compute) counts when it is admitted,
+as in the paper, so several slots freed at once do not all go to the tenant that was least served
+before any of them. So does the output the tenant's answers typically run to (a moving average
+over its finished requests, within the request's max_tokens): answers of one length end together,
+and slots freed together were otherwise split by prompt lengths alone, one tenant holding a slot
+or two more for a whole wave of answers. Generated tokens past that estimate count as the step
+that computes them completes, and what was charged ahead but never computed is given back when
+the request ends.
 Among the tier's *backlogged* tenants (with a sequence waiting in its queue), admission goes to
 the one whose counter is least, so tenants that stay backlogged are served tokens in proportion
 to their weights, and a tenant alone gets everything (nobody else's counter can hold it back:
@@ -22,6 +27,7 @@ from __future__ import annotations
 from engine.ownership import SingleWriter
 from engine.request import Priority
 from engine.sequence import Sequence
+from engine.tuning import TYPICAL_OUTPUT_WEIGHT
 
 # Counters of tenants that are neither waiting nor ahead of the floor carry no information (they
 # would be lifted on return anyway): past this many, they are forgotten, so a Python caller
@@ -38,6 +44,10 @@ class FairShare(SingleWriter):
         self._last_left: dict[Priority, str | None] = {p: None for p in Priority}
         # Running sequences charged at admission for their tokens up to this position.
         self._prepaid: dict[Sequence, int] = {}
+        # Generated tokens charged at admission and not computed yet, per sequence until it ends.
+        self._output_ahead: dict[Sequence, int] = {}
+        # Generated tokens per finished request: a moving average per tier and tenant.
+        self._typical_output: dict[Priority, dict[str, float]] = {p: {} for p in Priority}
 
     # ---- queue membership (the scheduler reports every change) --------------------------------
     def queued(self, seq: Sequence) -> None:
@@ -64,23 +74,46 @@ class FairShare(SingleWriter):
             self._last_left[tier] = tenant
 
     def admitted(self, seq: Sequence) -> None:
-        """`seq` starts running: it is charged now for the tokens it has yet to compute."""
+        """`seq` starts running: it is charged now for the tokens it has yet to compute, its
+        prompt's and those its tenant's answers typically run to (once per request: a resumed or
+        recomputed sequence keeps what it was charged ahead)."""
         self._charge(seq, len(seq.tokens) - seq.n_computed)
         self._prepaid[seq] = len(seq.tokens)
+        if seq not in self._output_ahead:
+            typical = self._typical_output[seq.request.priority].get(seq.request.tenant, 0.0)
+            ahead = max(0, min(seq.remaining_tokens, round(typical)))
+            self._charge(seq, ahead)
+            self._output_ahead[seq] = ahead
 
     def computed(self, seq: Sequence, start: int, rows: int) -> None:
         """A completed step computed `rows` of `seq` from position `start` (or the first-token
-        lane its prompt): charged but for the positions paid at admission."""
+        lane its prompt): charged but for what was paid at admission."""
         paid = self._prepaid.get(seq)
         if paid is not None:
             if start + rows >= paid:
                 del self._prepaid[seq]
             rows = max(0, start + rows - max(start, paid))
+        ahead = self._output_ahead.get(seq, 0)
+        if ahead and rows:
+            used = min(ahead, rows)
+            self._output_ahead[seq] = ahead - used
+            rows -= used
         self._charge(seq, rows)
 
     def released(self, seq: Sequence) -> None:
-        """`seq` is finished (or cancelled): nothing it prepaid is left to match."""
+        """`seq` is finished (or cancelled): what it was charged ahead and never computed is given
+        back, and its answer's length teaches its tenant's typical output."""
         self._prepaid.pop(seq, None)
+        unused = self._output_ahead.pop(seq, 0)
+        tier, tenant = seq.request.priority, seq.request.tenant
+        service = self.service[tier]
+        if unused and tenant in service:
+            service[tenant] -= unused / seq.request.weight
+        if seq.n_generated:
+            typical = self._typical_output[tier]
+            if tenant in typical or len(typical) < KEPT_IDLE_TENANTS + len(self._waiting[tier]):
+                before = typical.get(tenant, float(seq.n_generated))
+                typical[tenant] = before + TYPICAL_OUTPUT_WEIGHT * (seq.n_generated - before)
 
     # ---- what the policy asks -----------------------------------------------------------------
     def least_served(self, tier: Priority) -> frozenset[str] | None:
@@ -136,3 +169,4 @@ class FairShare(SingleWriter):
         service, waiting, last = self.service[tier], self._waiting[tier], self._last_left[tier]
         for tenant in [t for t, c in service.items() if t not in waiting and t != last and c <= floor]:
             del service[tenant]
+            self._typical_output[tier].pop(tenant, None)

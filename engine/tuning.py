@@ -37,6 +37,12 @@ PROMPT_ONLY_INTERRUPT_FRACTION = 0.9
 # a change within about five steps without letting one odd step move the window.
 TYPICAL_STEP_NEWEST_WEIGHT = 0.2
 
+# ---- fair share within a tier (engine/fair_share.py) ------------------------------------------
+# Weight of a finished request's generated tokens in its tenant's moving average, the output an
+# admission is charged for in advance: judgement, follows a change in a tenant's answers within
+# about ten requests.
+TYPICAL_OUTPUT_WEIGHT = 0.1
+
 # ---- the first-token lane (engine/first_token_lane.py) -----------------------------------------
 # A second lane thread contends with the engine's for the same cores; on one thread a 32-token
 # prompt takes 65 ms against 36 on two (66a3cd9, docs/scheduling.md, "The first-token lane";

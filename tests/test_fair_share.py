@@ -3,16 +3,19 @@ backend: arbitrary arrivals and weights (hypothesis), and the rule's visible eff
 
 The bound the property test checks, and why it holds: every admission of a tenant's sequence
 happens when its counter is the least of the backlogged ones (or it is the only one waiting),
-and a joining tenant is lifted to that least counter, never above. The least backlogged counter
-never falls. So after the last moment a backlogged tenant's counter was the least, it grows only
-through the sequences it had running then: at most max_running of them, each computing at most
-one request's tokens (prompt plus max_tokens, a recompute after preemption included, since that
-needs a new admission). Hence, between two backlogged tenants, at any step boundary,
+and a joining tenant is lifted to that least counter, never above. So after the last moment a
+backlogged tenant's counter was the least, it grows only through the sequences it had running
+then: at most max_running of them, each charged at most one request's tokens (prompt plus
+max_tokens, a recompute after preemption included, since that needs a new admission). A counter
+falls only by what a request was charged ahead and never computed; here every answer runs to its
+max_tokens, so that is at most its last token (sampled, never fed back). Hence, between two
+backlogged tenants, at any step boundary,
 
-    |service_a / w_a - service_b / w_b| <= max_running * R_max / w_min
+    |service_a / w_a - service_b / w_b| <= max_running * (R_max + 1) / w_min
 
 where R_max is the most tokens one request computes: one request's worth for the slot just
-given, and as much again for each other slot the leading tenant may hold.
+given, and as much again for each other slot the leading tenant may hold. docs/tenants.md states
+the general bound, for answers that stop early.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from hypothesis import strategies as st
 from engine import EngineConfig, Priority
 from engine.core import EngineCore
 from engine.intake import Intake
+from engine.sequence import SequenceState
 from tests.fake_backend import FakeModel, FakeRunner
 
 BATCH = Priority.BATCH
@@ -77,7 +81,7 @@ arrival = st.tuples(
 def test_backlogged_tenants_service_stays_within_the_bound_and_no_slot_idles(arrivals, weights, max_running):
     c = Core(max_running=max_running)
     r_max = max(p + m for _, _, p, m in arrivals)
-    bound = max_running * r_max / min(weights) + 1e-9
+    bound = max_running * (r_max + 1) / min(weights) + 1e-9
     by_step: dict[int, list] = {}
     for step, tenant, p, m in arrivals:
         by_step.setdefault(step, []).append((f"t{tenant}", weights[tenant], p, m))
@@ -226,3 +230,54 @@ def test_a_request_weight_must_be_positive():
     with pytest.raises(InvalidParameterError):
         Request(prompt="x", tenant=3)
     assert Request(prompt="x", tenant="a", weight=2).weight == 2
+
+
+def test_answers_of_one_length_ending_together_are_not_split_by_prompt_lengths():
+    # Slots freed together are given out one by one to the least served tenant. Charged only
+    # their prompts ahead, tenants whose prompts differ would split a wave of slots unevenly and
+    # keep that split for the whole wave; charged the output they typically run to as well, the
+    # split is even to a slot, window after window.
+    c = Core(max_running=16, step_token_budget=256)
+    lengths = [15, 70, 22, 41, 63, 18, 35, 55, 27, 48]
+    in_flight = {"A": [], "B": []}
+    keep = {"A": 48, "B": 12}
+    made = {"A": 0, "B": 0}
+    seen: dict = {}
+    shares = []
+    n = 0
+    for step in range(16 * 24):
+        for tenant in "AB":
+            in_flight[tenant] = [s for s in in_flight[tenant] if s.state is not SequenceState.FINISHED]
+            while len(in_flight[tenant]) < keep[tenant]:
+                n += 1
+                in_flight[tenant].append(c.add(tenant, 1.0, lengths[n % len(lengths)], 24))
+        c.core.step()
+        for tenant in "AB":
+            for s in in_flight[tenant]:
+                made[tenant] += s.n_generated - seen.get(s, 0)
+                seen[s] = s.n_generated
+        if step % 48 == 47:
+            if step > 96:  # past the first waves, while the typical answer is learned
+                shares.append(made["B"] / (made["A"] + made["B"]))
+            made = {"A": 0, "B": 0}
+    assert len(shares) == 6 and all(abs(share - 0.5) <= 0.02 for share in shares), shares
+
+
+def test_output_charged_ahead_and_never_computed_is_given_back_when_a_request_ends():
+    from engine import FinishReason
+
+    c = Core(max_running=2)
+    first = c.add("t", 2.0, 8, 20)
+    while c.core.has_work():
+        c.core.step()
+    assert first.n_generated == 20  # "t"'s answers typically run to 20 tokens now
+    before = c.fair.service[BATCH]["t"]
+    second = c.add("t", 2.0, 8, 20)
+    c.core.step()
+    # Its prompt and a typical answer are charged at admission, at weight 2.
+    assert c.fair.service[BATCH]["t"] == before + (8 + 20) / 2
+    c.core.step()
+    c.core.step()
+    c.core.finish(second, FinishReason.CANCELLED)
+    computed = sum(r.length + r.drafted for step in c.runner.decoded for r in step if r.request_id.startswith("t-"))
+    assert second.n_generated == 3 and c.fair.service[BATCH]["t"] == computed / 2
