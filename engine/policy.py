@@ -55,6 +55,7 @@ from engine.step_cost import StepCostModel
 from engine.step_plan import Chunk, StepPlan
 from engine.tuning import (
     CALIBRATION_DOWN, CALIBRATION_RANGE, CALIBRATION_START, CALIBRATION_UP, DEEP_PROMPT_CHUNK, DEEP_PROMPT_FROM,
+    DRAFT_TARGET_MARGIN,
 )
 
 INTERACTIVE, BATCH = Priority.INTERACTIVE, Priority.BATCH
@@ -325,7 +326,7 @@ class TwoTierPolicy(SchedulingPolicy):
         if cost is None:
             return cap, None
         budget = (self.token_target_s - waited) / self.calibration
-        self.draft_limit_s = budget  # drafts get what the target leaves of the step
+        self.draft_limit_s = budget * (1.0 - DRAFT_TARGET_MARGIN)  # drafts get what the target leaves of the step
         tokens = sum(s.n_pending for s in interactive)
         spare = budget - cost.seconds(tokens, len(interactive))
         row_s = cost.per_token_s + cost.per_output_s
