@@ -16,6 +16,8 @@ import numpy as np
 
 from bindings import DecodeOutcome
 from engine import Engine, EngineConfig
+from engine.core import EngineCore
+from engine.intake import Intake
 
 N_VOCAB = 64
 EOG = 1
@@ -212,3 +214,33 @@ def find(engine: Engine, request_id: str):
         if seq.request_id == request_id:
             return seq
     return None
+
+
+class FakeCore:
+    """The engine core over the fake backend, driven one step at a time (no engine thread)."""
+
+    def __init__(self, **overrides) -> None:
+        settings = dict(n_ctx=1024, max_running=4, step_token_budget=64, n_threads=1, prefix_cache=False,
+                        speculative=False)
+        settings.update(overrides)
+        config = EngineConfig(**settings)
+        self.runner = FakeRunner(config.n_ctx)
+        self.finished: list[str] = []
+        self.core = EngineCore(FakeModel(), self.runner, config, on_finished=lambda s: self.finished.append(s.request_id))
+        self.intake = Intake(FakeModel(), config.n_ctx, canceller=lambda request_id: None)
+
+    def add(self, request_id: str, tokens: list[int], max_tokens: int, priority: str = "batch"):
+        seq = self.intake.sequence(tokens, dict(max_tokens=max_tokens, request_id=request_id, priority=priority,
+                                               temperature=0.0))
+        self.core.add(seq)
+        return seq
+
+    def rows(self) -> set[str]:
+        return {r.request_id for r in self.runner.current}
+
+    def run_to_end(self, limit: int = 10_000) -> None:
+        for _ in range(limit):
+            if not self.core.has_work():
+                return
+            self.core.step()
+        raise AssertionError("the core did not finish its work")

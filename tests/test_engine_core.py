@@ -14,39 +14,12 @@ from engine.interrupt_window import InterruptWindow
 from engine.outputs import append_token
 from engine.tuning import DEEP_PROMPT_CHUNK, DEEP_PROMPT_FROM
 from bindings import DecodeOutcome
+from tests.fake_backend import FakeCore as Core
 from tests.fake_backend import FakeInterrupter, FakeModel, FakeRunner, expected_tokens
 
 
 def prompt(i: int, n: int = 8) -> list[int]:
     return [0] + [2 + (i * 7 + k) % 50 for k in range(n - 1)]
-
-
-class Core:
-    def __init__(self, **overrides) -> None:
-        settings = dict(n_ctx=1024, max_running=4, step_token_budget=64, n_threads=1, prefix_cache=False,
-                        speculative=False)
-        settings.update(overrides)
-        config = EngineConfig(**settings)
-        self.runner = FakeRunner(config.n_ctx)
-        self.finished: list[str] = []
-        self.core = EngineCore(FakeModel(), self.runner, config, on_finished=lambda s: self.finished.append(s.request_id))
-        self.intake = Intake(FakeModel(), config.n_ctx, canceller=lambda request_id: None)
-
-    def add(self, request_id: str, tokens: list[int], max_tokens: int, priority: str = "batch"):
-        seq = self.intake.sequence(tokens, dict(max_tokens=max_tokens, request_id=request_id, priority=priority,
-                                               temperature=0.0))
-        self.core.add(seq)
-        return seq
-
-    def rows(self) -> set[str]:
-        return {r.request_id for r in self.runner.current}
-
-    def run_to_end(self, limit: int = 10_000) -> None:
-        for _ in range(limit):
-            if not self.core.has_work():
-                return
-            self.core.step()
-        raise AssertionError("the core did not finish its work")
 
 
 def test_step_decodes_every_running_sequence_and_finishes_them_exactly():

@@ -9,12 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import math
 
-from engine import EngineConfig, FinishReason, Priority, Request
+from engine import FinishReason, Priority, Request
 from engine.acceptance import AcceptanceRates
-from engine.core import EngineCore
 from engine.drafts import PROMPT_LOOKUP, RECENT_OUTPUTS, Draft, Drafter, NgramIndex, RecentOutputs, match_length
 from engine.draft_payoff import DraftPayoff
-from engine.intake import Intake
 from engine.speculation import Speculator
 from engine.tuning import (
     DRAFT_CAP_MIN, DRAFT_CAP_START, DRAFT_GAIN_MARGIN, DRAFT_TARGET_MARGIN, MATCH_BUCKETS, PAYOFF_MIN_STEPS, PAYOFF_RETRY_STEPS,
@@ -23,7 +21,7 @@ from engine.step_cost import StepCost, StepCostModel
 from engine.verify import verify
 from sampling.params import SamplingParams
 from sampling.sampler import BatchSampler
-from tests.fake_backend import N_VOCAB, FakeModel, FakeRunner, expected_tokens, fake_engine
+from tests.fake_backend import N_VOCAB, FakeCore, expected_tokens, fake_engine
 
 # A small model on a CPU: the step's fixed cost (the weights' pass) dwarfs one more row's.
 FIXED_HEAVY = StepCost(fixed_s=0.030, per_token_s=0.0005, per_output_s=0.0015)
@@ -448,18 +446,13 @@ def test_a_drafted_step_under_the_latency_target_is_judged_against_a_prediction_
     # must count its draft rows, or every drafted step would read as late and shrink later budgets.
     monkeypatch.setattr(StepCostModel, "estimate", lambda self, threads=None: FIXED_HEAVY)
     monkeypatch.setattr(DraftPayoff, "loses", lambda self, decoding: False)
-    config = EngineConfig(n_ctx=1024, max_running=4, step_token_budget=64, n_threads=1, prefix_cache=False,
-                          speculative=True, interactive_token_ms=55, batch_min_share=0.1)
-    runner = FakeRunner(config.n_ctx)
-    core = EngineCore(FakeModel(), runner, config)
-    intake = Intake(FakeModel(), config.n_ctx, canceller=lambda request_id: None)
-    for request_id, tokens, priority in (("b0", _repetitive(7), "batch"), ("i0", _repetitive(2), "interactive")):
-        core.add(intake.sequence(tokens, dict(max_tokens=40, request_id=request_id, priority=priority,
-                                              temperature=0.0)))
-    policy = core.scheduler.policy
+    c = FakeCore(speculative=True, interactive_token_ms=55, batch_min_share=0.1)
+    c.add("b0", _repetitive(7), 40)
+    c.add("i0", _repetitive(2), 40, priority="interactive")
+    policy = c.core.scheduler.policy
     for _ in range(40):
-        core.step()
-        rows = runner.current
+        c.core.step()
+        rows = c.runner.current
         if policy._last_step_bounded and any(r.drafted for r in rows):
             break
     else:
