@@ -16,6 +16,13 @@ the one whose counter is least, so tenants that stay backlogged are served token
 to their weights, and a tenant alone gets everything (nobody else's counter can hold it back:
 the rule only orders who waits).
 
+Counters order who gets a slot that frees. Slots free in waves, though, when answers run to
+one length: a tenant whose next request arrives just after a wave would wait out the whole next
+wave however little it had been served. So a tenant below its weighted share of the tier's slots
+(with the new sequence too) may take a slot from the tenant furthest above its own share, when
+that one stays at or above it: the victim is suspended (it keeps its KV) and resumes when a slot
+frees. Shares of slots converge at once and nobody's swap can be swapped back.
+
 A tenant that joins the backlog is lifted to the least counter of the backlogged tenants (to
 the counter of the tenant that left the queue last, when none is waiting), never lowered: time
 spent idle is not banked as a claim on the tier later.
@@ -41,6 +48,7 @@ class FairShare(SingleWriter):
     def __init__(self) -> None:
         self.service: dict[Priority, dict[str, float]] = {p: {} for p in Priority}
         self._waiting: dict[Priority, dict[str, int]] = {p: {} for p in Priority}  # backlogged: count > 0
+        self._waiting_weight: dict[Priority, dict[str, float]] = {p: {} for p in Priority}  # of the backlogged
         self._last_left: dict[Priority, str | None] = {p: None for p in Priority}
         # Running sequences charged at admission for their tokens up to this position.
         self._prepaid: dict[Sequence, int] = {}
@@ -61,6 +69,7 @@ class FairShare(SingleWriter):
             if len(service) > KEPT_IDLE_TENANTS + len(waiting):
                 self._forget_idle(tier, floor)
         waiting[tenant] = waiting.get(tenant, 0) + 1
+        self._waiting_weight[tier][tenant] = seq.request.weight
 
     def dequeued(self, seq: Sequence) -> None:
         """`seq` left its tier's queue (admitted, finished, cancelled)."""
@@ -71,6 +80,7 @@ class FairShare(SingleWriter):
             waiting[tenant] = left
         else:
             waiting.pop(tenant, None)
+            self._waiting_weight[tier].pop(tenant, None)
             self._last_left[tier] = tenant
 
     def admitted(self, seq: Sequence) -> None:
@@ -136,6 +146,34 @@ class FairShare(SingleWriter):
         service = self.service[tier]
         return service.get(tenant, 0.0) <= min(service.get(t, 0.0) for t in waiting)
 
+    def short_of_slots(self, running: list[Sequence], tier: Priority) -> list[str]:
+        """The backlogged tenants of `tier` that would take a slot by a swap (`swap_victim`),
+        least served first: the tier's next admission when every slot is taken, so one that
+        cannot be swapped in (the queue's order) never holds the swap back."""
+        slots, weights, per_weight = self._slot_shares(running, tier)
+        if not any(n - 1 >= per_weight * weights[t] for t, n in slots.items()):
+            return []
+        short = [t for t in self._waiting[tier] if slots.get(t, 0) + 1 <= per_weight * weights[t]]
+        return sorted(short, key=self.service[tier].get)
+
+    def swap_victim(self, running: list[Sequence], seq: Sequence) -> Sequence | None:
+        """A running sequence of `seq`'s tier to suspend for `seq` when every slot is taken: one
+        of the tenant furthest above its weighted share of the tier's slots, if it stays at or
+        above that share without it and `seq`'s tenant stays at or below its own with `seq`.
+        Shares are among the tenants running or waiting in the tier; None with one tenant."""
+        tier, tenant = seq.request.priority, seq.request.tenant
+        slots, weights, per_weight = self._slot_shares(running, tier, seq)
+        if len(weights) < 2 or slots.get(tenant, 0) + 1 > per_weight * weights[tenant]:
+            return None
+        over = [t for t, n in slots.items() if t != tenant and n - 1 >= per_weight * weights[t]]
+        if not over:
+            return None
+        furthest = max(over, key=lambda t: slots[t] / weights[t])
+        # The one furthest ahead (the latest admitted of equals) gives way, as for an interactive
+        # arrival: a resumed sequence is admitted last and is not held back again and again.
+        return max(reversed([s for s in running if s.request.priority is tier and s.request.tenant == furthest]),
+                   key=lambda s: s.n_generated)
+
     def of(self, seq: Sequence) -> float:
         """The counter of `seq`'s tenant in its tier."""
         return self.service[seq.request.priority].get(seq.request.tenant, 0.0)
@@ -157,6 +195,23 @@ class FairShare(SingleWriter):
             service = self.service[seq.request.priority]
             tenant = seq.request.tenant
             service[tenant] = service.get(tenant, 0.0) + tokens / seq.request.weight
+
+    def _slot_shares(self, running: list[Sequence], tier: Priority, seq: Sequence | None = None
+                     ) -> tuple[dict[str, int], dict[str, float], float]:
+        """Slots held per tenant in `tier`, the weights of the tenants running or waiting there
+        (and `seq`'s, which may come from the first-token lane), and the tier's slots per unit
+        of weight: a tenant's fair share of slots is its weight times that."""
+        slots: dict[str, int] = {}
+        weights = dict(self._waiting_weight[tier])
+        held = 0
+        for s in running:
+            if s.request.priority is tier:
+                held += 1
+                slots[s.request.tenant] = slots.get(s.request.tenant, 0) + 1
+                weights[s.request.tenant] = s.request.weight
+        if seq is not None:
+            weights[seq.request.tenant] = seq.request.weight
+        return slots, weights, held / sum(weights.values()) if weights else 0.0
 
     def _floor(self, tier: Priority) -> float:
         service, waiting = self.service[tier], self._waiting[tier]

@@ -36,7 +36,8 @@ and runs in at least one of every 1/batch_min_share steps.
 
 Within a tier, tenants share by weight (engine/fair_share.py, `fair_share`): the next admission
 is the first waiting sequence of the backlogged tenant with the least weighted service, and a
-victim is taken from the tenant with the most (then by the rules above). Off, or with one
+victim is taken from the tenant with the most (then by the rules above). A tenant below its
+weighted share of its tier's slots may take one from the tenant furthest above its own. Off, or with one
 tenant, the tier's queue is first come, first served.
 """
 from __future__ import annotations
@@ -228,7 +229,7 @@ class TwoTierPolicy(SchedulingPolicy):
             seq = self._head(view, tier) if tier not in blocked else None
             if seq is None:
                 continue
-            if tier is INTERACTIVE and not self._interactive_slot_free(view):
+            if tier is INTERACTIVE and not self._interactive_slot_free(view) and not self._swaps_in(view, seq):
                 continue
             if tier is BATCH and self._interactive_prefilling(view):
                 continue  # it would get no tokens this step; keep its slot and blocks free
@@ -240,9 +241,13 @@ class TwoTierPolicy(SchedulingPolicy):
         # most recently admitted of those): the delay is spread over the batch tier instead of
         # holding back one sequence again and again, which would leave it finishing alone in
         # steps of a few rows. max() keeps the first of equals: ties go to the latest admitted.
-        # Among tenants, the one with most weighted service gives way first.
-        return max(reversed(self._displaceable(view, seq)), key=lambda s: (self._service(s), s.n_generated),
-                   default=None)
+        # Among tenants, the one with most weighted service gives way first. Failing that, a
+        # tenant below its share of its own tier's slots takes one (engine/fair_share.py).
+        victim = max(reversed(self._displaceable(view, seq)), key=lambda s: (self._service(s), s.n_generated),
+                     default=None)
+        if victim is None and self.fair is not None:
+            victim = self.fair.swap_victim(view.running, seq)
+        return victim
 
     def kv_victim(self, view: QueueView, seq: Sequence) -> Sequence | None:
         # The most recently admitted has least to recompute (of the most served tenant).
@@ -420,11 +425,28 @@ class TwoTierPolicy(SchedulingPolicy):
 
     def _head(self, view: QueueView, tier: Priority) -> Sequence | None:
         """The tier's next sequence: its queue's head, or with several tenants waiting, the
-        first waiting sequence of the least served (displaced ones stand first in the queue)."""
-        least = self.fair.least_served(tier) if self.fair is not None else None
+        first waiting sequence of the least served (displaced ones stand first in the queue);
+        with no slot free, first that of a tenant below its share of the tier's slots."""
+        if self.fair is None:
+            return view.head(tier)
+        if not self._slot_free(view, tier):
+            short = self.fair.short_of_slots(view.running, tier)
+            if short:  # with every slot taken, a tenant below its share of them comes first
+                return next(s for s in view.queue(tier) if s.request.tenant == short[0])
+        least = self.fair.least_served(tier)
         if least is None:
             return view.head(tier)
         return next((s for s in view.queue(tier) if s.request.tenant in least), None)
+
+    def _swaps_in(self, view: QueueView, seq: Sequence) -> bool:
+        # Only with every slot taken: a free one kept for batch work is not the tier's to swap.
+        return (self.fair is not None and len(view.running) >= view.max_running
+                and self.fair.swap_victim(view.running, seq) is not None)
+
+    def _slot_free(self, view: QueueView, tier: Priority) -> bool:
+        if tier is INTERACTIVE:
+            return self._interactive_slot_free(view)
+        return len(view.running) < view.max_running
 
     def _service(self, seq: Sequence) -> float:
         return self.fair.of(seq) if self.fair is not None else 0.0

@@ -212,6 +212,13 @@ class Scheduler(SingleWriter):
                 victim = self.policy.slot_victim(self, seq)
                 if victim is None:
                     return False
+                if victim.request.priority is seq.request.priority:
+                    # A swap between tenants of one tier: where KV has room, never at the cost
+                    # of anyone's recompute.
+                    if not self._kv_room_for(seq):
+                        return False
+                    self.suspend(victim)
+                    break
                 self.suspend(victim)  # a slot is all it needs: the victim keeps its KV
                 continue
             if self._kv_room_for(seq):
