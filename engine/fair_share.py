@@ -32,14 +32,15 @@ Engine thread only (the policy that holds it is called from the scheduler).
 from __future__ import annotations
 
 from engine.ownership import SingleWriter
-from engine.request import Priority
-from engine.sequence import Sequence
+from engine.request import FinishReason, Priority
+from engine.sequence import Sequence, SequenceState
 from engine.tuning import TYPICAL_OUTPUT_WEIGHT
 
 # Counters of tenants that are neither waiting nor ahead of the floor carry no information (they
 # would be lifted on return anyway): past this many, they are forgotten, so a Python caller
 # naming a new tenant in every request cannot grow the table without bound.
 KEPT_IDLE_TENANTS = 256
+ANSWER_ENDS = frozenset({FinishReason.STOP, FinishReason.LENGTH, FinishReason.CONTEXT_LENGTH})
 
 
 class FairShare(SingleWriter):
@@ -112,14 +113,19 @@ class FairShare(SingleWriter):
 
     def released(self, seq: Sequence) -> None:
         """`seq` is finished (or cancelled): what it was charged ahead and never computed is given
-        back, and its answer's length teaches its tenant's typical output."""
-        self._prepaid.pop(seq, None)
+        back, and a complete answer's length teaches its tenant's typical output."""
         unused = self._output_ahead.pop(seq, 0)
+        paid = self._prepaid.pop(seq, None)
+        if paid is not None and seq.state in (SequenceState.RUNNING, SequenceState.SUSPENDED):
+            # A prompt cut short (a cancellation mid-prefill). A sequence preempted since keeps
+            # its stale entry while it waits, and no refund: it may have computed that prompt.
+            unused += max(0, paid - seq.n_computed)
         tier, tenant = seq.request.priority, seq.request.tenant
         service = self.service[tier]
         if unused and tenant in service:
             service[tenant] -= unused / seq.request.weight
-        if seq.n_generated:
+        # A cancelled, timed-out or failed answer says nothing of how long the tenant's run.
+        if seq.n_generated and seq.finish_reason in ANSWER_ENDS:
             typical = self._typical_output[tier]
             if tenant in typical or len(typical) < KEPT_IDLE_TENANTS + len(self._waiting[tier]):
                 before = typical.get(tenant, float(seq.n_generated))

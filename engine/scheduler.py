@@ -131,6 +131,7 @@ class Scheduler(SingleWriter):
 
     def finish(self, seq: Sequence) -> None:
         """Take a finished or cancelled sequence out, freeing its KV before its id can be reused."""
+        self.policy.released(seq)  # first: what it computed is still there to read
         if seq.state is SequenceState.RUNNING:
             self.running.remove(seq)
             self.kv.release(seq)
@@ -141,7 +142,6 @@ class Scheduler(SingleWriter):
         elif seq.state is SequenceState.WAITING:
             self.waiting[seq.request.priority].remove(seq)
             self.policy.dequeued(seq)
-        self.policy.released(seq)
         seq.state = SequenceState.FINISHED
 
     def preempt(self, seq: Sequence) -> None:

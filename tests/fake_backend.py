@@ -229,9 +229,9 @@ class FakeCore:
         self.core = EngineCore(FakeModel(), self.runner, config, on_finished=lambda s: self.finished.append(s.request_id))
         self.intake = Intake(FakeModel(), config.n_ctx, canceller=lambda request_id: None)
 
-    def add(self, request_id: str, tokens: list[int], max_tokens: int, priority: str = "batch"):
+    def add(self, request_id: str, tokens: list[int], max_tokens: int, priority: str = "batch", **fields):
         seq = self.intake.sequence(tokens, dict(max_tokens=max_tokens, request_id=request_id, priority=priority,
-                                               temperature=0.0))
+                                               temperature=0.0, **fields))
         self.core.add(seq)
         return seq
 

@@ -25,34 +25,25 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import EngineConfig, Priority
-from engine.core import EngineCore
-from engine.intake import Intake
+from engine import Priority
 from engine.sequence import SequenceState
-from tests.fake_backend import FakeModel, FakeRunner, expected_tokens
+from tests.fake_backend import FakeCore, FakeModel, expected_tokens
 
 BATCH = Priority.BATCH
 
 
-class Core:
+class Core(FakeCore):
+    """The core over the fake backend, with requests made by tenant, weight and lengths."""
+
     def __init__(self, **overrides) -> None:
-        settings_ = dict(n_ctx=4096, max_running=4, step_token_budget=512, n_threads=1, prefix_cache=False,
-                         speculative=False)
-        settings_.update(overrides)
-        self.config = EngineConfig(**settings_)
-        self.runner = FakeRunner(self.config.n_ctx)
-        self.core = EngineCore(FakeModel(), self.runner, self.config)
-        self.intake = Intake(FakeModel(), self.config.n_ctx, canceller=lambda request_id: None)
+        super().__init__(**{"n_ctx": 4096, "step_token_budget": 512, **overrides})
         self.n = 0
 
-    def add(self, tenant: str, weight: float, prompt_len: int, max_tokens: int, priority: str = "batch"):
+    def request(self, tenant: str, weight: float, prompt_len: int, max_tokens: int, priority: str = "batch"):
         self.n += 1
         tokens = [0] + [2 + (self.n * 7 + k) % 50 for k in range(prompt_len - 1)]
-        seq = self.intake.sequence(tokens, dict(max_tokens=max_tokens, request_id=f"{tenant}-{self.n}",
-                                                priority=priority, temperature=0.0, tenant=tenant, weight=weight,
-                                                ignore_eos=True))
-        self.core.add(seq)
-        return seq
+        return self.add(f"{tenant}-{self.n}", tokens, max_tokens, priority, tenant=tenant, weight=weight,
+                        ignore_eos=True)
 
     @property
     def scheduler(self):
@@ -64,9 +55,6 @@ class Core:
 
     def live(self) -> int:
         return len(self.scheduler.running) + self.scheduler.n_waiting
-
-    def step_rows(self) -> set[str]:
-        return {r.request_id for r in self.runner.current}
 
 
 arrival = st.tuples(
@@ -91,12 +79,12 @@ def test_backlogged_tenants_service_stays_within_the_bound_and_no_slot_idles(arr
     step = 0
     while step <= 40 or c.core.has_work():
         for tenant, weight, p, m in by_step.get(step, []):
-            c.add(tenant, weight, p, m)
+            c.request(tenant, weight, p, m)
         live = c.live()
         ran = c.core.step()
         # Work-conserving: every slot that a waiting request could take was given (KV and the
         # step budget are ample here, so nothing else can hold one back).
-        assert len(c.step_rows() if ran else ()) == min(max_running, live)
+        assert len(c.rows() if ran else ()) == min(max_running, live)
         backlogged = c.fair.backlogged(BATCH)
         counters = [c.fair.service[BATCH].get(t, 0.0) for t in backlogged]
         if len(counters) > 1:
@@ -111,9 +99,9 @@ def test_a_light_tenant_takes_a_slot_at_once_from_the_tenant_above_its_share_and
     admitted_after = {}
     for fair in (True, False):
         c = Core(max_running=4, fair_share=fair)
-        heavy = [c.add("heavy", 1.0, 8, 6) for _ in range(40)]
+        heavy = [c.request("heavy", 1.0, 8, 6) for _ in range(40)]
         c.core.step()
-        light = c.add("light", 1.0, 8, 6)
+        light = c.request("light", 1.0, 8, 6)
         steps = 0
         while light.admitted_at is None:
             c.core.step()
@@ -137,10 +125,10 @@ def test_a_light_tenant_takes_a_slot_at_once_from_the_tenant_above_its_share_and
 def test_a_tenant_at_its_share_of_slots_waits_for_a_free_one_and_nobody_swaps_back():
     c = Core(max_running=4)
     for _ in range(2):
-        c.add("a", 1.0, 8, 6)
-        c.add("b", 1.0, 8, 6)
+        c.request("a", 1.0, 8, 6)
+        c.request("b", 1.0, 8, 6)
     c.core.step()
-    late = [c.add("a", 1.0, 8, 6), c.add("b", 1.0, 8, 6)]  # each already holds its 2 of 4
+    late = [c.request("a", 1.0, 8, 6), c.request("b", 1.0, 8, 6)]  # each already holds its 2 of 4
     for _ in range(4):
         c.core.step()
         assert all(s.admitted_at is None for s in late)
@@ -148,10 +136,10 @@ def test_a_tenant_at_its_share_of_slots_waits_for_a_free_one_and_nobody_swaps_ba
     # By weight: at 3:1, "b" is due one slot of 4, and holds one, so its next request waits.
     c = Core(max_running=4)
     for _ in range(3):
-        c.add("a", 3.0, 8, 6)
-    first_b = c.add("b", 1.0, 8, 6)
+        c.request("a", 3.0, 8, 6)
+    first_b = c.request("b", 1.0, 8, 6)
     c.core.step()
-    second_b = c.add("b", 1.0, 8, 6)
+    second_b = c.request("b", 1.0, 8, 6)
     c.core.step()
     assert first_b.admitted_at is not None and second_b.admitted_at is None
     assert c.scheduler.tiers[BATCH].suspensions == 0
@@ -162,9 +150,9 @@ def test_no_slot_is_swapped_where_the_newcomer_has_no_kv_room():
     # claim but no room, so nobody is suspended for it; it runs when a heavy answer ends.
     c = Core(max_running=4, n_ctx=256, block_size=16)
     for _ in range(8):
-        c.add("heavy", 1.0, 56, 8)
+        c.request("heavy", 1.0, 56, 8)
     c.core.step()
-    light = c.add("light", 1.0, 8, 4)
+    light = c.request("light", 1.0, 8, 4)
     c.core.step()
     assert light.admitted_at is None and c.scheduler.tiers[BATCH].suspensions == 0
     while light.admitted_at is None:
@@ -175,7 +163,7 @@ def test_no_slot_is_swapped_where_the_newcomer_has_no_kv_room():
 def test_one_tenant_never_swaps_with_itself():
     c = Core(max_running=3)
     for _ in range(12):
-        c.add("only", 1.0, 8, 5)
+        c.request("only", 1.0, 8, 5)
     while c.core.has_work():
         c.core.step()
     assert c.scheduler.tiers[BATCH].suspensions == 0
@@ -185,8 +173,8 @@ def test_weights_share_the_slots_while_both_tenants_stay_backlogged():
     c = Core(max_running=8)
     served = {"a": 0, "b": 0}
     for _ in range(60):
-        c.add("a", 3.0, 4, 8)
-        c.add("b", 1.0, 4, 8)
+        c.request("a", 3.0, 4, 8)
+        c.request("b", 1.0, 4, 8)
     for _ in range(40):  # both stay backlogged all along: 60 requests each, 8 slots
         c.core.step()
         for row in c.runner.current:
@@ -199,12 +187,12 @@ def test_weights_share_the_slots_while_both_tenants_stay_backlogged():
 def test_a_returning_tenant_is_lifted_to_the_least_backlogged_counter_and_banks_no_idle_time():
     c = Core(max_running=2)
     for _ in range(20):
-        c.add("a", 1.0, 4, 8)
+        c.request("a", 1.0, 4, 8)
     for _ in range(30):
         c.core.step()
     a_service = c.fair.service[BATCH]["a"]
     assert a_service > 50
-    late = c.add("b", 1.0, 4, 8)  # b was never seen: its counter starts at a's, not at zero
+    late = c.request("b", 1.0, 4, 8)  # b was never seen: its counter starts at a's, not at zero
     assert c.fair.service[BATCH]["b"] == a_service
     for _ in range(9):  # a slot frees within a request's 9 steps, and b takes it
         c.core.step()
@@ -221,13 +209,13 @@ def test_a_returning_tenant_is_lifted_to_the_least_backlogged_counter_and_banks_
 def test_a_victim_comes_from_the_tenant_with_most_weighted_service():
     c = Core(max_running=4, batch_min_share=0.25)
     for _ in range(3):
-        c.add("greedy", 1.0, 8, 40)
-    c.add("modest", 1.0, 8, 40)
+        c.request("greedy", 1.0, 8, 40)
+    c.request("modest", 1.0, 8, 40)
     for _ in range(3):
         c.core.step()
     # Even: "greedy" has three sequences running, "modest" one, so "greedy" has been served more.
     assert c.fair.service[BATCH]["greedy"] > c.fair.service[BATCH]["modest"]
-    chat = c.add("someone", 1.0, 4, 4, priority="interactive")
+    chat = c.request("someone", 1.0, 4, 4, priority="interactive")
     c.core.step()
     assert chat.admitted_at is not None
     suspended = [s for s in c.scheduler.waiting[BATCH]]
@@ -242,11 +230,11 @@ def test_the_first_token_lane_takes_a_free_slot_only_for_a_tenant_not_ahead_of_t
 
     c = Core(max_running=2)
     for _ in range(2):
-        c.add("heavy", 1.0, 4, 3, priority="interactive")
+        c.request("heavy", 1.0, 4, 3, priority="interactive")
     c.core.step()
     # Lifted to heavy's counter; with a weight worth less than one of the two slots, it cannot
     # take one of heavy's by a swap, and waits.
-    waiting = c.add("light", 0.1, 4, 3, priority="interactive")
+    waiting = c.request("light", 0.1, 4, 3, priority="interactive")
     c.core.step()
     c.core.step()  # heavy's two finish: two free slots, light still queued (admission comes next step)
     assert c.scheduler.waiting[Priority.INTERACTIVE] and len(c.scheduler.running) == 0
@@ -274,9 +262,9 @@ def test_the_first_token_lane_takes_a_free_slot_only_for_a_tenant_not_ahead_of_t
 def test_fair_share_off_keeps_no_counters_and_the_queue_order():
     c = Core(fair_share=False)
     assert c.fair is None
-    seqs = [c.add("a" if i < 6 else "b", 1.0, 4, 4) for i in range(8)]
+    seqs = [c.request("a" if i < 6 else "b", 1.0, 4, 4) for i in range(8)]
     c.core.step()
-    assert c.step_rows() == {s.request_id for s in seqs[:4]}
+    assert c.rows() == {s.request_id for s in seqs[:4]}
 
 
 def test_a_request_weight_must_be_positive():
@@ -310,7 +298,7 @@ def test_answers_of_one_length_ending_together_are_not_split_by_prompt_lengths()
             in_flight[tenant] = [s for s in in_flight[tenant] if s.state is not SequenceState.FINISHED]
             while len(in_flight[tenant]) < keep[tenant]:
                 n += 1
-                in_flight[tenant].append(c.add(tenant, 1.0, lengths[n % len(lengths)], 24))
+                in_flight[tenant].append(c.request(tenant, 1.0, lengths[n % len(lengths)], 24))
         c.core.step()
         for tenant in "AB":
             for s in in_flight[tenant]:
@@ -327,12 +315,12 @@ def test_output_charged_ahead_and_never_computed_is_given_back_when_a_request_en
     from engine import FinishReason
 
     c = Core(max_running=2)
-    first = c.add("t", 2.0, 8, 20)
+    first = c.request("t", 2.0, 8, 20)
     while c.core.has_work():
         c.core.step()
     assert first.n_generated == 20  # "t"'s answers typically run to 20 tokens now
     before = c.fair.service[BATCH]["t"]
-    second = c.add("t", 2.0, 8, 20)
+    second = c.request("t", 2.0, 8, 20)
     c.core.step()
     # Its prompt and a typical answer are charged at admission, at weight 2.
     assert c.fair.service[BATCH]["t"] == before + (8 + 20) / 2
@@ -341,3 +329,21 @@ def test_output_charged_ahead_and_never_computed_is_given_back_when_a_request_en
     c.core.finish(second, FinishReason.CANCELLED)
     computed = sum(r.length + r.drafted for step in c.runner.decoded for r in step if r.request_id.startswith("t-"))
     assert second.n_generated == 3 and c.fair.service[BATCH]["t"] == computed / 2
+    # A cancelled answer's 3 tokens teach nothing: the next admission is charged 20 ahead again.
+    third = c.request("t", 2.0, 8, 20)
+    at_admission = c.fair.service[BATCH]["t"]
+    c.core.step()
+    assert third.admitted_at is not None and c.fair.service[BATCH]["t"] == at_admission + (8 + 20) / 2
+
+
+def test_a_prompt_cancelled_mid_prefill_is_charged_only_the_rows_computed():
+    from engine import FinishReason
+
+    c = Core(max_running=2, step_token_budget=32)
+    seq = c.request("t", 1.0, 100, 8)  # its prompt takes four steps of 32 rows
+    c.core.step()
+    computed = seq.n_computed
+    assert 0 < computed < 100 and c.fair.service[BATCH]["t"] == 100  # the whole prompt, charged ahead
+    c.core.finish(seq, FinishReason.CANCELLED)
+    assert computed == sum(r.length for step in c.runner.decoded for r in step)
+    assert c.fair.service[BATCH]["t"] == computed
