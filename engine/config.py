@@ -40,6 +40,12 @@ class EngineConfig:
     # Another process on the cores makes ggml's threads wait for each other at every graph node.
     adaptive_threads: bool = setting(
         True, "measure step times and run fewer threads while that is faster (another process on the cores)")
+    # At equal nice, a step's ggml threads and a thread with a moment's work (the first-token
+    # lane's prompt, the HTTP loop) split a core evenly, and that moment takes twice as long.
+    engine_nice: int = setting(
+        10, "nice increment of the engine thread and the ggml threads it starts, against the process's other "
+            "threads (the first-token lane, the HTTP server), which then get a core first while they have work; "
+            "beside other processes it counts only within the same scheduling group (0: same priority)")
     max_waiting: int = setting(1024, "queued batch requests before a 429")
     max_waiting_interactive: int = setting(256, "queued interactive requests before a 429")
     block_size: int = setting(16, "KV cells per block of the cache ledger (divides --n-ctx)")
@@ -108,6 +114,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.n_ctx < 64:
             raise ValueError(f"n_ctx must be at least 64, got {self.n_ctx}")
+        if not 0 <= self.engine_nice <= 19:
+            raise ValueError(f"engine_nice must be between 0 and 19, got {self.engine_nice}")
         if not 1 <= self.max_running < LLAMA_MAX_SEQ:
             raise ValueError(f"max_running must be between 1 and {LLAMA_MAX_SEQ - 1}, got {self.max_running}")
         if self.step_token_budget < self.max_running:

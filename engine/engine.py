@@ -95,7 +95,7 @@ class Engine:
                                on_finished=self._inbox.finished,
                                lane_busy=(lambda: False) if self._lane is None else self._lane.is_busy,
                                draft_model=draft_model)
-        self._loop = EngineLoop(self.core, self._inbox, wakeup, self._waker)
+        self._loop = EngineLoop(self.core, self._inbox, wakeup, self._waker, nice=config.engine_nice)
 
     # ---- client API -------------------------------------------------------------------------
     def submit(self, request: Request | str | Seq[int], **options: Any) -> RequestHandle:

@@ -8,6 +8,8 @@ reason, and the thread goes on serving the others: it never ends while the engin
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
 
@@ -22,8 +24,10 @@ log = logging.getLogger("cobatch.engine")
 
 
 class EngineLoop:
-    def __init__(self, core: EngineCore, inbox: Inbox, wakeup: threading.Event, waker: LoopWaker) -> None:
+    def __init__(self, core: EngineCore, inbox: Inbox, wakeup: threading.Event, waker: LoopWaker,
+                 nice: int = 0) -> None:
         self.core = core
+        self._nice = nice
         self.inbox = inbox
         self._wakeup = wakeup  # set by anyone with work for this thread
         self._waker = waker
@@ -55,6 +59,7 @@ class EngineLoop:
 
     # ---- the engine thread ----------------------------------------------------------------------
     def _run(self) -> None:
+        _lower_this_thread(self._nice)  # first: the ggml threads it starts inherit it
         self.core.claim_for_this_thread()
         while not self._stopping:
             self._wakeup.clear()
@@ -138,3 +143,15 @@ class EngineLoop:
             if seq.finish_reason is None:
                 self._guarded("expiring a deadline", self.core.finish, seq, FinishReason.TIMEOUT,
                               f"its timeout of {seq.request.timeout:g} s passed")
+
+
+def _lower_this_thread(increment: int) -> None:
+    """Raise the calling thread's nice by `increment` (Linux: nice is per thread, and threads
+    inherit it from the thread that starts them). An unprivileged thread can never lower it again."""
+    if increment <= 0 or not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+    except OSError as exc:
+        log.warning("the engine thread keeps its priority: %s", exc)
