@@ -41,11 +41,13 @@ class EngineConfig:
     adaptive_threads: bool = setting(
         True, "measure step times and run fewer threads while that is faster (another process on the cores)")
     # At equal nice, a step's ggml threads and a thread with a moment's work (the first-token
-    # lane's prompt, the HTTP loop) split a core evenly, and that moment takes twice as long.
+    # lane's prompt, the HTTP loop) split a core evenly, and that moment takes twice as long. Off
+    # by default: it also hands a share of the cores to a niced process in the same session.
     engine_nice: int = setting(
-        10, "nice increment of the engine thread and the ggml threads it starts, against the process's other "
-            "threads (the first-token lane, the HTTP server), which then get a core first while they have work; "
-            "beside other processes it counts only within the same scheduling group (0: same priority)")
+        0, "nice increment of the engine thread and the ggml threads it starts, against the process's other "
+           "threads (the first-token lane, the HTTP server), which then get a core first while they have work: "
+           "chats' first tokens beside batch work come sooner, but a niced busy process in the same session "
+           "takes more of the cores (docs/threads.md; 0: same priority)")
     max_waiting: int = setting(1024, "queued batch requests before a 429")
     max_waiting_interactive: int = setting(256, "queued interactive requests before a 429")
     block_size: int = setting(16, "KV cells per block of the cache ledger (divides --n-ctx)")
