@@ -107,9 +107,11 @@ class KvCacheAgainstLlamaMemory(RuleBasedStateMachine):
         """k drafted tokens are computed after the sequence's tokens, the model keeps the first j
         and appends one token of its own (pending): the other drafted cells must go."""
         seq = self.running[i % len(self.running)]
-        self._compute(seq)  # a token left pending by an earlier draft's verification
+        # Reserved first, as the scheduler reserves every running sequence's tokens before a step:
+        # computing a token left pending by an earlier verification needs its block too.
         if not self.kv.try_reserve(seq, len(seq.tokens) + k):
             return
+        self._compute(seq)
         draft = list(range(600, 600 + k))
         self.batch.clear()
         self.batch.add_run(np.asarray(draft, dtype=np.int32), len(seq.tokens), seq.seq_id, True, n_logits=k)
