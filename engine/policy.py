@@ -37,8 +37,8 @@ and runs in at least one of every 1/batch_min_share steps.
 Within a tier, tenants share by weight (engine/fair_share.py, `fair_share`): the next admission
 is the first waiting sequence of the backlogged tenant with the least weighted service, and a
 victim is taken from the tenant with the most (then by the rules above). A tenant below its
-weighted share of its tier's slots may take one from the tenant furthest above its own. Off, or with one
-tenant, the tier's queue is first come, first served.
+weighted share of its tier's slots may take one from the tenant furthest above its own. Off, or
+with one tenant, the tier's queue is first come, first served.
 """
 from __future__ import annotations
 

@@ -212,14 +212,14 @@ class Scheduler(SingleWriter):
                 victim = self.policy.slot_victim(self, seq)
                 if victim is None:
                     return False
-                if victim.request.priority is seq.request.priority:
-                    # A swap between tenants of one tier: where KV has room, never at the cost
-                    # of anyone's recompute.
-                    if not self._kv_room_for(seq):
-                        return False
-                    self.suspend(victim)
-                    break
+                # A swap between tenants of one tier only where KV has room, never at the cost
+                # of anyone's recompute: the room is taken before the victim gives way.
+                swap = victim.request.priority is seq.request.priority
+                if swap and not self._kv_room_for(seq):
+                    return False
                 self.suspend(victim)  # a slot is all it needs: the victim keeps its KV
+                if swap:
+                    break
                 continue
             if self._kv_room_for(seq):
                 break
