@@ -33,11 +33,15 @@ def test_benchmark_runs_in_quick_mode_and_stores_its_run(name, capsys, tmp_path)
         assert {(t["rule"], t["tier"], t["scenario"]) for t in trials} == {
             (rule, tier, scenario) for tier in ("batch", "interactive")
             for rule, scenarios in (("fifo", ("backlogged", "light")), ("fair 1:1", ("backlogged", "light")),
-                                    ("fair 3:1", ("backlogged",)), ("quota", ("within", "hammering")))
+                                    ("fair 3:1", ("backlogged",)),
+                                    ("quota", ("within", "hammering", "within again")))
             for scenario in scenarios}
         assert all(t["tok_s"] > 0 and sum(t["requests"].values()) > 0 for t in trials)
         hammered = [t for t in trials if t["scenario"] == "hammering"]
         assert all(t["failures"]["a"] > 0 and t["failures"]["b"] == 0 for t in hammered)  # A's 429s, B untouched
+        # The hammered window is judged against the noise of the two windows around it, per tier.
+        assert len(manifest["headline"]["within_noise"]) == 2
+        assert isinstance(manifest["headline"]["hammered_within_noise"], bool)
     if name in PLOTTABLE:
         pytest.importorskip("matplotlib")
         assert main(["plot", str(folder)]) == 0
