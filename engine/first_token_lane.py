@@ -12,6 +12,9 @@ under its lock); from `start` on the lane's thread holds the sequence and alone 
 it hands the sequence to the engine thread through the inbox. The engine thread only asks
 `is_busy`.
 
+While it computes, the lane's thread has a core of its own (`engine/own_core.py`): the step in
+flight, whose last node cannot be aborted, goes on on the other cores.
+
 One request at a time and short prompts only: on one thread a prompt step costs about twice
 what it does on the engine's threads, so the lane pays off only where the main step is the
 longer wait (docs/scheduling.md). A sequence the lane cannot finish the job for (no room, an
@@ -27,6 +30,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from bindings import Context, ContextSettings, DecodeOutcome, Model, TokenBatch
+from engine.own_core import OwnCore
 from engine.ownership import claim
 from engine.outputs import append_token, sample_rows
 from engine.request import FinishReason, Priority
@@ -59,6 +63,7 @@ class FirstTokenLane:
         self._eog = model.eog_tokens
         self._batch = TokenBatch(max_prompt_tokens)
         self._sampler = BatchSampler(model.n_vocab)
+        self._own_core = OwnCore()
         self._hand_over = hand_over
         self._wake_engine = wake_engine
         self._published = published  # wakes the event loops waiting on what the lane streamed
@@ -137,7 +142,9 @@ class FirstTokenLane:
         seq.admitted_at = time.perf_counter()
         self._batch.clear()
         self._batch.add_run(np.asarray(seq.tokens[: seq.n_prompt], dtype=np.int32), 0, _LANE_SEQ, True)
-        if self._context.decode(self._batch) is not DecodeOutcome.OK:
+        with self._own_core.held():
+            outcome = self._context.decode(self._batch)
+        if outcome is not DecodeOutcome.OK:
             self._context.seq_rm(_LANE_SEQ)
             self._hand_over(seq, None, None)
             return
