@@ -13,8 +13,9 @@ interactive tier ("priority"). Per server and tier, windows of --warmup + --dura
 
 A fourth server gives A a limit of --quota-in-flight requests in flight (B none), with B light:
 `within` A keeps exactly its limit in flight, `hammering` A keeps --a-in-flight in flight, all but
-the limit refused with 429 and retried after its Retry-After (1 s), as the `openai` SDK would
-(each client retries on its own, so about --a-in-flight refusals a second), then `within again`.
+the limit refused with 429 and retried after the wait the answer names (retry-after-ms), as the
+`openai` SDK would (each client on its own; the server paces the wait to the tenant's completions,
+server/retry_pacing.py), then `within again`.
 B's median latency while A hammers, over the mean of its latencies in the two windows around it
 while A keeps within its limit: what refusals cost the others (target: unchanged within noise).
 The two `within` windows bracket the hammering one, so the machine's drift over minutes cancels,
@@ -89,7 +90,7 @@ async def run_clients(url: str, model: str, tier: str, in_flight: dict[str, int]
                       retry_s: float, start_at: float) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Closed-loop clients from `start_at` (time.monotonic(), the same clock in every process) for
     warmup + duration seconds: every answer, timed from start_at, and each tenant's failures. A
-    client whose request failed sends again `retry_s` later."""
+    client whose request failed sends again after the wait a 429 names, else `retry_s` later."""
     import openai
 
     clients = {t: openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEYS[t], max_retries=0, timeout=600)
@@ -112,7 +113,9 @@ async def run_clients(url: str, model: str, tier: str, in_flight: dict[str, int]
                 failures[tenant] += 1
                 if failures[tenant] == 1:
                     print(f"{tenant}: request failed: {exc}", file=sys.stderr)
-                await asyncio.sleep(retry_s)
+                response = getattr(exc, "response", None)
+                await asyncio.sleep(_told_wait(dict(response.headers), retry_s) if response is not None
+                                    and response.status_code == 429 else retry_s)
                 continue
             end = time.monotonic()
             finished.append({"tenant": tenant, "start": start - start_at, "end": end - start_at,
@@ -141,7 +144,7 @@ async def flood(url: str, model: str, tier: str, in_flight: dict[str, int], args
     """run_clients' closed loops over raw keep-alive sockets, each request's bytes built once: a
     refusal costs this side a fraction of a millisecond (the `openai` client: about 8 ms), so the
     flood keeps its rate on a machine whose cores the server fills. A refused client waits the
-    response's Retry-After (at least `retry_s`), as the `openai` SDK would."""
+    response's wait (`retry_s` when it names none), as the `openai` SDK would."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     prompts = benchmark_prompts(64)
     finished: list[dict[str, Any]] = []
@@ -173,12 +176,20 @@ async def flood(url: str, model: str, tier: str, in_flight: dict[str, int], args
                                      "tokens": json.loads(body)["usage"]["completion_tokens"]})
                     continue
                 failures[tenant] += 1
-                await asyncio.sleep(max(retry_s, float(headers.get("retry-after", 0))))
+                await asyncio.sleep(_told_wait(headers, retry_s))
         finally:
             writer.close()
 
     await _loops_until_the_end(client_loop, in_flight, start_at, args)
     return finished, failures
+
+
+def _told_wait(headers: dict[str, str], default_s: float) -> float:
+    """The wait a 429 asks for, read as the `openai` SDK reads it: retry-after-ms first, then
+    Retry-After in seconds; `default_s` when it gives neither."""
+    if "retry-after-ms" in headers:
+        return float(headers["retry-after-ms"]) / 1000
+    return float(headers.get("retry-after", default_s))
 
 
 def _hostile_process(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace,
@@ -284,7 +295,7 @@ def one_trial(args: argparse.Namespace, trial: int, record: RunRecord) -> None:
                 for tier in args.tiers:
                     for scenario in scenarios:
                         wanted = in_flight(scenario, args)
-                        retry_s = 1.0 if scenario == "hammering" else 0.2  # a 429's Retry-After
+                        retry_s = 1.0 if scenario == "hammering" else 0.2  # when a failure names no wait
                         cpu_before = _cpu_seconds(server.process.pid), time.process_time()
                         beyond_limit = {"a": wanted["a"] - args.quota_in_flight} if scenario == "hammering" else None
                         result = window(server.url, model, tier, wanted, args, retry_s,

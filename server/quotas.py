@@ -6,7 +6,9 @@ most it can compute, as OpenAI's limiter does; when it finishes the charge becom
 tokens plus the tokens it generated, so a generous max_tokens does not use up the minute.
 A refusal is a 429 with OpenAI's headers (`x-ratelimit-limit-requests`, `-remaining-requests`,
 `-reset-requests` and the `-tokens` set, each set for the limits the tenant has) and
-`Retry-After`; a refused request leaves nothing behind: no charge, no slot. An accepted one's
+`Retry-After` (and `retry-after-ms`, which the `openai` SDK reads first; for the in-flight limit,
+paced per tenant by server/retry_pacing.py); a refused request leaves nothing behind: no charge,
+no slot. An accepted one's
 answer carries the same headers, counted with its own charge, so a client can pace itself
 before it is refused.
 
@@ -22,13 +24,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from server.errors import TooManyRequests
+from server.retry_pacing import RetryPacer
 from server.tenants import Limits, Tenant
 
 WINDOW_S = 60.0
-# A request in flight ends when it ends: a client refused for that is told to wait about one
-# short request (the same as a full queue's answer, server/generation.py).
-IN_FLIGHT_RETRY_S = 1.0
-
 IN_FLIGHT, REQUESTS_PER_MINUTE, TOKENS_PER_MINUTE = "in_flight", "requests_per_minute", "tokens_per_minute"
 
 
@@ -42,6 +41,7 @@ class RateLimited(TooManyRequests):
 class _Usage:
     in_flight: int = 0
     window: collections.deque[list[float]] = field(default_factory=collections.deque)  # [accepted at, tokens]
+    pacer: RetryPacer = field(default_factory=RetryPacer)
 
 
 class Admission:
@@ -122,6 +122,7 @@ class Quotas:
             admission._open = False
             usage = self._usage[admission._tenant.name]
             usage.in_flight -= 1
+            usage.pacer.freed(self._clock())
             entry = admission._entry
             if entry is None:
                 return
@@ -143,7 +144,7 @@ class Quotas:
         window = usage.window
         used = sum(e[1] for e in window)
         if limits.max_in_flight is not None and usage.in_flight >= limits.max_in_flight:
-            reason, wait = IN_FLIGHT, IN_FLIGHT_RETRY_S
+            reason, wait = IN_FLIGHT, usage.pacer.refused(now)
             message = f"this key has {usage.in_flight} requests in flight, its limit; retry when one has finished"
         elif limits.requests_per_minute is not None and len(window) >= limits.requests_per_minute:
             reason = REQUESTS_PER_MINUTE
@@ -169,6 +170,7 @@ class Quotas:
             return None
         headers = self._headers(limits, usage, used, now, reason)
         headers["Retry-After"] = str(max(1, math.ceil(wait)))
+        headers["retry-after-ms"] = str(max(1, round(wait * 1000)))
         return RateLimited(message, reason, headers)
 
     @staticmethod
@@ -181,7 +183,7 @@ class Quotas:
         if reason == IN_FLIGHT or (limits.requests_per_minute is None and limits.max_in_flight is not None):
             assert limits.max_in_flight is not None  # a refusal for IN_FLIGHT needs its limit
             headers.update(_set("requests", limits.max_in_flight, limits.max_in_flight - usage.in_flight,
-                                IN_FLIGHT_RETRY_S if usage.in_flight >= limits.max_in_flight else 0.0))
+                                usage.pacer.wait_s if usage.in_flight >= limits.max_in_flight else 0.0))
         elif limits.requests_per_minute is not None:
             headers.update(_set("requests", limits.requests_per_minute, limits.requests_per_minute - len(window),
                                 full_reset))

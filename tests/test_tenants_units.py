@@ -104,7 +104,8 @@ def test_the_request_past_the_in_flight_limit_is_refused_until_one_finishes():
         quotas.admit(tenant, lambda: 5, 10)
     assert refused.value.reason == "in_flight" and refused.value.status_code == 429
     assert refused.value.headers == {"x-ratelimit-limit-requests": "2", "x-ratelimit-remaining-requests": "0",
-                                     "x-ratelimit-reset-requests": "1s", "Retry-After": "1"}
+                                     "x-ratelimit-reset-requests": "1s", "Retry-After": "1",
+                                     "retry-after-ms": "1000"}
     assert quotas.in_flight() == {"t": 2}
     first.finish(3)
     quotas.admit(tenant, lambda: 5, 10)
