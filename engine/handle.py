@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import AsyncIterator, Callable, Iterator
 
 from engine.request import GenerationResult
+
+log = logging.getLogger(__name__)
 
 
 class LoopWaker:
@@ -31,6 +34,13 @@ class LoopWaker:
                 loop.call_soon_threadsafe(_set_all, events)
 
 
+def _call(callback: Callable[[GenerationResult], None], result: GenerationResult) -> None:
+    try:
+        callback(result)
+    except Exception:  # the engine thread publishes: a consumer's bug must not end it
+        log.exception("a result callback of %s failed", result.request_id)
+
+
 def _set_all(events: set[asyncio.Event]) -> None:
     for event in events:
         event.set()
@@ -48,6 +58,8 @@ class RequestHandle:
         self._cond = threading.Condition()
         self._deltas: list[str] = []
         self._result: GenerationResult | None = None
+        self._ending: GenerationResult | None = None  # the result, from the moment it is published
+        self._on_result: list[Callable[[GenerationResult], None]] = []
         self._loop_events: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
     # Engine side.
@@ -59,9 +71,26 @@ class RequestHandle:
 
     def publish_result(self, result: GenerationResult) -> None:
         with self._cond:
-            if self._result is None:
-                self._result = result
-                self._wake()
+            if self._ending is not None:
+                return
+            self._ending = result
+            callbacks, self._on_result = self._on_result, []
+        for callback in callbacks:  # before any consumer can see the result: see on_result
+            _call(callback, result)
+        with self._cond:
+            self._result = result
+            self._wake()
+
+    def on_result(self, callback: Callable[[GenerationResult], None]) -> None:
+        """`callback(result)` on the publishing thread before any consumer can see the result (at
+        once on this thread if it is already published), so what must be settled before a client
+        can learn its request has ended, such as its tenant's place in flight, is settled first."""
+        with self._cond:
+            ending = self._ending
+            if ending is None:
+                self._on_result.append(callback)
+                return
+        _call(callback, ending)
 
     # Client side.
     def cancel(self) -> None:

@@ -10,8 +10,10 @@ running.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
+import threading
 import uuid
 from dataclasses import dataclass, field
 
@@ -82,6 +84,9 @@ class GenerationService:
             raise
         tally = _Tally(admission, len(submitted.handles))
         for handle, spec in zip(submitted.handles, specs):
+            # Settled as the result is published, before the route can answer: a client that
+            # keeps exactly its limit in flight never finds its last request still counted.
+            handle.on_result(functools.partial(tally.ended, handle))
             task = asyncio.get_running_loop().create_task(self._account(handle, endpoint, spec.priority, tenant.name,
                                                                         tally))
             self._accounting.add(task)  # the loop keeps only weak references to tasks
@@ -176,13 +181,21 @@ class _Tally:
         self._admission = admission
         self._left = n
         self._generated: int | None = 0
+        self._ended: set[str] = set()
+        self._lock = threading.Lock()  # the engine's thread and the event loop both end choices
 
     def ended(self, handle: RequestHandle, result: GenerationResult | None) -> None:
-        self._left -= 1
-        if self._generated is not None:
-            # Without every result the charge stays at the most the request could compute.
-            self._generated = None if result is None else self._generated + result.metrics.tokens_generated
-        if self._left == 0 and self._admission is not None:
+        """One choice ended (result None: not known); a choice ended twice counts once."""
+        with self._lock:
+            if handle.request_id in self._ended:
+                return
+            self._ended.add(handle.request_id)
+            self._left -= 1
+            if self._generated is not None:
+                # Without every result the charge stays at the most the request could compute.
+                self._generated = None if result is None else self._generated + result.metrics.tokens_generated
+            last = self._left == 0
+        if last and self._admission is not None:
             self._admission.finish(self._generated)
 
 

@@ -105,6 +105,20 @@ def test_the_request_past_max_in_flight_gets_a_429_with_the_headers_and_others_a
     assert raw.parse().choices[0].message is not None
 
 
+def test_clients_keeping_exactly_the_limit_in_flight_are_never_refused(server):
+    """A request's place is given back as its result is published, before its answer is sent, so
+    the client's next request never finds it still counted."""
+    import concurrent.futures
+
+    def keep_sending(_: int) -> list[int]:
+        with httpx.Client(base_url=server.url, timeout=120) as own:
+            return [generate(own, "sk-busy", max_tokens=1).status_code for _ in range(25)]
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # busy's limit: 2 in flight
+        statuses = [code for codes in pool.map(keep_sending, range(2)) for code in codes]
+    assert statuses == [200] * 50
+
+
 def test_tokens_per_minute_refuse_exactly_past_the_limit_and_a_refusal_keeps_nothing(server):
     client = httpx.Client(base_url=server.url, timeout=120)
     limit = 3 * server.per_request
