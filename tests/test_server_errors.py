@@ -225,6 +225,9 @@ class _FailedHandle:
     def done(self):
         return True
 
+    def on_result(self, callback):
+        callback(self._result)  # already ended: called at once, as RequestHandle does
+
     def cancel(self):
         pass
 
