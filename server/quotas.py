@@ -8,9 +8,8 @@ A refusal is a 429 with OpenAI's headers (`x-ratelimit-limit-requests`, `-remain
 `-reset-requests` and the `-tokens` set, each set for the limits the tenant has) and
 `Retry-After` (and `retry-after-ms`, which the `openai` SDK reads first; for the in-flight limit,
 paced per tenant by server/retry_pacing.py); a refused request leaves nothing behind: no charge,
-no slot. An accepted one's
-answer carries the same headers, counted with its own charge, so a client can pace itself
-before it is refused.
+no slot. An accepted one's answer carries the same headers, counted with its own charge, so a
+client can pace itself before it is refused.
 
 Called from the submit workers and the event loop: the state is guarded by one lock.
 """
