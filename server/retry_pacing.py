@@ -18,7 +18,7 @@ from __future__ import annotations
 
 RETRIES_PER_FREED_SLOT = 8
 MIN_WAIT_S = 1.0
-MAX_WAIT_S = 60.0  # the openai SDK honours a Retry-After of up to a minute, else uses its own
+MAX_WAIT_S = 60.0  # every openai SDK release honours this (older ones cap at 60 s, 3.x at 120 s)
 PERIOD_S = 2.0
 MAX_STEP = 4.0  # the most a period scales the wait, up or down
 
