@@ -34,8 +34,9 @@ class SamplingParams:
        ``min_p`` (0 disables; keeps tokens with p >= min_p * p_max), as in Hugging Face's and
        OpenAI's order of operations.
 
-    ``seed`` None draws a random seed; the same seed, prompt and parameters give the same
-    tokens whatever else is in the batch.
+    ``seed`` None draws a random seed; the same seed gives the same draws whatever else is in
+    the batch, so the same tokens wherever the logits are the same (the step's shape and where
+    the sequence's cells lie can move them: docs/evaluation.md).
 
     ``logit_bias`` may be given as a mapping or as (token, bias) pairs; it is stored as a tuple
     of (int, float) pairs sorted by token id, so the parameters stay frozen and hashable. Token
