@@ -16,10 +16,11 @@ A fourth server gives A a limit of --quota-in-flight requests in flight (B none)
 the limit refused with 429 and retried after the wait the answer names (retry-after-ms), as the
 `openai` SDK would (each client on its own; the server paces the wait to the tenant's completions,
 server/retry_pacing.py), then `within again`.
-B's median latency while A hammers, over the mean of its latencies in the two windows around it
-while A keeps within its limit: what refusals cost the others (target: unchanged within noise).
+B streams its answers there. B's median time to first token while A hammers, over the mean of
+its medians in the two windows around it while A keeps within its limit: what refusals cost the
+others (target: their TTFT unchanged within noise); B's median latency is reported the same way.
 The two `within` windows bracket the hammering one, so the machine's drift over minutes cancels,
-and their own spread is the noise the verdict is held to: met when B's hammered latency sits no
+and their own spread is the noise the verdict is held to: met when B's hammered TTFT sits no
 further above the two windows' mean than each of them sits from it, plus 2% (a floor for pairs
 that happened to agree): ratio <= 1 + |within again / within - 1| / 2 + 0.02. The
 flood (A's clients beyond its limit) is sent over raw sockets from a process of its own at nice 19
@@ -87,10 +88,12 @@ HOSTILE_NICE = 19  # the flood's own process: a client elsewhere costs this mach
 
 
 async def run_clients(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace,
-                      retry_s: float, start_at: float) -> tuple[list[dict[str, Any]], dict[str, int]]:
+                      retry_s: float, start_at: float, streamed: frozenset[str] = frozenset()
+                      ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Closed-loop clients from `start_at` (time.monotonic(), the same clock in every process) for
     warmup + duration seconds: every answer, timed from start_at, and each tenant's failures. A
-    client whose request failed sends again after the wait a 429 names, else `retry_s` later."""
+    client whose request failed sends again after the wait a 429 names, else `retry_s` later. The
+    `streamed` tenants' clients stream their answers, so their time to first token is measured."""
     import openai
 
     clients = {t: openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEYS[t], max_retries=0, timeout=600)
@@ -105,10 +108,13 @@ async def run_clients(url: str, model: str, tier: str, in_flight: dict[str, int]
         while True:
             start = time.monotonic()
             try:
-                answer = await clients[tenant].chat.completions.create(
-                    model=model, max_tokens=args.tokens, service_tier=SERVICE_TIER[tier],
-                    messages=[{"role": "user", "content": prompts[n % len(prompts)]}],
-                    temperature=0.0, extra_body={"ignore_eos": True})
+                request = dict(model=model, max_tokens=args.tokens, service_tier=SERVICE_TIER[tier],
+                               messages=[{"role": "user", "content": prompts[n % len(prompts)]}],
+                               temperature=0.0, extra_body={"ignore_eos": True})
+                if tenant in streamed:
+                    first, usage = await _streamed_answer(clients[tenant], request)
+                else:
+                    first, usage = None, (await clients[tenant].chat.completions.create(**request)).usage
             except Exception as exc:  # a failure is counted, not measured
                 failures[tenant] += 1
                 if failures[tenant] == 1:
@@ -119,13 +125,25 @@ async def run_clients(url: str, model: str, tier: str, in_flight: dict[str, int]
                 continue
             end = time.monotonic()
             finished.append({"tenant": tenant, "start": start - start_at, "end": end - start_at,
-                             "tokens": answer.usage.completion_tokens if answer.usage else 0})
+                             "ttft": None if first is None else first - start,
+                             "tokens": usage.completion_tokens if usage else 0})
             n += len(prompts) // 2 + 1
 
     await _loops_until_the_end(client_loop, in_flight, start_at, args)
     for client in clients.values():
         await client.close()
     return finished, failures
+
+
+async def _streamed_answer(client: Any, request: dict[str, Any]) -> tuple[float | None, Any]:
+    """(when the first content arrived, time.monotonic(); the usage the last chunk carries)."""
+    first, usage = None, None
+    stream = await client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True})
+    async for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.monotonic()
+        usage = chunk.usage or usage
+    return first, usage
 
 
 async def _loops_until_the_end(client_loop: Any, in_flight: dict[str, int], start_at: float,
@@ -212,7 +230,7 @@ def _read_produced(url: str, tier: str, at: tuple[float, ...], out: list[dict[st
 
 
 def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace,
-           retry_s: float = 0.2, apart: dict[str, int] | None = None) -> dict:
+           retry_s: float = 0.2, apart: dict[str, int] | None = None, streamed: frozenset[str] = frozenset()) -> dict:
     """What finished inside the measured part of a window. `apart` of each tenant's clients run in
     a process of their own at nice 19 (the rest in this one), so the load a flood of refused
     requests puts on the machine's cores is not charged to the server; its CPU seconds are reported."""
@@ -235,7 +253,7 @@ def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: arg
                               args=(url, tier, (start_at + args.warmup, start_at + args.warmup + args.duration),
                                     produced))
     reader.start()
-    finished, failures = asyncio.run(run_clients(url, model, tier, own, args, retry_s, start_at))
+    finished, failures = asyncio.run(run_clients(url, model, tier, own, args, retry_s, start_at, streamed))
     reader.join(30)
     hostile_cpu = 0.0
     if process is not None:
@@ -249,6 +267,7 @@ def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: arg
     inside = [f for f in finished if lo <= f["end"] <= hi]
     tokens = {t: sum(f["tokens"] for f in inside if f["tenant"] == t) for t in in_flight}
     latencies = {t: [f["end"] - f["start"] for f in inside if f["tenant"] == t] for t in in_flight}
+    ttfts = {t: [f["ttft"] for f in inside if f["tenant"] == t and f.get("ttft") is not None] for t in streamed}
     total = sum(tokens.values())
     # As computed: answers of 64 tokens started together end together, so the tokens of the
     # answers that ended inside the window jump by whole waves of them.
@@ -261,6 +280,8 @@ def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: arg
         "share": {t: (computed[t] / by_tenant if by_tenant else float("nan")) for t in in_flight},
         "share_finished": {t: (n / total if total else float("nan")) for t, n in tokens.items()},
         "median_latency_s": {t: (statistics.median(v) if v else float("nan")) for t, v in latencies.items()},
+        **({"median_ttft_s": {t: (statistics.median(v) if v else float("nan")) for t, v in ttfts.items()}}
+           if streamed else {}),
         "tok_s": computed["tier"] / args.duration if computed else float("nan"),
         "tok_s_finished": total / args.duration,
         "failures": failures,
@@ -298,8 +319,11 @@ def one_trial(args: argparse.Namespace, trial: int, record: RunRecord) -> None:
                         retry_s = 1.0 if scenario == "hammering" else 0.2  # when a failure names no wait
                         cpu_before = _cpu_seconds(server.process.pid), time.process_time()
                         beyond_limit = {"a": wanted["a"] - args.quota_in_flight} if scenario == "hammering" else None
+                        # B streams beside the quota so its time to first token, the issue's measure of
+                        # "unaffected", is timed.
                         result = window(server.url, model, tier, wanted, args, retry_s,
-                                        apart=beyond_limit if args.hostile_apart else None)
+                                        apart=beyond_limit if args.hostile_apart else None,
+                                        streamed=frozenset({"b"}) if rule == "quota" else frozenset())
                         # The clients run on the same cores: what they spent is the load generator's
                         # share of any slowdown, not the server's.
                         apart_cpu = result.pop("apart_cpu_s")
@@ -333,6 +357,8 @@ def _baseline(record: RunRecord, t: dict) -> dict | None:
     if before is None or after is None:
         return before or after
     return {"median_latency_s": {"b": (before["median_latency_s"]["b"] + after["median_latency_s"]["b"]) / 2},
+            **({"median_ttft_s": {"b": (before["median_ttft_s"]["b"] + after["median_ttft_s"]["b"]) / 2}}
+               if "median_ttft_s" in before and "median_ttft_s" in after else {}),
             "tok_s": (before["tok_s"] + after["tok_s"]) / 2,
             **({"cpu_s": {"server": (before["cpu_s"]["server"] + after["cpu_s"]["server"]) / 2}}
                if "cpu_s" in before and "cpu_s" in after else {})}
@@ -351,32 +377,41 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
                      f'{t["share"]["a"]:.3f}', f'{t["share"]["b"]:.3f}', t["requests"]["b"],
                      f'{t["median_latency_s"]["b"]:.2f}',
                      f'{t["median_latency_s"]["b"] / fifo["median_latency_s"]["b"]:.2f}' if fifo else "-",
+                     f'{t["median_ttft_s"]["b"] * 1000:.0f}' if "median_ttft_s" in t else "-",
+                     f'{t["median_ttft_s"]["b"] / fifo["median_ttft_s"]["b"]:.2f}'
+                     if fifo and "median_ttft_s" in t and "median_ttft_s" in fifo else "-",
                      f'{t["tok_s"]:.1f}', f'{t["tok_s"] / fifo["tok_s"]:.3f}' if fifo and fifo["tok_s"] else "-",
                      sum(t["failures"].values()),
                      _cpu_cell(t)])
     table = markdown_table(["trial", "tier", "scenario", "rule", "in flight A/B", "A share", "B share", "B requests",
-                            "B median latency s", "B latency / baseline", "tok/s", "tok/s / baseline", "failures",
+                            "B median latency s", "B latency / baseline", "B median TTFT ms", "B TTFT / baseline",
+                            "tok/s", "tok/s / baseline", "failures",
                             "CPU s: server / clients"],
                            rows)
     checks: dict[str, list[float]] = {"equal_b_share_min": [], "weighted_share_error_max": [],
                                       "light_latency_vs_fifo_max": [], "tok_s_vs_fifo_min": [], "fifo_b_share": [],
-                                      "hammered_b_latency": [], "hammered_tok_s": [], "hammered_server_cpu": [],
-                                      "hammered_within_noise": [], "within_noise": []}
+                                      "hammered_tok_s": [], "hammered_server_cpu": [],
+                                      **{f"{kind}{name}{end}": [] for name in ("latency", "ttft")
+                                         for kind, end in (("hammered_b_", ""), ("hammered_", "_within_noise"),
+                                                           ("within_", "_noise"))}}
     for t in record.trials:
         fifo = _baseline(record, t)
         if t["rule"] == "quota":
             if t["scenario"] == "hammering" and fifo:
-                checks["hammered_b_latency"].append(t["median_latency_s"]["b"] / fifo["median_latency_s"]["b"])
                 checks["hammered_tok_s"].append(t["tok_s"] / fifo["tok_s"])
                 if "cpu_s" in t and "cpu_s" in fifo and fifo["cpu_s"]["server"]:
                     checks["hammered_server_cpu"].append(t["cpu_s"]["server"] / fifo["cpu_s"]["server"])
                 again = _find(record, t["trial"], "quota", t["tier"], "within again")
-                if again is not None:
-                    # Each bracketing window's distance from their mean, relative to it (about).
-                    noise = abs(again["median_latency_s"]["b"] / _baseline(record, again)["median_latency_s"]["b"] - 1) / 2
-                    checks["within_noise"].append(noise)
-                    checks["hammered_within_noise"].append(
-                        checks["hammered_b_latency"][-1] <= 1 + noise + QUOTA_NOISE_FLOOR)
+                for measure, name in (("median_latency_s", "latency"), ("median_ttft_s", "ttft")):
+                    if measure not in t or measure not in fifo:
+                        continue  # runs stored before B streamed have no TTFT
+                    checks[f"hammered_b_{name}"].append(t[measure]["b"] / fifo[measure]["b"])
+                    if again is not None:
+                        # Each bracketing window's distance from their mean, relative to it (about).
+                        noise = abs(again[measure]["b"] / _baseline(record, again)[measure]["b"] - 1) / 2
+                        checks[f"within_{name}_noise"].append(noise)
+                        checks[f"hammered_{name}_within_noise"].append(
+                            checks[f"hammered_b_{name}"][-1] <= 1 + noise + QUOTA_NOISE_FLOOR)
             continue
         if t["rule"] == "fifo":
             if t["scenario"] == "backlogged":
@@ -398,14 +433,20 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
         "light_b_latency_vs_fifo_max": round(max(checks["light_latency_vs_fifo_max"], default=float("nan")), 2),
         "tok_s_vs_fifo_min": round(min(checks["tok_s_vs_fifo_min"], default=float("nan")), 3),
         "hammered_b_latency_ratio": [round(x, 2) for x in checks["hammered_b_latency"]],
+        "hammered_b_ttft_ratio": [round(x, 2) for x in checks["hammered_b_ttft"]],
         # The same as scalars (worst over tiers and trials), for `bench versions` to compare.
         "hammered_b_latency_ratio_max": round(max(checks["hammered_b_latency"], default=float("nan")), 3),
+        "hammered_b_ttft_ratio_max": round(max(checks["hammered_b_ttft"], default=float("nan")), 3),
         "hammered_tok_s_ratio_min": round(min(checks["hammered_tok_s"], default=float("nan")), 3),
         "hammered_server_cpu_ratio_max": round(max(checks["hammered_server_cpu"], default=float("nan")), 3),
-        # |B's latency within again / within - 1| / 2 per tier and trial: the noise the hammered ratio is held to.
-        "within_noise": [round(x, 3) for x in checks["within_noise"]],
-        "hammered_within_noise": (all(checks["hammered_within_noise"]) if checks["hammered_within_noise"]
-                                  else None),
+        # |B's measure within again / within - 1| / 2 per tier and trial: the noise its hammered ratio is
+        # held to. The issue's measure is TTFT ("their TTFT unchanged within noise"); latency is reported.
+        "within_noise": [round(x, 3) for x in checks["within_latency_noise"]],
+        "within_ttft_noise": [round(x, 3) for x in checks["within_ttft_noise"]],
+        "hammered_within_noise": (all(checks["hammered_latency_within_noise"])
+                                  if checks["hammered_latency_within_noise"] else None),
+        "hammered_ttft_within_noise": (all(checks["hammered_ttft_within_noise"])
+                                       if checks["hammered_ttft_within_noise"] else None),
     }
     met = (headline["equal_weights_b_share_min"] >= 0.45, headline["weights_3_1_share_error_max"] <= 0.05,
            headline["light_b_latency_vs_fifo_max"] <= 0.5, headline["tok_s_vs_fifo_min"] >= 0.95)
@@ -422,11 +463,13 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
         f"(off by {headline['weights_3_1_share_error_max']}); light tenant's median latency <= 0.5x FIFO's: "
         f"{_verdict(met[2], headline['light_b_latency_vs_fifo_max'])} ({headline['light_b_latency_vs_fifo_max']}x); total tok/s >= 0.95 of FIFO's: "
         f"{_verdict(met[3], headline['tok_s_vs_fifo_min'])} ({headline['tok_s_vs_fifo_min']}).\n\n"
-        f"Quota: A limited to {args.quota_in_flight} in flight; B's median latency while A keeps "
-        f"{args.a_in_flight} clients sending (all but {args.quota_in_flight} refused with 429) over B's latency while A "
-        f"keeps within its limit (the mean of the windows before and after), per tier and trial: "
-        f"{headline['hammered_b_latency_ratio']}; the noise, each `within` window's distance from that mean: "
-        f"{headline['within_noise']}; unchanged within noise (ratio <= 1 + noise + {QUOTA_NOISE_FLOOR:g}): "
+        f"Quota: A limited to {args.quota_in_flight} in flight; B (streaming) while A keeps "
+        f"{args.a_in_flight} clients sending (all but {args.quota_in_flight} refused with 429) against B while A "
+        f"keeps within its limit (the mean of the windows before and after), per tier and trial. B's median time "
+        f"to first token: {headline['hammered_b_ttft_ratio']}, the noise (each `within` window's distance from "
+        f"that mean) {headline['within_ttft_noise']}, unchanged within noise (ratio <= 1 + noise + "
+        f"{QUOTA_NOISE_FLOOR:g}): {_quota_verdict(headline['hammered_ttft_within_noise'])}. B's median latency: "
+        f"{headline['hammered_b_latency_ratio']}, noise {headline['within_noise']}, within it: "
         f"{_quota_verdict(headline['hammered_within_noise'])} (the baseline column: FIFO's for the fair-share rows; "
         "for `hammering`, the mean of the two `within` windows; for `within again`, the first). The clients "
         f"run on the same cores as the server: the last column is what each spent over the window's "

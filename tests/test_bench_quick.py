@@ -42,6 +42,10 @@ def test_benchmark_runs_in_quick_mode_and_stores_its_run(name, capsys, tmp_path)
         # The hammered window is judged against the noise of the two windows around it, per tier.
         assert len(manifest["headline"]["within_noise"]) == 2
         assert isinstance(manifest["headline"]["hammered_within_noise"], bool)
+        # B streams beside the quota: its time to first token is timed and judged the same way.
+        assert all(0 < t["median_ttft_s"]["b"] < t["median_latency_s"]["b"] for t in trials if t["rule"] == "quota")
+        assert len(manifest["headline"]["within_ttft_noise"]) == 2
+        assert isinstance(manifest["headline"]["hammered_ttft_within_noise"], bool)
     if name in PLOTTABLE:
         pytest.importorskip("matplotlib")
         assert main(["plot", str(folder)]) == 0
