@@ -216,8 +216,15 @@ def _hostile_process(url: str, model: str, tier: str, in_flight: dict[str, int],
     out.put(asyncio.run(flood(url, model, tier, in_flight, args, retry_s, start_at)))
 
 
+# Engine counters read at both ends of a window, to tell where a slower window's time went.
+ENGINE_COUNTERS = {"steps": "cobatch_engine_steps_total", "lane_first_tokens": "cobatch_first_token_lane_requests_total",
+                   "steps_interrupted": "cobatch_engine_steps_interrupted_total",
+                   "thread_switches": "cobatch_decode_thread_switches_total"}
+
+
 def _read_produced(url: str, tier: str, at: tuple[float, ...], out: list[dict[str, float]]) -> None:
-    """At each moment, the server's tokens produced (as computed) in `tier` and by each tenant."""
+    """At each moment, the server's tokens produced (as computed) in `tier` and by each tenant, and
+    its ENGINE_COUNTERS (under "engine")."""
     tier_pattern = re.compile(rf'^cobatch_priority_tokens_produced_total{{priority="{tier}"}} ([0-9.e+]+)$', re.M)
     tenant_pattern = re.compile(r'^cobatch_tenant_tokens_produced_total{tenant="([^"]*)"} ([0-9.e+]+)$', re.M)
     for moment in at:
@@ -226,7 +233,13 @@ def _read_produced(url: str, tier: str, at: tuple[float, ...], out: list[dict[st
         match = tier_pattern.search(text)
         if match is None:
             return
-        out.append({"tier": float(match.group(1)), **{t: float(n) for t, n in tenant_pattern.findall(text)}})
+        engine = {}
+        for name, metric in ENGINE_COUNTERS.items():
+            found = re.search(rf"^{metric} ([0-9.e+]+)$", text, re.M)
+            if found:
+                engine[name] = float(found.group(1))
+        out.append({"tier": float(match.group(1)), "engine": engine,
+                    **{t: float(n) for t, n in tenant_pattern.findall(text)}})
 
 
 def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: argparse.Namespace,
@@ -286,6 +299,8 @@ def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: arg
         "tok_s_finished": total / args.duration,
         "failures": failures,
         "apart_cpu_s": round(hostile_cpu, 1),
+        "engine": ({k: produced[1]["engine"][k] - produced[0]["engine"].get(k, 0.0) for k in produced[1]["engine"]}
+                   if len(produced) == 2 else {}),
     }
 
 
@@ -334,7 +349,8 @@ def one_trial(args: argparse.Namespace, trial: int, record: RunRecord) -> None:
                         record.trial(trial=trial, rule=rule, weight_a=weight_a, tier=tier, scenario=scenario,
                                      in_flight=wanted, **result)
                         print(f"trial {trial} {rule} {tier} {scenario}: B share {result['share']['b']:.3f}, "
-                              f"B median {result['median_latency_s']['b']:.2f} s, {result['tok_s']:.1f} tok/s",
+                              f"B median {result['median_latency_s']['b']:.2f} s, {result['tok_s']:.1f} tok/s, "
+                              f"engine {result['engine']}",
                               file=sys.stderr)
 
 
@@ -382,11 +398,11 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
                      if fifo and "median_ttft_s" in t and "median_ttft_s" in fifo else "-",
                      f'{t["tok_s"]:.1f}', f'{t["tok_s"] / fifo["tok_s"]:.3f}' if fifo and fifo["tok_s"] else "-",
                      sum(t["failures"].values()),
-                     _cpu_cell(t)])
+                     _cpu_cell(t), _engine_cell(t)])
     table = markdown_table(["trial", "tier", "scenario", "rule", "in flight A/B", "A share", "B share", "B requests",
                             "B median latency s", "B latency / baseline", "B median TTFT ms", "B TTFT / baseline",
                             "tok/s", "tok/s / baseline", "failures",
-                            "CPU s: server / clients"],
+                            "CPU s: server / clients", "steps / lane first tokens / thread switches"],
                            rows)
     checks: dict[str, list[float]] = {"equal_b_share_min": [], "weighted_share_error_max": [],
                                       "light_latency_vs_fifo_max": [], "tok_s_vs_fifo_min": [], "fifo_b_share": [],
@@ -489,6 +505,13 @@ def _cpu_cell(t: dict) -> str:
     cpu = t["cpu_s"]
     apart = f' ({cpu["apart"]} at nice {HOSTILE_NICE})' if cpu.get("apart") else ""
     return f'{cpu["server"]} / {cpu["clients"]}{apart}'
+
+
+def _engine_cell(t: dict) -> str:
+    engine = t.get("engine") or {}
+    if not engine:
+        return "-"
+    return " / ".join(f'{engine[k]:.0f}' if k in engine else "-" for k in ("steps", "lane_first_tokens", "thread_switches"))
 
 
 def _quota_verdict(ok: bool | None) -> str:

@@ -6,6 +6,7 @@ OpenAI clients parse, so their exceptions carry our message unchanged.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Mapping
 
@@ -78,6 +79,12 @@ class PayloadTooLarge(APIError):
 class TooManyRequests(APIError):
     status_code = 429
     error_type = "rate_limit_error"
+
+
+def retry_after(wait_s: float) -> dict[str, str]:
+    """The wait a 429 names, in both headers clients read: `retry-after-ms` (the `openai` SDK
+    reads it first) and `Retry-After` in whole seconds, at least 1 (the only form most others read)."""
+    return {"Retry-After": str(max(1, math.ceil(wait_s))), "retry-after-ms": str(max(1, round(wait_s * 1000)))}
 
 
 class InternalError(APIError):

@@ -27,7 +27,7 @@ from engine import (
     RequestError,
     RequestHandle,
 )
-from server.errors import APIError, BadRequest, Forbidden, ServiceUnavailable, TooManyRequests
+from server.errors import APIError, BadRequest, Forbidden, ServiceUnavailable, TooManyRequests, retry_after
 from server.auth import Caller
 from server.quotas import Admission, Quotas, RateLimited
 from server.engine_protocol import ServedEngine
@@ -226,7 +226,7 @@ def refusal_error(exc: RequestError, spec: GenerationSpec) -> APIError:
         return BadRequest(str(exc), param=_param_of(exc, spec))
     if isinstance(exc, QueueFullError):
         return TooManyRequests(f"the request queue is full ({exc}); retry later", code="queue_full",
-                               headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)})
+                               headers=retry_after(QUEUE_FULL_RETRY_AFTER_S))
     if isinstance(exc, EngineClosedError):
         return ServiceUnavailable(str(exc), code="engine_closed")
     raise TypeError(f"no HTTP status for the refusal {type(exc).__name__}: add it here") from exc

@@ -16,13 +16,12 @@ Called from the submit workers and the event loop: the state is guarded by one l
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from server.errors import TooManyRequests
+from server.errors import TooManyRequests, retry_after
 from server.retry_pacing import RetryPacer
 from server.tenants import Limits, Tenant
 
@@ -168,8 +167,7 @@ class Quotas:
         else:
             return None
         headers = self._headers(limits, usage, used, now, reason)
-        headers["Retry-After"] = str(max(1, math.ceil(wait)))
-        headers["retry-after-ms"] = str(max(1, round(wait * 1000)))
+        headers.update(retry_after(wait))
         return RateLimited(message, reason, headers)
 
     @staticmethod

@@ -195,6 +195,7 @@ def test_full_queue_is_429_with_retry_after_and_hangups_free_everything(client, 
     response = client.post("/generate", json=GOOD)
     error = assert_error(response, 429, "queue is full", "retry later")
     assert error["code"] == "queue_full" and int(response.headers["retry-after"]) >= 1
+    assert int(response.headers["retry-after-ms"]) == 1000 * int(response.headers["retry-after"])
     assert engine.stats().running == 1 and engine.stats().waiting["batch"] == 1  # untouched by the 429
 
     waiting.close()  # a client leaving while queued takes its request out of the queue
