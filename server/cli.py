@@ -138,7 +138,8 @@ def add_engine_flags(group: Any) -> None:
                                help=f"{meta['help']} (default: %(default)s)")
         elif f.type == "bool":
             group.add_argument(flag, dest=f.name, action="store_true", default=default,
-                               help=f"{meta['help']} (default: {'on' if default else 'off'})")
+                               help=f"{meta['help']} (default: {'on' if default else 'off'}; "
+                                    f"--no-{flag[2:]} turns it off)")
             group.add_argument("--no-" + flag[2:], dest=f.name, action="store_false", help=argparse.SUPPRESS)
         else:
             kind = {"int": int, "float": float, "int | None": int, "float | None": float, "str | None": str}[f.type]
