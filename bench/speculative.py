@@ -466,8 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=ints, default=[1, 16], help="client counts (comma-separated)")
     parser.add_argument("--requests", type=ints, default=[3, 16],
                         help="requests per workload at each concurrency (comma-separated, one per level)")
-    parser.add_argument("--job-requests", type=ints, default=[20, 500],
-                        help="requests of the JSON job at each concurrency")
+    parser.add_argument("--job-requests", type=ints, default=[80, 500],
+                        help="requests of the JSON job at each concurrency (its drafts come from its own earlier "
+                             "answers: at one stream, 10 were too few to show them, docs/benchmarks.md)")
     parser.add_argument("--tokens", type=int, default=128, help="max_tokens of every request")
     parser.add_argument("--workloads", type=lambda s: s.split(","), default=[w.name for w in WORKLOADS],
                         help="comma-separated subset of: " + ", ".join(w.name for w in WORKLOADS))
