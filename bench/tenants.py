@@ -222,7 +222,7 @@ ENGINE_COUNTERS = {"steps": "cobatch_engine_steps_total", "lane_first_tokens": "
                    "thread_switches": "cobatch_decode_thread_switches_total"}
 
 
-def _read_produced(url: str, tier: str, at: tuple[float, ...], out: list[dict[str, float]]) -> None:
+def _read_counters(url: str, tier: str, at: tuple[float, ...], out: list[dict[str, float]]) -> None:
     """At each moment, the server's tokens produced (as computed) in `tier` and by each tenant, and
     its ENGINE_COUNTERS (under "engine")."""
     tier_pattern = re.compile(rf'^cobatch_priority_tokens_produced_total{{priority="{tier}"}} ([0-9.e+]+)$', re.M)
@@ -262,7 +262,7 @@ def window(url: str, model: str, tier: str, in_flight: dict[str, int], args: arg
                                   args=(url, model, tier, apart, args, retry_s, start_at, out))
         process.start()
     produced: list[dict[str, float]] = []  # tokens produced, read as the measured part starts and ends
-    reader = threading.Thread(target=_read_produced, daemon=True,
+    reader = threading.Thread(target=_read_counters, daemon=True,
                               args=(url, tier, (start_at + args.warmup, start_at + args.warmup + args.duration),
                                     produced))
     reader.start()

@@ -7,7 +7,9 @@ and at sixteen streams on two cores a row costs about what each of the sixteen d
 the prediction passes then lose. So the prediction is checked against the outcome: once a few
 drafted steps at a count made fewer tokens per second than the plain steps at that count, no
 drafts are looked for there, until enough plain steps have passed for the evidence to be stale
-(the machine's speed and the text both change). One stream is left to the prediction: its
+(the machine's speed and the text both change). A verdict needs plain steps too: where some
+sequence has a draft at every step, drafts are held back every other step until enough plain
+steps are in. One stream is left to the prediction: its
 drafted steps vary its rows, and its plain steps' speed varies with the text (a JSON document's
 forced runs), which would stop drafts for whatever comes next.
 """
@@ -55,6 +57,16 @@ class DraftPayoff(SingleWriter):
                 del self.quiet[decoding], self.drafted[decoding]  # stale: try again
         elif self._drafts_lost(decoding):
             self.quiet[decoding] = 0
+
+    def holds_back(self, decoding: int) -> bool:
+        """Whether the next step at this count goes without drafts: they lost there, or the
+        verdict still lacks the plain steps to weigh them against (every other step then)."""
+        if self.loses(decoding):
+            return True
+        drafted, plain = self.drafted.get(decoding), self.plain.get(decoding)
+        plain_steps = plain.steps if plain is not None else 0
+        return (decoding >= PAYOFF_MIN_STREAMS and drafted is not None and plain_steps < PAYOFF_MIN_STEPS
+                and drafted.steps > plain_steps)
 
     def loses(self, decoding: int) -> bool:
         """Whether drafted steps at this count were measured to make fewer tokens per second

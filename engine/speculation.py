@@ -93,7 +93,7 @@ class Speculator(SingleWriter):
         outputs = sum(1 for c in plan.chunks if c.wants_logits)
         steady = max(outputs, running)
         self._steady, self._drafted = steady, False
-        if cost is None or room <= 0 or limit_s == 0.0 or self.payoff.loses(steady):
+        if cost is None or room <= 0 or limit_s == 0.0 or self.payoff.holds_back(steady):
             return
         row_s = self.row_price(cost)
         if not _a_certain_draft_pays(cost, steady, min(room, self.max_draft), row_s):

@@ -302,7 +302,7 @@ def _row(seq):
 def drafting(monkeypatch):
     monkeypatch.setattr(StepCostModel, "estimate", lambda self, threads=None: FIXED_HEAVY)
     # Fake steps take real, tiny and uneven seconds: what drafts made per second is not their test.
-    monkeypatch.setattr(DraftPayoff, "loses", lambda self, decoding: False)
+    monkeypatch.setattr(DraftPayoff, "holds_back", lambda self, decoding: False)
     engine, runner = fake_engine(speculative=True, max_running=4, step_token_budget=64)
     yield engine, runner
     engine.close()
@@ -420,6 +420,27 @@ def test_drafts_stop_where_drafted_steps_made_fewer_tokens_per_second_and_are_tr
     assert not payoff.loses(16)
 
 
+def test_where_every_step_drafts_every_other_one_is_held_back_until_the_verdict():
+    # Without plain steps at a count there is nothing to weigh drafted ones against: a batch in
+    # which some sequence has a draft at every step would draft, losing or not, for good.
+    def run(drafted_tokens: int) -> tuple[int, DraftPayoff]:
+        payoff, held = DraftPayoff(), 0
+        for _ in range(4 * PAYOFF_MIN_STEPS):
+            if payoff.holds_back(16):
+                held += 1
+                payoff.record(16, False, 16, 0.143)  # plain: 112 tok/s
+            else:
+                payoff.record(16, True, drafted_tokens, 0.200)
+        assert not payoff.holds_back(1) and not payoff.holds_back(8)
+        return held, payoff
+
+    held, payoff = run(19)  # drafted: 95 tok/s, losing
+    assert payoff.loses(16)
+    assert held >= PAYOFF_MIN_STEPS  # the plain steps the verdict needed, then every step since
+    held, payoff = run(30)  # drafted: 150 tok/s, paying
+    assert held == PAYOFF_MIN_STEPS and not payoff.loses(16) and not payoff.holds_back(16)
+
+
 def test_the_engine_looks_for_no_drafts_where_its_drafted_steps_lost(drafting, monkeypatch):
     engine, runner = drafting
     monkeypatch.undo()
@@ -445,7 +466,7 @@ def test_a_drafted_step_under_the_latency_target_is_judged_against_a_prediction_
     # The calibration learns how far intervals run past predictions; a drafted step's prediction
     # must count its draft rows, or every drafted step would read as late and shrink later budgets.
     monkeypatch.setattr(StepCostModel, "estimate", lambda self, threads=None: FIXED_HEAVY)
-    monkeypatch.setattr(DraftPayoff, "loses", lambda self, decoding: False)
+    monkeypatch.setattr(DraftPayoff, "holds_back", lambda self, decoding: False)
     c = FakeCore(speculative=True, interactive_token_ms=55, batch_min_share=0.1)
     c.add("b0", _repetitive(7), 40)
     c.add("i0", _repetitive(2), 40, priority="interactive")
