@@ -407,9 +407,9 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
     checks: dict[str, list[float]] = {"equal_b_share_min": [], "weighted_share_error_max": [],
                                       "light_latency_vs_fifo_max": [], "tok_s_vs_fifo_min": [], "fifo_b_share": [],
                                       "hammered_tok_s": [], "hammered_server_cpu": [],
-                                      **{f"{kind}{name}{end}": [] for name in ("latency", "ttft")
-                                         for kind, end in (("hammered_b_", ""), ("hammered_", "_within_noise"),
-                                                           ("within_", "_noise"))}}
+                                      "hammered_b_latency": [], "within_latency_noise": [],
+                                      "hammered_latency_within_noise": [],
+                                      "hammered_b_ttft": [], "within_ttft_noise": [], "hammered_ttft_within_noise": []}
     for t in record.trials:
         fifo = _baseline(record, t)
         if t["rule"] == "quota":
@@ -464,8 +464,9 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
         "hammered_ttft_within_noise": (all(checks["hammered_ttft_within_noise"])
                                        if checks["hammered_ttft_within_noise"] else None),
     }
-    met = (headline["equal_weights_b_share_min"] >= 0.45, headline["weights_3_1_share_error_max"] <= 0.05,
-           headline["light_b_latency_vs_fifo_max"] <= 0.5, headline["tok_s_vs_fifo_min"] >= 0.95)
+    met = tuple(None if math.isnan(headline[key]) else passes(headline[key]) for key, passes in (
+        ("equal_weights_b_share_min", lambda x: x >= 0.45), ("weights_3_1_share_error_max", lambda x: x <= 0.05),
+        ("light_b_latency_vs_fifo_max", lambda x: x <= 0.5), ("tok_s_vs_fifo_min", lambda x: x >= 0.95)))
     summary = (
         f"Tenants: two keys, closed-loop `openai` chat clients of {args.tokens}-token answers; backlogged: A keeps "
         f"{args.a_in_flight} in flight, B {args.b_in_flight}; light: B keeps {args.light_in_flight}; windows of "
@@ -474,19 +475,19 @@ def report(record: RunRecord, args: argparse.Namespace) -> tuple[str, dict[str, 
         "Shares and tok/s: tokens as computed over the measured part (the server's counters, by tenant and by "
         "tier); latencies: the answers that ended inside it.\n\n"
         f"{table}\n\nTargets, worst over tiers and trials: equal weights, B's share >= 0.45: "
-        f"{_verdict(met[0], headline['equal_weights_b_share_min'])} ({headline['equal_weights_b_share_min']}; FIFO {headline['fifo_b_share_max']}); "
-        f"weights 3:1, shares within 0.05 of 0.75 / 0.25: {_verdict(met[1], headline['weights_3_1_share_error_max'])} "
+        f"{_verdict(met[0])} ({headline['equal_weights_b_share_min']}; FIFO {headline['fifo_b_share_max']}); "
+        f"weights 3:1, shares within 0.05 of 0.75 / 0.25: {_verdict(met[1])} "
         f"(off by {headline['weights_3_1_share_error_max']}); light tenant's median latency <= 0.5x FIFO's: "
-        f"{_verdict(met[2], headline['light_b_latency_vs_fifo_max'])} ({headline['light_b_latency_vs_fifo_max']}x); total tok/s >= 0.95 of FIFO's: "
-        f"{_verdict(met[3], headline['tok_s_vs_fifo_min'])} ({headline['tok_s_vs_fifo_min']}).\n\n"
+        f"{_verdict(met[2])} ({headline['light_b_latency_vs_fifo_max']}x); total tok/s >= 0.95 of FIFO's: "
+        f"{_verdict(met[3])} ({headline['tok_s_vs_fifo_min']}).\n\n"
         f"Quota: A limited to {args.quota_in_flight} in flight; B (streaming) while A keeps "
         f"{args.a_in_flight} clients sending (all but {args.quota_in_flight} refused with 429) against B while A "
         f"keeps within its limit (the mean of the windows before and after), per tier and trial. B's median time "
         f"to first token: {headline['hammered_b_ttft_ratio']}, the noise (each `within` window's distance from "
         f"that mean) {headline['within_ttft_noise']}, unchanged within noise (ratio <= 1 + noise + "
-        f"{QUOTA_NOISE_FLOOR:g}): {_quota_verdict(headline['hammered_ttft_within_noise'])}. B's median latency: "
+        f"{QUOTA_NOISE_FLOOR:g}): {_verdict(headline['hammered_ttft_within_noise'])}. B's median latency: "
         f"{headline['hammered_b_latency_ratio']}, noise {headline['within_noise']}, within it: "
-        f"{_quota_verdict(headline['hammered_within_noise'])} (the baseline column: FIFO's for the fair-share rows; "
+        f"{_verdict(headline['hammered_within_noise'])} (the baseline column: FIFO's for the fair-share rows; "
         "for `hammering`, the mean of the two `within` windows; for `within again`, the first). The clients "
         f"run on the same cores as the server: the last column is what each spent over the window's "
         f"{args.warmup + args.duration:g} s, so a slowdown under hammering splits into the refusals' cost to the "
@@ -514,12 +515,8 @@ def _engine_cell(t: dict) -> str:
     return " / ".join(f'{engine[k]:.0f}' if k in engine else "-" for k in ("steps", "lane_first_tokens", "thread_switches"))
 
 
-def _quota_verdict(ok: bool | None) -> str:
+def _verdict(ok: bool | None) -> str:
     return "not run" if ok is None else "met" if ok else "missed"
-
-
-def _verdict(ok: bool, measured: float) -> str:
-    return "not run" if math.isnan(measured) else "met" if ok else "missed"
 
 
 def main(argv: list[str] | None = None) -> int:
