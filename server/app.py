@@ -88,15 +88,19 @@ def create_app(
         state.start_loading()
         if jobs is not None:
             jobs.runner.start()
-        yield
-        begin_drain()
-        await run_in_threadpool(state.wait_stopped, settings.drain_timeout + SHUTDOWN_BACKSTOP_S)
-        if ctx.responses is not None:
-            await ctx.responses.close()
-        if conversations is not None:
-            await conversations.close()
-        if jobs is not None:
-            await jobs.close()  # last: it holds the data directory's lock
+        try:
+            yield
+        finally:
+            # Also when the app's user is cancelled (Ctrl-C in `cobatch batch`): a process that
+            # exits with the engine thread inside llama_decode can die of SIGSEGV.
+            begin_drain()
+            await run_in_threadpool(state.wait_stopped, settings.drain_timeout + SHUTDOWN_BACKSTOP_S)
+            if ctx.responses is not None:
+                await ctx.responses.close()
+            if conversations is not None:
+                await conversations.close()
+            if jobs is not None:
+                await jobs.close()  # last: it holds the data directory's lock
 
     # The routes that generate, with their metric labels: the limit gate refuses a tenant at its
     # limits on these before their body is read.

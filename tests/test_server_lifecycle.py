@@ -1,6 +1,7 @@
 """Loading → ok, load failure, draining at shutdown, and the `cobatch` command line."""
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import sys
@@ -112,6 +113,27 @@ def test_drain_timeout_cancels_what_is_still_running(engine):
         name, final = out["events"][-1]
         assert name == "error" and final["finish_reason"] == "cancelled"
         assert "shutting down" in final["error"]["message"]
+    assert_engine_idle(engine)
+
+
+def test_an_app_whose_user_is_cancelled_still_drains_before_it_returns(engine):
+    # `cobatch batch` on Ctrl-C: its lifespan is left by a cancellation, not by uvicorn's
+    # shutdown. Returning with the engine still stepping let the process exit mid-decode.
+    from server.app import create_app
+    from server.context import ServerSettings
+
+    app = create_app(lambda: engine, ServerSettings(owns_engine=False, drain_timeout=10.0))
+    state = app.state.ctx.state
+
+    async def run_until_cancelled() -> None:
+        async with app.router.lifespan_context(app):
+            while state.status != "ok":
+                await asyncio.sleep(0.01)
+            raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(run_until_cancelled())
+    assert state.status == "stopped"
     assert_engine_idle(engine)
 
 
