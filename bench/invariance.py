@@ -7,6 +7,9 @@ cells start at cell 0) runs:
   greedy alone      each of --requests prompts by itself, temperature 0, --tokens tokens (ignore_eos)
   greedy together   all of them submitted at once, then again in reverse order: texts identical to
                     the lone ones, out of --requests
+  decode together   the generated tokens' logprobs, together against alone, up to where the texts
+                    part: the largest difference; and where they part, how much the lone run
+                    preferred its token over the one chosen together (its top-2 gap there)
   scores alone      each prompt's prompt logprobs by itself (max_tokens 0)
   scores together   all at once: the largest absolute difference from the lone scores
   offset            each prompt scored alone again, but after a finished filler prompt (about 600
@@ -33,7 +36,7 @@ import numpy as np
 from bench.prompts import benchmark_prompts
 from bench.record import RunRecord, add_common_arguments, publish_report
 from bench.table import markdown_table
-from engine import Engine, Request
+from engine import Engine, GenerationResult, Request
 
 # Long enough that the cells a prompt is given start past the first 256, the granularity of the
 # attended cell range.
@@ -41,11 +44,26 @@ FILLER = "Notes from the harbour office, kept for the night shift. " * 50
 CHUNK_ROWS = 5  # a prompt prefilled this many rows per step
 
 
-def greedy(engine: Engine, prompts: list[str], tokens: int, together: bool) -> list[str]:
-    requests = [Request(prompt=p, max_tokens=tokens, ignore_eos=True) for p in prompts]
+def greedy(engine: Engine, prompts: list[str], tokens: int, together: bool) -> list[GenerationResult]:
+    requests = [Request(prompt=p, max_tokens=tokens, ignore_eos=True, logprobs=2) for p in prompts]
     if together:
-        return [h.result().text for h in engine.submit_many(requests)]
-    return [engine.submit(r).result().text for r in requests]
+        return [h.result() for h in engine.submit_many(requests)]
+    return [engine.submit(r).result() for r in requests]
+
+
+def decode_drift(alone: list[GenerationResult], other: list[GenerationResult]) -> tuple[float, list[float]]:
+    """The largest move of a generated token's logprob before the two runs part, and at each parting
+    the lone run's logprob of its token minus that of the other's (a lower bound where the other's
+    token is not among its top 2)."""
+    drift, partings = 0.0, []
+    for a, b in zip(alone, other):
+        for x, y in zip(a.logprobs, b.logprobs):
+            if x.token != y.token:
+                top = dict(x.top)
+                partings.append(round(x.logprob - top.get(y.token, min(top.values())), 4))
+                break
+            drift = max(drift, abs(x.logprob - y.logprob))
+    return drift, partings
 
 
 def scores(engine: Engine, prompts: list[str], together: bool, before: str | None = None) -> list[np.ndarray]:
@@ -89,6 +107,8 @@ def measure(flash: bool, prompts: list[str], tokens: int, threads: int, model: s
         alone = greedy(engine, prompts, tokens, together=False)
         together = greedy(engine, prompts, tokens, together=True)
         reverse = greedy(engine, prompts[::-1], tokens, together=True)[::-1]
+        drift, partings = decode_drift(alone, together)
+        drift_reversed, partings_reversed = decode_drift(alone, reverse)
         lone_scores = scores(engine, prompts, together=False)
         joint_scores = scores(engine, prompts, together=True)
     with Engine(model, step_token_budget=256, prefix_cache=True, **settings) as engine:
@@ -99,9 +119,12 @@ def measure(flash: bool, prompts: list[str], tokens: int, threads: int, model: s
     return {
         "flash_attn": flash,
         "requests": len(prompts),
-        "greedy_same_together": sum(a == b for a, b in zip(alone, together)),
-        "greedy_same_reversed": sum(a == b for a, b in zip(alone, reverse)),
-        "greedy_first_differing": next((i for i, (a, b) in enumerate(zip(alone, together)) if a != b), None),
+        "greedy_same_together": sum(a.token_ids == b.token_ids for a, b in zip(alone, together)),
+        "greedy_same_reversed": sum(a.token_ids == b.token_ids for a, b in zip(alone, reverse)),
+        "greedy_first_differing": next((i for i, (a, b) in enumerate(zip(alone, together))
+                                        if a.token_ids != b.token_ids), None),
+        "decode_together_max_diff": max(drift, drift_reversed),
+        "decode_partings_gap_nats": sorted(partings + partings_reversed),
         "scores_together_max_diff": max_diff(lone_scores, joint_scores),
         "scores_offset_max_diff": max_diff(lone_scores, offset_scores),
         "scores_chunked_max_diff": max_diff(lone_scores, chunked_scores),
@@ -111,12 +134,18 @@ def measure(flash: bool, prompts: list[str], tokens: int, threads: int, model: s
     }
 
 
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.3g} to {max(values):.3g} ({len(values)})" if values else "-"
+
+
 def report(rows: list[dict[str, Any]], tokens: int) -> tuple[str, dict[str, Any]]:
     table = markdown_table(
         ["flash attention", "greedy texts identical together", "... in reverse order",
+         "generated tokens' logprobs together, before parting: max abs diff", "top-2 gap alone where they part",
          "prompt logprobs together: max abs diff", "alone, cells further in", f"alone, {CHUNK_ROWS}-row chunks"],
         [["on" if r["flash_attn"] else "off", f"{r['greedy_same_together']}/{r['requests']}",
-          f"{r['greedy_same_reversed']}/{r['requests']}", f"{r['scores_together_max_diff']:.3g}",
+          f"{r['greedy_same_reversed']}/{r['requests']}", f"{r['decode_together_max_diff']:.3g}",
+          _spread(r["decode_partings_gap_nats"]), f"{r['scores_together_max_diff']:.3g}",
           f"{r['scores_offset_max_diff']:.3g}", f"{r['scores_chunked_max_diff']:.3g}"] for r in rows])
     summary = (f"{rows[0]['requests']} prompts, greedy, {tokens} tokens each; prompt logprobs of the same prompts "
                f"({min(rows[0]['prompt_tokens'])}-{max(rows[0]['prompt_tokens'])} tokens). Differences are "
@@ -127,11 +156,22 @@ def report(rows: list[dict[str, Any]], tokens: int) -> tuple[str, dict[str, Any]
                              *[f"{r['rows_per_step_max_diff'][b]:.3g}" for b in sweep_rows]] for r in rows])
     summary += ("\n\nOne prompt alone, prefilled B rows per step: largest difference of its prompt logprobs "
                 f"from the same prompt prefilled in one piece.\n\n{sweep}")
-    headline = {}
+    headline: dict[str, Any] = {}
     for r in rows:
         fa = "fa_on" if r["flash_attn"] else "fa_off"
         headline[f"greedy_same_{fa}"] = f"{r['greedy_same_together']}/{r['requests']}"
         headline[f"scores_diff_{fa}"] = r["scores_together_max_diff"]
+        headline[f"decode_diff_{fa}"] = r["decode_together_max_diff"]
+        headline[f"widest_parting_{fa}"] = max(r["decode_partings_gap_nats"], default=None)
+        # Two tokens' logprobs moving apart: what a top-2 gap may move by with the shape alone.
+        headline[f"near_tie_nats_{fa}"] = round(2 * max(
+            r["decode_together_max_diff"], r["scores_together_max_diff"], r["scores_chunked_max_diff"],
+            *r["rows_per_step_max_diff"].values()), 3)
+    summary += ("\n\nA top-2 gap moves by up to twice the largest logprob move above when the batch's shape "
+                "alone changes (two tokens' logprobs moving apart): "
+                + ", ".join(f"{headline[f'near_tie_nats_{fa}']} nats with flash attention {word}"
+                            for fa, word in (("fa_off", "off"), ("fa_on", "on")) if f"near_tie_nats_{fa}" in headline)
+                + ". Under that, a parting of two greedy runs is a near-tie the shape can flip.")
     return summary, headline
 
 
