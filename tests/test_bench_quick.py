@@ -46,6 +46,10 @@ def test_benchmark_runs_in_quick_mode_and_stores_its_run(name, capsys, tmp_path)
         assert all(0 < t["median_ttft_s"]["b"] < t["median_latency_s"]["b"] for t in trials if t["rule"] == "quota")
         assert len(manifest["headline"]["within_ttft_noise"]) == 2
         assert isinstance(manifest["headline"]["hammered_ttft_within_noise"], bool)
+        # ... and on every answer of B's per tier, pooled over trials, with its interval.
+        pooled = manifest["headline"]["hammered_b_ttft_pooled"]
+        assert set(pooled) == {"batch", "interactive"} and all(lo <= r <= hi for r, lo, hi in pooled.values())
+        assert all(len(t["ttft_samples_s"]["b"]) == t["requests"]["b"] for t in trials if t["rule"] == "quota")
     if name in PLOTTABLE:
         pytest.importorskip("matplotlib")
         assert main(["plot", str(folder)]) == 0
