@@ -157,6 +157,7 @@ def report(rows: list[dict[str, Any]], tokens: int) -> tuple[str, dict[str, Any]
     summary += ("\n\nOne prompt alone, prefilled B rows per step: largest difference of its prompt logprobs "
                 f"from the same prompt prefilled in one piece.\n\n{sweep}")
     headline: dict[str, Any] = {}
+    near_ties = []
     for r in rows:
         fa = "fa_on" if r["flash_attn"] else "fa_off"
         headline[f"greedy_same_{fa}"] = f"{r['greedy_same_together']}/{r['requests']}"
@@ -167,11 +168,11 @@ def report(rows: list[dict[str, Any]], tokens: int) -> tuple[str, dict[str, Any]
         headline[f"near_tie_nats_{fa}"] = round(2 * max(
             r["decode_together_max_diff"], r["scores_together_max_diff"], r["scores_chunked_max_diff"],
             *r["rows_per_step_max_diff"].values()), 3)
+        near_ties.append(f"{headline[f'near_tie_nats_{fa}']} nats with flash attention "
+                         f"{'on' if r['flash_attn'] else 'off'}")
     summary += ("\n\nA top-2 gap moves by up to twice the largest logprob move above when the batch's shape "
-                "alone changes (two tokens' logprobs moving apart): "
-                + ", ".join(f"{headline[f'near_tie_nats_{fa}']} nats with flash attention {word}"
-                            for fa, word in (("fa_off", "off"), ("fa_on", "on")) if f"near_tie_nats_{fa}" in headline)
-                + ". Under that, a parting of two greedy runs is a near-tie the shape can flip.")
+                f"alone changes (two tokens' logprobs moving apart): {', '.join(near_ties)}. Under that, a parting "
+                "of two greedy runs is a near-tie the shape can flip.")
     return summary, headline
 
 

@@ -29,10 +29,10 @@ Exactness: under greedy decoding `auto` should return `off`'s tokens for every r
 return their token ids (`return_token_ids`). Where they differ, `off` is asked once more, alone,
 for the next token after the prefix both share (the prompt and the tokens before the first that
 differs, as one prompt), with the 20 likeliest tokens' logprobs: how much it prefers its own token
-there over auto's is reported. A gap below `--near-tie-nats` (what bench invariance measured a
-row's logprob to move by with the batch's shape alone) is a near-tie that the extra draft rows may
-flip (a negative one: off itself picks auto's token when the prefix is computed another way);
-anything larger would be a bug.
+there over auto's is reported. A gap below `--near-tie-nats` (twice the largest move of a row's
+logprob that bench invariance measured with the step's shape alone: two tokens' logprobs moving
+apart) is a near-tie that the extra draft rows may flip (a negative one: off itself picks auto's
+token when the prefix is computed another way); anything larger would be a bug.
 
 Targets (issue 45), shown beside each figure: at C=1, auto >= 1.5x off on paragraph and story,
 >= 0.97x off elsewhere, and >= every llama-server mode on each workload; at C=16 >= 0.98x off on
