@@ -12,13 +12,21 @@ sequence has a draft at every step, drafts are held back every other step until 
 steps are in. One stream is left to the prediction: its
 drafted steps vary its rows, and its plain steps' speed varies with the text (a JSON document's
 forced runs), which would stop drafts for whatever comes next.
+
+A verdict takes dozens of steps at one count, and a wave of requests passes through most counts
+in fewer. So each drafted step of two or more streams also says what its draft rows cost: its
+seconds beyond the fit's price of the same step without them, per draft row. Their moving
+average is a floor under the allotment's row price (engine/speculation.py): past sixteen rows a
+row costs more than the fit, fed mostly by prompt chunks and sixteen-row steps, can see.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from engine.ownership import SingleWriter
-from engine.tuning import PAYOFF_MIN_STEPS, PAYOFF_MIN_STREAMS, PAYOFF_RETRY_STEPS, PAYOFF_WEIGHT
+from engine.tuning import (
+    DRAFT_ROW_WEIGHT, PAYOFF_MIN_STEPS, PAYOFF_MIN_STREAMS, PAYOFF_RETRY_STEPS, PAYOFF_WEIGHT,
+)
 
 
 @dataclass
@@ -45,12 +53,20 @@ class DraftPayoff(SingleWriter):
     plain: dict[int, _Rate] = field(default_factory=dict)
     drafted: dict[int, _Rate] = field(default_factory=dict)
     quiet: dict[int, int] = field(default_factory=dict)  # plain steps since drafts were judged to lose there
+    row_s: float = 0.0  # what a draft row was measured to add to a step of two streams or more (0: not yet)
+    _row_samples: int = 0
 
-    def record(self, decoding: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """A decode step of `decoding` sequences made `tokens` in `seconds`."""
+    def record(self, decoding: int, drafted: bool, tokens: int, seconds: float, draft_rows: int = 0,
+               undrafted_s: float = 0.0) -> None:
+        """A decode step of `decoding` sequences made `tokens` in `seconds`; if drafted, with
+        `draft_rows` rows beyond the step the fit prices at `undrafted_s`."""
         if seconds <= 0.0 or decoding < PAYOFF_MIN_STREAMS:
             return
         (self.drafted if drafted else self.plain).setdefault(decoding, _Rate()).add(tokens, seconds)
+        if drafted and draft_rows > 0 and undrafted_s > 0.0:
+            self._row_samples += 1
+            weight = max(DRAFT_ROW_WEIGHT, 1.0 / self._row_samples)
+            self.row_s += weight * (max(0.0, seconds - undrafted_s) / draft_rows - self.row_s)
         if decoding in self.quiet:
             self.quiet[decoding] += not drafted
             if self.quiet[decoding] >= PAYOFF_RETRY_STEPS:

@@ -36,7 +36,8 @@ would not pay (a crowded batch), no drafts are looked for at all.
 
 What the allotment predicts is then checked against what drafted steps made
 (engine/draft_payoff.py): where they made fewer tokens per second than plain steps of as many
-sequences, no drafts are looked for there for a while.
+sequences, no drafts are looked for there for a while; and from two streams on, a draft row is
+priced at no less than drafted steps measured it to cost.
 
 A draft model (engine/draft_model.py), when one is loaded, is asked only for the sequences the
 model-free sources have nothing for: their drafts cost nothing but a lookup, and where they
@@ -58,7 +59,7 @@ from engine.sequence import Sequence
 from engine.stats import SpeculationStats
 from engine.step_cost import StepCost
 from engine.step_plan import Chunk, StepPlan
-from engine.tuning import DRAFT_CAP_MIN, DRAFT_GAIN_MARGIN, DRAFT_MODEL_MAX_DRAFT
+from engine.tuning import DRAFT_CAP_MIN, DRAFT_GAIN_MARGIN, DRAFT_MODEL_MAX_DRAFT, PAYOFF_MIN_STREAMS
 
 
 @dataclass
@@ -83,6 +84,8 @@ class Speculator(SingleWriter):
     payoff: DraftPayoff = field(default_factory=DraftPayoff)
     _steady: int | None = None  # this step's count of admitted sequences, once the step was considered
     _drafted: bool = False
+    _draft_rows: int = 0  # this step's, and the fit's price of the step without them
+    _undrafted_s: float = 0.0
 
     def draft(self, plan: StepPlan, kv: KvCache, cost: StepCost | None, room: int, n_ctx: int,
               limit_s: float | None, running: int = 0) -> None:
@@ -92,10 +95,10 @@ class Speculator(SingleWriter):
         self.draft_model_s = 0.0
         outputs = sum(1 for c in plan.chunks if c.wants_logits)
         steady = max(outputs, running)
-        self._steady, self._drafted = steady, False
+        self._steady, self._drafted, self._draft_rows = steady, False, 0
         if cost is None or room <= 0 or limit_s == 0.0 or self.payoff.holds_back(steady):
             return
-        row_s = self.row_price(cost)
+        row_s = self.row_price(cost, steady)
         if not _a_certain_draft_pays(cost, steady, min(room, self.max_draft), row_s):
             return  # looking for drafts costs Python time on every sequence: not where none can pay
         proposals: dict[Sequence, Draft] = {}
@@ -114,12 +117,14 @@ class Speculator(SingleWriter):
         gains = {seq: self.acceptance.gains(draft, self.max_draft) for seq, draft in proposals.items()}
         granted = self.allot(gains, cost, plan.n_tokens, outputs, float(outputs), limit_s, room, steady, row_s)
         drafted = False
+        self._undrafted_s = cost.seconds(plan.n_tokens, outputs)
         for i, chunk in enumerate(plan.chunks):
             k = granted.get(chunk.seq, 0)
             if k and kv.try_reserve(chunk.seq, len(chunk.seq.tokens) + k):
                 proposal = proposals[chunk.seq]
                 plan.chunks[i] = replace(chunk, draft=proposal.tokens[:k], granted=replace(proposal, tokens=proposal.tokens[:k]))
                 drafted = True
+                self._draft_rows += k
             elif chunk.seq in proposals and chunk.seq.unverified_draft is None:
                 chunk.seq.unverified_draft = (proposals[chunk.seq], len(chunk.seq.tokens))
         self.steps_with_drafts += drafted
@@ -134,7 +139,7 @@ class Speculator(SingleWriter):
         """The planned step made `tokens` in `seconds`; `decode_only`: it carried no prompt chunk
         (only such steps are compared, like with like)."""
         if decode_only and self._steady is not None:
-            self.payoff.record(self._steady, self._drafted, tokens, seconds)
+            self.payoff.record(self._steady, self._drafted, tokens, seconds, self._draft_rows, self._undrafted_s)
         self._steady = None
 
     @staticmethod
@@ -184,9 +189,11 @@ class Speculator(SingleWriter):
                 best, best_rate = {seq: k for seq, k in granted.items() if k}, expected_tokens / weighed_s
         return best
 
-    def row_price(self, cost: StepCost) -> float:
-        """Seconds one more row with logits adds to a step (the module docstring)."""
-        return max(cost.per_token_s + cost.per_output_s, (1.0 + self.projection_ratio) * cost.per_token_s)
+    def row_price(self, cost: StepCost, streams: int = 1) -> float:
+        """Seconds one more row with logits adds to a step of `streams` decoding (the module
+        docstring); from two streams on, never less than drafted steps measured."""
+        fitted = max(cost.per_token_s + cost.per_output_s, (1.0 + self.projection_ratio) * cost.per_token_s)
+        return max(fitted, self.payoff.row_s) if streams >= PAYOFF_MIN_STREAMS else fitted
 
     def stats(self) -> SpeculationStats:
         return SpeculationStats(

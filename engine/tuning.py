@@ -168,6 +168,11 @@ DRAFT_TARGET_MARGIN = 0.05
 # so the fit sees a row's cost there; and plain steps of a JSON job (jump-forward's runs) made it
 # stop drafts for the next workload (paragraph 1.29 of off against 1.58, run 080156Z).
 PAYOFF_MIN_STEPS, PAYOFF_WEIGHT, PAYOFF_RETRY_STEPS = 16, 0.05, 256
+# The moving average of a draft row's measured cost (engine/draft_payoff.py) weighs each drafted
+# step of two or more streams this much. At 16 streams (story, in process, 2026-11-30) draft rows
+# added 5.5-15 ms each to a 75 ms step, where the fit priced them at 3.6-4.1 ms; per step the
+# figure moves by a few ms, so a few steps settle it (judgement).
+DRAFT_ROW_WEIGHT = 0.2
 PAYOFF_MIN_STREAMS = 2
 
 # ---- the draft model (engine/draft_model.py) ----------------------------------------------------

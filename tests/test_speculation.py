@@ -441,6 +441,29 @@ def test_where_every_step_drafts_every_other_one_is_held_back_until_the_verdict(
     assert held == PAYOFF_MIN_STEPS and not payoff.loses(16) and not payoff.holds_back(16)
 
 
+def test_drafted_steps_of_several_streams_set_a_floor_under_a_draft_row_s_price():
+    # The story at 16 streams, in process: the fit priced a draft row at 3.9 ms and a plain step at
+    # 75-80 ms; steps with 4 to 27 draft rows took 5.5-15 ms more per row. At the fit's price sure
+    # drafts look worth verifying; at the measured one they do not, and one stream keeps the fit's.
+    from engine.speculation import _a_certain_draft_pays
+
+    fit = StepCost(fixed_s=0.020, per_token_s=0.0015, per_output_s=0.0024)
+    spec = Speculator(16, projection_ratio=1.67)
+    fitted = spec.row_price(fit, 16)
+    assert fitted == pytest.approx(0.004005) and _a_certain_draft_pays(fit, 16, 16, fitted)
+    plain_s = fit.seconds(16, 16)
+    for rows, seconds in ((4, 0.134), (6, 0.119), (10, 0.137), (27, 0.224)):
+        spec.payoff.record(16, True, 16 + rows, seconds, draft_rows=rows, undrafted_s=plain_s)
+        spec.payoff.record(1, True, 9, 0.080, draft_rows=8, undrafted_s=0.028)  # one stream: not counted
+    measured = spec.row_price(fit, 16)
+    assert 0.006 < measured < 0.012 and spec.payoff.row_s == measured
+    assert not _a_certain_draft_pays(fit, 16, 16, measured)
+    assert _a_certain_draft_pays(fit, 2, 16, measured)  # two streams: a sure draft still pays
+    assert spec.row_price(fit, 1) == fitted
+    spec.payoff.record(16, False, 16, 0.075)  # plain steps say nothing of draft rows
+    assert spec.row_price(fit, 16) == measured
+
+
 def test_the_engine_looks_for_no_drafts_where_its_drafted_steps_lost(drafting, monkeypatch):
     engine, runner = drafting
     monkeypatch.undo()
