@@ -73,7 +73,6 @@ SERVERS = (("fifo", "off", 1, ("backlogged", "light")),
            ("fair 1:1", "on", 1, ("backlogged", "light")),
            ("fair 3:1", "on", 3, ("backlogged",)),
            ("quota", "on", 1, ("within", "hammering", "within again")))
-QUOTA_SCENARIOS = SERVERS[-1][3]
 QUOTA_NOISE_FLOOR = 0.02  # noise allowed however closely the two `within` windows agreed
 TTFT_INTERVAL = 0.95
 
@@ -349,9 +348,10 @@ def one_trial(args: argparse.Namespace, trial: int, record: RunRecord) -> None:
                 for rule, _, weight_a, scenarios in shared:
                     if scenario in scenarios:
                         _measured_window(up[rule], rule, weight_a, tier, scenario, args, trial, record)
-            if "quota" in up:
-                for scenario in QUOTA_SCENARIOS:
-                    _measured_window(up["quota"], "quota", 1, tier, scenario, args, trial, record)
+            for rule, _, weight_a, scenarios in chosen:
+                if rule == "quota":
+                    for scenario in scenarios:
+                        _measured_window(up[rule], rule, weight_a, tier, scenario, args, trial, record)
 
 
 def _warmed(server: SpawnedServer) -> tuple[SpawnedServer, str]:

@@ -30,20 +30,34 @@ from engine.tuning import (
 
 
 @dataclass
+class _Mean:
+    """A moving average that is a plain mean until its weight takes over."""
+
+    weight: float
+    value: float = 0.0
+    count: int = 0
+
+    def add(self, x: float) -> None:
+        self.count += 1
+        self.value += max(self.weight, 1.0 / self.count) * (x - self.value)
+
+
+@dataclass
 class _Rate:
-    tokens: float = 0.0  # moving averages over steps: tokens made, and seconds taken
-    seconds: float = 0.0
-    steps: int = 0
+    tokens: _Mean = field(default_factory=lambda: _Mean(PAYOFF_WEIGHT))  # over steps: tokens made,
+    seconds: _Mean = field(default_factory=lambda: _Mean(PAYOFF_WEIGHT))  # and seconds taken
 
     def add(self, tokens: int, seconds: float) -> None:
-        self.steps += 1
-        weight = max(PAYOFF_WEIGHT, 1.0 / self.steps)  # a plain mean until the average takes over
-        self.tokens += weight * (tokens - self.tokens)
-        self.seconds += weight * (seconds - self.seconds)
+        self.tokens.add(tokens)
+        self.seconds.add(seconds)
+
+    @property
+    def steps(self) -> int:
+        return self.tokens.count
 
     @property
     def per_second(self) -> float:
-        return self.tokens / self.seconds
+        return self.tokens.value / self.seconds.value
 
 
 @dataclass
@@ -53,8 +67,8 @@ class DraftPayoff(SingleWriter):
     plain: dict[int, _Rate] = field(default_factory=dict)
     drafted: dict[int, _Rate] = field(default_factory=dict)
     quiet: dict[int, int] = field(default_factory=dict)  # plain steps since drafts were judged to lose there
-    row_s: float = 0.0  # what a draft row was measured to add to a step of two streams or more (0: not yet)
-    _row_samples: int = 0
+    # What a draft row was measured to add to a step of two streams or more (0: not yet).
+    draft_row: _Mean = field(default_factory=lambda: _Mean(DRAFT_ROW_WEIGHT))
 
     def record(self, decoding: int, drafted: bool, tokens: int, seconds: float, draft_rows: int = 0,
                undrafted_s: float = 0.0) -> None:
@@ -64,15 +78,17 @@ class DraftPayoff(SingleWriter):
             return
         (self.drafted if drafted else self.plain).setdefault(decoding, _Rate()).add(tokens, seconds)
         if drafted and draft_rows > 0 and undrafted_s > 0.0:
-            self._row_samples += 1
-            weight = max(DRAFT_ROW_WEIGHT, 1.0 / self._row_samples)
-            self.row_s += weight * (max(0.0, seconds - undrafted_s) / draft_rows - self.row_s)
+            self.draft_row.add(max(0.0, seconds - undrafted_s) / draft_rows)
         if decoding in self.quiet:
             self.quiet[decoding] += not drafted
             if self.quiet[decoding] >= PAYOFF_RETRY_STEPS:
                 del self.quiet[decoding], self.drafted[decoding]  # stale: try again
         elif self._drafts_lost(decoding):
             self.quiet[decoding] = 0
+
+    @property
+    def row_s(self) -> float:
+        return self.draft_row.value
 
     def holds_back(self, decoding: int) -> bool:
         """Whether the next step at this count goes without drafts: they lost there, or the

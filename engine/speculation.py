@@ -83,7 +83,6 @@ class Speculator(SingleWriter):
     projection_ratio: float = 0.0  # the output projection's weights over the body's (projection_ratio())
     payoff: DraftPayoff = field(default_factory=DraftPayoff)
     _steady: int | None = None  # this step's count of admitted sequences, once the step was considered
-    _drafted: bool = False
     _draft_rows: int = 0  # this step's, and the fit's price of the step without them
     _undrafted_s: float = 0.0
 
@@ -95,7 +94,7 @@ class Speculator(SingleWriter):
         self.draft_model_s = 0.0
         outputs = sum(1 for c in plan.chunks if c.wants_logits)
         steady = max(outputs, running)
-        self._steady, self._drafted, self._draft_rows = steady, False, 0
+        self._steady, self._draft_rows = steady, 0
         if cost is None or room <= 0 or limit_s == 0.0 or self.payoff.holds_back(steady):
             return
         row_s = self.row_price(cost, steady)
@@ -116,30 +115,27 @@ class Speculator(SingleWriter):
             return
         gains = {seq: self.acceptance.gains(draft, self.max_draft) for seq, draft in proposals.items()}
         granted = self.allot(gains, cost, plan.n_tokens, outputs, float(outputs), limit_s, room, steady, row_s)
-        drafted = False
         self._undrafted_s = cost.seconds(plan.n_tokens, outputs)
         for i, chunk in enumerate(plan.chunks):
             k = granted.get(chunk.seq, 0)
             if k and kv.try_reserve(chunk.seq, len(chunk.seq.tokens) + k):
                 proposal = proposals[chunk.seq]
                 plan.chunks[i] = replace(chunk, draft=proposal.tokens[:k], granted=replace(proposal, tokens=proposal.tokens[:k]))
-                drafted = True
                 self._draft_rows += k
             elif chunk.seq in proposals and chunk.seq.unverified_draft is None:
                 chunk.seq.unverified_draft = (proposals[chunk.seq], len(chunk.seq.tokens))
-        self.steps_with_drafts += drafted
-        self._drafted = drafted
+        self.steps_with_drafts += self.drafted
 
     @property
     def drafted(self) -> bool:
         """Whether the step last considered got drafts."""
-        return self._drafted
+        return self._draft_rows > 0
 
     def step_done(self, decode_only: bool, tokens: int, seconds: float) -> None:
         """The planned step made `tokens` in `seconds`; `decode_only`: it carried no prompt chunk
         (only such steps are compared, like with like)."""
         if decode_only and self._steady is not None:
-            self.payoff.record(self._steady, self._drafted, tokens, seconds, self._draft_rows, self._undrafted_s)
+            self.payoff.record(self._steady, self.drafted, tokens, seconds, self._draft_rows, self._undrafted_s)
         self._steady = None
 
     @staticmethod
