@@ -52,17 +52,30 @@ class _Timeout(Exception):
     pass
 
 
-def _alarm(_signum, _frame):
-    raise _Timeout()
+class _Deadline:
+    """SIGALRM raises _Timeout wherever the compiler is; code it lands in may turn it into another
+    exception (numpy re-raises it as a TypeError), so a passed deadline decides the outcome."""
+
+    def __init__(self):
+        self.passed = False
+
+    def __call__(self, _signum, _frame):
+        self.passed = True
+        raise _Timeout()
 
 
 def timed(fn, limit_s: float):
     """(result, seconds) of fn(); raises _Timeout past limit_s (SIGALRM: main thread only)."""
-    old = signal.signal(signal.SIGALRM, _alarm)
+    deadline = _Deadline()
+    old = signal.signal(signal.SIGALRM, deadline)
     signal.setitimer(signal.ITIMER_REAL, limit_s)
     start = time.perf_counter()
     try:
         return fn(), time.perf_counter() - start
+    except Exception as e:
+        if deadline.passed and not isinstance(e, _Timeout):
+            raise _Timeout() from e
+        raise
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
