@@ -11,6 +11,7 @@ BENCHMARKS = {
     "cluster": "bench.cluster",  # needs the ray extra
     "decode-step": "bench.decode_step",
     "default-tier": "bench.default_tier",
+    "draft-price": "bench.draft_price",
     "http-load": "bench.http_load",
     "idle-cells": "bench.idle_cells",
     "invariance": "bench.invariance",

@@ -38,6 +38,9 @@ class ContextSettings:
     # arbitrary ranges needs the full cache, plain serving does not.
     swa_full: bool = False
     flash_attn: int = -1  # llama_flash_attn_type: -1 auto, 0 off, 1 on
+    # One pool of n_ctx cells for all sequences (what the engine's block ledger and prefix sharing
+    # need); False gives each of n_seq_max sequences its own n_ctx / n_seq_max cells.
+    kv_unified: bool = True
 
 
 class Context:
@@ -60,7 +63,7 @@ class Context:
         params.n_seq_max = settings.n_seq_max
         params.n_threads = settings.n_threads
         params.n_threads_batch = settings.n_threads_batch
-        params.kv_unified = True
+        params.kv_unified = settings.kv_unified
         params.swa_full = settings.swa_full
         params.flash_attn_type = settings.flash_attn
         params.no_perf = True

@@ -50,6 +50,16 @@ def test_benchmark_runs_in_quick_mode_and_stores_its_run(name, capsys, tmp_path)
         pooled = manifest["headline"]["hammered_b_ttft_pooled"]
         assert set(pooled) == {"batch", "interactive"} and all(lo <= r <= hi for r, lo, hi in pooled.values())
         assert all(len(t["ttft_samples_s"]["b"]) == t["requests"]["b"] for t in trials if t["rule"] == "quota")
+    if name == "draft-price":  # every case timed in every round; the headline is the trials' medians
+        import statistics
+        from bench.draft_price import break_even
+        assert {(t["streams"], t["draft_rows"], t["round"]) for t in trials} == {
+            (s, k, r) for s in (1, 2) for k in (0, 2) for r in (0, 1)}
+        median = {(s, k): statistics.median(t["seconds"] for t in trials if (t["streams"], t["draft_rows"]) == (s, k))
+                  for s in (1, 2) for k in (0, 2)}
+        for s in (1, 2):
+            assert manifest["headline"][f"break_even_s{s}_k2"] == round(break_even(median[s, 0], median[s, 2], 2), 3)
+        assert median[2, 2] > median[2, 0]  # six rows with logits against two
     if name in PLOTTABLE:
         pytest.importorskip("matplotlib")
         assert main(["plot", str(folder)]) == 0
@@ -106,3 +116,10 @@ def test_mixed_http_report_survives_a_peer_that_finished_nothing():
                                ["nice19-session"])
     assert "llama-server's flood collapsed: 0 of its requests done in 240 s" in summary
     assert "flood 0.80x FIFO's" in summary and headline["trials_met_nice19-session"] == "0/1"
+
+
+def test_break_even_acceptance_is_what_each_draft_row_must_add():
+    from bench.draft_price import break_even
+    # A plain step of 100 ms; with 2 draft rows per sequence 150 ms: each row must add a quarter token.
+    assert break_even(0.100, 0.150, 2) == pytest.approx(0.25)
+    assert break_even(0.100, 0.300, 1) == pytest.approx(2.0)  # more than one token: no draft can pay

@@ -1,0 +1,154 @@
+"""What a draft row costs against what it must save: the acceptance drafts need to pay, by streams.
+
+A drafted token is one more batch row with logits; a step with drafts pays only if the model
+keeps enough of them. This measures it with `llama_decode` directly, no engine:
+
+- one context; `s` sequences, each `--depth` cells deep (distinct text tokens);
+- plain steps (one row with logits per sequence) and steps where every sequence also carries k
+  draft rows with logits, for each k of `--draft-rows`; the drafted cells are removed after each
+  step, so every step sees the same depth; the cases interleave, their order reversed each round;
+- break-even acceptance with k rows = (t_k / t_0 - 1) / k: the tokens each draft row must add on
+  average for a drafted step to make tokens as fast as a plain one. At 1 or more, no drafts can.
+
+`--kv unified,split` repeats it with llama.cpp's per-sequence caches, where a row attends to its
+own sequence's cells only. The engine keeps one unified pool (its block ledger and prefix sharing
+need it); the split case says what attention over the other sequences' cells costs a step.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from bench.record import RunRecord, add_common_arguments, publish
+from bench.table import markdown_table
+from bindings import Context, ContextSettings, DecodeOutcome, Model, TokenBatch
+from engine.model_source import resolve_model
+
+_FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+_CHUNK = 512
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _context(model: Model, streams: int, depth: int, max_k: int, unified: bool, threads: int,
+             flash_attn: int) -> Context:
+    per_seq = -(-(depth + max_k + 1) // 256) * 256
+    return Context(model, ContextSettings(n_ctx=streams * per_seq, n_batch=_CHUNK, n_ubatch=_CHUNK,
+                                          n_seq_max=streams, n_threads=threads, n_threads_batch=threads,
+                                          flash_attn=flash_attn, kv_unified=unified))
+
+
+def _fill(context: Context, batch: TokenBatch, streams: int, depth: int, n_vocab: int) -> None:
+    rng = np.random.default_rng(streams)
+    for seq in range(streams):
+        tokens = rng.integers(1_000, min(n_vocab, 200_000), size=depth, dtype=np.int32)
+        for start in range(0, depth, _CHUNK):
+            batch.clear()
+            batch.add_run(tokens[start:start + _CHUNK], start, seq, False)
+            if context.decode(batch) is not DecodeOutcome.OK:
+                raise RuntimeError("llama_decode failed while filling the sequences")
+
+
+def _step(context: Context, batch: TokenBatch, streams: int, depth: int, k: int, rng: np.random.Generator) -> float:
+    """Seconds of one step: each sequence's next row and k draft rows after it, logits on all."""
+    batch.clear()
+    for seq in range(streams):
+        for i in range(1 + k):
+            batch.add(int(rng.integers(1_000, 20_000)), depth + i, (seq,), True)
+    started = time.perf_counter()
+    if context.decode(batch) is not DecodeOutcome.OK:
+        raise RuntimeError("llama_decode failed on a timed step")
+    seconds = time.perf_counter() - started
+    for seq in range(streams):
+        context.seq_rm(seq, depth, -1)
+    return seconds
+
+
+def measure(model: Model, streams: int, depth: int, ks: list[int], unified: bool, rounds: int, steps: int,
+            threads: int, flash_attn: int, record: RunRecord | None) -> dict[int, float]:
+    """Median seconds of a step with k draft rows per sequence, for k = 0 and each of ks."""
+    cases = [0, *ks]
+    context = _context(model, streams, depth, max(cases), unified, threads, flash_attn)
+    batch = TokenBatch(_CHUNK, 1)
+    rng = np.random.default_rng(0)
+    times: dict[int, list[float]] = {k: [] for k in cases}
+    try:
+        _fill(context, batch, streams, depth, model.n_vocab)
+        for k in cases:  # warm-up: each shape once
+            _step(context, batch, streams, depth, k, rng)
+        for r in range(rounds):
+            for k in (cases if r % 2 == 0 else cases[::-1]):
+                for _ in range(steps):
+                    seconds = _step(context, batch, streams, depth, k, rng)
+                    times[k].append(seconds)
+                    if record is not None:
+                        record.trial(kv="unified" if unified else "split", streams=streams, depth=depth,
+                                     draft_rows=k, round=r, seconds=seconds)
+    finally:
+        context.close()
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def break_even(t_plain: float, t_drafted: float, k: int) -> float:
+    """Tokens each of k draft rows per sequence must add for the drafted step to keep up."""
+    return (t_drafted / t_plain - 1.0) / k
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cobatch bench draft-price", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", default="1,4,16", help="sequences decoding together, comma-separated")
+    parser.add_argument("--depth", type=int, default=384, help="cells each sequence holds before the timed steps")
+    parser.add_argument("--draft-rows", default="1,2,4", help="draft rows per sequence, comma-separated")
+    parser.add_argument("--kv", default="unified", help="KV cache layouts to measure: unified, split or both")
+    parser.add_argument("--flash-attn", choices=sorted(_FLASH_ATTN), default="auto",
+                        help="the attention kernel (auto: what cobatch serve uses)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per case and round")
+    add_common_arguments(parser, trials=6)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.streams, args.depth, args.draft_rows, args.trials, args.steps = "1,2", 64, "2", 2, 2
+    streams_list, ks = _ints(args.streams), _ints(args.draft_rows)
+    layouts = [x.strip() for x in args.kv.split(",") if x.strip()]
+    if not streams_list or not ks or min(streams_list + ks) < 1 or args.depth < 1:
+        parser.error("--streams, --draft-rows and --depth take positive integers")
+    if any(layout not in ("unified", "split") for layout in layouts) or not layouts:
+        parser.error("--kv takes unified, split or both (comma-separated)")
+    record = RunRecord("draft-price", args, args.model, argv)
+    rows, headline, plain_ms = [], {}, {}
+    with Model(resolve_model(args.model)) as model:
+        for layout in layouts:
+            for streams in streams_list:
+                t = measure(model, streams, args.depth, ks, layout == "unified", args.trials, args.steps,
+                            args.threads, _FLASH_ATTN[args.flash_attn], record)
+                plain_ms[layout, streams] = t[0] * 1000
+                for k in ks:
+                    rate = break_even(t[0], t[k], k)
+                    rows.append([layout, streams, t[0] * 1000, t[0] * 1000 / streams, k, t[k] * 1000,
+                                 (t[k] - t[0]) * 1000 / (streams * k), rate])
+                    if layout == "unified":
+                        headline[f"break_even_s{streams}_k{k}"] = round(rate, 3)
+    table = markdown_table(["KV cache", "streams", "plain step ms", "ms per token (plain)", "draft rows per seq",
+                            "drafted step ms", "ms per draft row", "break-even acceptance"], rows)
+    notes = [f"{args.trials} rounds of {args.steps} steps per case, cases interleaved and reversed each round; "
+             f"medians. Each sequence {args.depth} cells deep; flash attention {args.flash_attn}; "
+             f"{args.threads} threads. Break-even acceptance: the tokens each draft row must add on average "
+             "for a drafted step to make tokens as fast as a plain step (1 or more: no drafts can pay)."]
+    if "unified" in layouts and "split" in layouts:
+        for streams in streams_list:
+            ratio = plain_ms["unified", streams] / plain_ms["split", streams]
+            headline[f"unified_over_split_s{streams}"] = round(ratio, 3)
+        notes.append("Plain step, unified cache over per-sequence caches: " + ", ".join(
+            f"{headline[f'unified_over_split_s{s}']:.2f}x at {s} stream(s)" for s in streams_list) + ".")
+    publish(record, table + "\n\n" + "\n\n".join(notes), headline)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
