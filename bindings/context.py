@@ -22,6 +22,13 @@ class DecodeOutcome(enum.Enum):
     ABORTED = 2
 
 
+# ggml's CPU flash attention switches to a tiled kernel once a decode has this many rows
+# (GGML_FA_TILE_Q). That kernel skips a block of KV cells only where every row of its tile masks
+# all of them, so a tile holding rows of several sequences attends over every used cell of a
+# unified cache; below it, each row skips the cells its mask hides, one by one.
+FLASH_ATTN_TILE_ROWS = 64
+
+
 class DecodeError(RuntimeError):
     """llama_decode failed in a way that retrying cannot fix."""
 
@@ -78,12 +85,14 @@ class Context:
         self.n_ctx: int = llama_cpp.llama_n_ctx(handle)
         self.n_vocab = model.n_vocab
 
-    def decode(self, batch: TokenBatch) -> DecodeOutcome:
+    def decode(self, batch: TokenBatch, start: int = 0, stop: int | None = None) -> DecodeOutcome:
+        """Decode the batch's rows [start, stop) (all by default)."""
         if batch.n_tokens == 0:
             raise ValueError("cannot decode an empty batch")
-        if batch.n_tokens > self.settings.n_batch:
-            raise ValueError(f"batch of {batch.n_tokens} tokens exceeds n_batch={self.settings.n_batch}")
-        status = llama_cpp.llama_decode(self._handle, batch.as_struct())
+        stop = batch.n_tokens if stop is None else stop
+        if stop - start > self.settings.n_batch:
+            raise ValueError(f"batch of {stop - start} tokens exceeds n_batch={self.settings.n_batch}")
+        status = llama_cpp.llama_decode(self._handle, batch.as_struct(start, stop))
         if status in (0, 1, 2):
             return DecodeOutcome(status)
         raise DecodeError(f"llama_decode failed with status {status}")

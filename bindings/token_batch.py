@@ -87,6 +87,23 @@ class TokenBatch:
     def n_outputs(self) -> int:
         return int(np.count_nonzero(self.logits[: self.n_tokens]))
 
-    def as_struct(self) -> llama_cpp.llama_batch:
-        self._struct.n_tokens = self.n_tokens
-        return self._struct
+    def as_struct(self, start: int = 0, stop: int | None = None) -> llama_cpp.llama_batch:
+        """Rows [start, stop) as a llama_batch (all rows by default); valid while this batch lives."""
+        stop = self.n_tokens if stop is None else stop
+        if not 0 <= start < stop <= self.n_tokens:
+            raise ValueError(f"rows [{start}, {stop}) are not within the batch's {self.n_tokens}")
+        if start == 0:
+            self._struct.n_tokens = stop
+            return self._struct
+        part = llama_cpp.llama_batch()
+        part.n_tokens = stop - start
+        part.token = ctypes.cast(self.token.ctypes.data + start * self.token.itemsize,
+                                 ctypes.POINTER(llama_cpp.llama_token))
+        part.embd = ctypes.POINTER(ctypes.c_float)()
+        part.pos = ctypes.cast(self.pos.ctypes.data + start * self.pos.itemsize, ctypes.POINTER(llama_cpp.llama_pos))
+        part.n_seq_id = ctypes.cast(self.n_seq_id.ctypes.data + start * self.n_seq_id.itemsize,
+                                    ctypes.POINTER(ctypes.c_int32))
+        part.seq_id = ctypes.cast(self._seq_id_rows.ctypes.data + start * self._seq_id_rows.itemsize,
+                                  ctypes.POINTER(ctypes.POINTER(llama_cpp.llama_seq_id)))
+        part.logits = ctypes.cast(self.logits.ctypes.data + start * self.logits.itemsize, ctypes.POINTER(ctypes.c_int8))
+        return part

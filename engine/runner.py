@@ -1,13 +1,23 @@
-"""Turns a StepPlan into one llama_batch, decodes it, and hands back the output logits."""
+"""Turns a StepPlan into one llama_batch, decodes it, and hands back the output logits.
+
+With flash attention, a batch of FLASH_ATTN_TILE_ROWS rows or more that mixes decoding sequences'
+rows with prompt chunks is decoded as several llama_decode calls: the decoding rows in pieces
+below that size, then the prompt chunks. In one call, ggml's tiled kernel would have the decode
+rows' tile attend over every cell of the unified cache (bindings/context.py); apart, each decode
+row skips the other sequences' cells and the prompt chunks' tiles skip whole blocks of them.
+A step is still all or nothing: if a later call fails, the cells of the earlier ones are removed.
+"""
 from __future__ import annotations
 
 import numpy as np
 
-from bindings import TokenBatch, Context, ContextSettings, DecodeInterrupter, DecodeOutcome, Model
+from bindings import (
+    FLASH_ATTN_TILE_ROWS, Context, ContextSettings, DecodeInterrupter, DecodeOutcome, Model, TokenBatch,
+)
 from engine import prompt_scores
 from engine.config import EngineConfig
 from engine.ownership import SingleWriter
-from engine.step_plan import StepPlan
+from engine.step_plan import Chunk, StepPlan
 from engine.sequence import Sequence
 
 
@@ -37,6 +47,9 @@ class ModelRunner(SingleWriter):
         self._n_outputs = 0
         self._layout: prompt_scores.OutputLayout | None = None
         self._threads = config.n_threads
+        self._split = config.flash_attn
+        self._calls: list[tuple[int, int, list[Chunk]]] = []  # row ranges decoded apart, and their chunks
+        self._outputs: np.ndarray | None = None  # the outputs of a step decoded in several calls
 
     @property
     def interrupter(self) -> DecodeInterrupter:
@@ -52,7 +65,9 @@ class ModelRunner(SingleWriter):
         with a draft owns one row more per drafted token, consecutive)."""
         batch = self.batch
         batch.clear()
-        single = [c for c in plan.chunks if c.n_rows == 1]
+        # Decode rows first, then decoding sequences' runs (drafts, forced tokens), prompt chunks
+        # last: the rows a split decodes apart (decode_calls) are then contiguous.
+        single = [c for c in plan.chunks if c.n_rows == 1 and not _last_call(c)]
         if single:
             # Decode rows, one per generating sequence, filled in one vectorised write.
             n = len(single)
@@ -63,13 +78,15 @@ class ModelRunner(SingleWriter):
             batch.logits[:n] = [c.wants_logits for c in single]
             batch.n_tokens = n
         placed = [(c, i) for i, c in enumerate(single)]
-        for c in plan.chunks:
-            if c.n_rows > 1:
-                tokens = np.asarray([*c.seq.tokens[c.start : c.start + c.length], *c.draft], dtype=np.int32)
-                last = batch.add_run(tokens, c.start, c.seq.seq_id, c.wants_logits, n_logits=1 + len(c.draft))
-                placed.append((c, last - c.n_rows + 1))
+        runs = sorted((c for c in plan.chunks if c.n_rows > 1 or _last_call(c)), key=_last_call)
+        for c in runs:
+            tokens = np.asarray([*c.seq.tokens[c.start : c.start + c.length], *c.draft], dtype=np.int32)
+            last = batch.add_run(tokens, c.start, c.seq.seq_id, c.wants_logits, n_logits=1 + len(c.draft))
+            placed.append((c, last - c.n_rows + 1))
         self._layout = prompt_scores.map_outputs(batch.logits, batch.n_tokens, placed)
         self._n_outputs = batch.n_outputs
+        self._calls = decode_calls([(c, row) for c, row in placed], batch.n_tokens) if self._split else []
+        self._outputs = None
         return [c.seq for c, _ in placed if c.wants_logits for _ in range(1 + len(c.draft))]
 
     @property
@@ -83,17 +100,41 @@ class ModelRunner(SingleWriter):
             self._threads = n_threads
 
     def decode(self) -> DecodeOutcome:
-        return self.context.decode(self.batch)
+        if len(self._calls) < 2:
+            return self.context.decode(self.batch)
+        batch, context = self.batch, self.context
+        outputs = np.empty((self._n_outputs, context.n_vocab), dtype=np.float32)
+        filled = 0
+        for i, (start, stop, _) in enumerate(self._calls):
+            outcome = context.decode(batch, start, stop)
+            if outcome is not DecodeOutcome.OK:
+                for _, _, chunks in self._calls[:i]:  # llama.cpp rolled back this call; undo the ones before
+                    for c in chunks:
+                        context.seq_rm(c.seq.seq_id, c.start, -1)
+                return outcome
+            n = int(np.count_nonzero(batch.logits[start:stop]))
+            outputs[filled:filled + n] = context.logits(n)
+            filled += n
+        self._outputs = outputs
+        return DecodeOutcome.OK
+
+    @property
+    def decode_calls(self) -> int:
+        """llama_decode calls the built batch takes."""
+        return max(1, len(self._calls))
+
+    def _block(self) -> np.ndarray:
+        return self.context.logits(self._n_outputs) if self._outputs is None else self._outputs
 
     def output_logits(self) -> np.ndarray:
         """The sampling rows' logits, in the order build_batch returned their sequences."""
-        block = self.context.logits(self._n_outputs)
+        block = self._block()
         return block if self._layout is None else block[self._layout.sampling]
 
     def record_prompt_scores(self) -> None:
         """Score the prompt rows of the step just decoded (requests with prompt_logprobs)."""
         if self._layout is not None:
-            prompt_scores.record(self.context.logits(self._n_outputs), self._layout)
+            prompt_scores.record(self._block(), self._layout)
 
     def import_cells(self, seq_id: int, cells: bytes) -> bool:
         """Give seq_id the KV cells another context exported (False: no room for them)."""
@@ -101,3 +142,34 @@ class ModelRunner(SingleWriter):
 
     def close(self) -> None:
         self.context.close()
+
+
+
+def _last_call(chunk: Chunk) -> bool:
+    """Whether a split decodes the chunk in its last call: a prompt chunk (or a recompute), or a
+    run long enough to fill the kernel's tiles with its own rows."""
+    return not chunk.seq.is_decoding or chunk.n_rows >= FLASH_ATTN_TILE_ROWS
+
+
+def decode_calls(placed: list[tuple[Chunk, int]], n_rows: int) -> list[tuple[int, int, list[Chunk]]]:
+    """Row ranges to decode apart, with their chunks, for a batch laid out as build_batch lays it
+    out (each chunk with its first row); [] for one call. Apart only at FLASH_ATTN_TILE_ROWS rows
+    or more, where ggml's tiled attention kernel takes the batch: the decoding rows in pieces of
+    fewer rows than that, then the prompt chunks in one call."""
+    if n_rows < FLASH_ATTN_TILE_ROWS:
+        return []
+    calls: list[tuple[int, int, list[Chunk]]] = []
+    last = [(c, row) for c, row in placed if _last_call(c)]
+    for c, row in placed:
+        if _last_call(c):
+            continue
+        if calls and row + c.n_rows - calls[-1][0] < FLASH_ATTN_TILE_ROWS:
+            start, _, chunks = calls[-1]
+            calls[-1] = (start, row + c.n_rows, [*chunks, c])
+        else:
+            calls.append((row, row + c.n_rows, [c]))
+    if last:
+        first = last[0][1]
+        assert not calls or calls[-1][1] == first, "the last call's chunks must follow the others"
+        calls.append((first, n_rows, [c for c, _ in last]))
+    return calls if len(calls) > 1 else []
