@@ -198,7 +198,8 @@ async def page_open(client: httpx.AsyncClient, url: str):
 
 async def sweep(url: str, peer_url: str | None, levels: list[int], per_level: Callable[[int], int],
                 tokens: int, ignore_eos: str, trials: int,
-                raw_loop: Callable[[int], float] | None, page_view: bool = False) -> tuple[list[LevelRuns], dict]:
+                raw_loop: Callable[[int], float] | None, page_view: bool = False,
+                context_words: int = 0) -> tuple[list[LevelRuns], dict]:
     timeout = httpx.Timeout(600.0, connect=30.0)
     limits = httpx.Limits(max_connections=max(levels) * 2, max_keepalive_connections=max(levels) * 2)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
@@ -215,7 +216,7 @@ async def sweep(url: str, peer_url: str | None, levels: list[int], per_level: Ca
         # back to back: a drift in machine speed then hits all of them alike.
         for trial in range(trials):
             for runs in results:
-                prompts = benchmark_prompts(per_level(runs.concurrency))
+                prompts = benchmark_prompts(per_level(runs.concurrency), context_words)
                 for t in targets:
                     if t.name != "cobatch":
                         runs.peer.append(await run_level(t, client, prompts, runs.concurrency))
@@ -286,12 +287,12 @@ def render(results: list[LevelRuns], per_level: Callable[[int], int], notes: dic
 class RawLoopBaseline:
     """The raw llama_decode loop at B = C on this machine, with its own copy of the model."""
 
-    def __init__(self, model: str | None, threads: int, top: int, tokens: int) -> None:
+    def __init__(self, model: str | None, threads: int, top: int, tokens: int, context_words: int = 0) -> None:
         from bindings import Model
 
         self.model = Model(str(resolve_model(model)))
         self.threads, self.top, self.tokens = threads, top, tokens
-        self.prompts = [self.model.tokenize(p, add_bos=True) for p in benchmark_prompts(top)]
+        self.prompts = [self.model.tokenize(p, add_bos=True) for p in benchmark_prompts(top, context_words)]
         self.rows = max(512, sum(len(p) for p in self.prompts))  # every prompt prefills in one batch
         self.context = None
 
@@ -301,7 +302,7 @@ class RawLoopBaseline:
 
         if self.context is None:
             self.context = raw_loop_context(self.model, self.top, self.threads,
-                                            n_ctx=max(4096, self.top * (self.tokens + 64)), batch_rows=self.rows)
+                                            n_ctx=max(4096, self.rows + self.top * (self.tokens + 64)), batch_rows=self.rows)
         self.context.set_threads(threads or self.threads)
         run = run_raw_loop(self.model, self.prompts[:concurrency], max(self.tokens, 2), context=self.context,
                            batch_rows=self.rows)
@@ -323,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests-per-level", type=int, default=None,
                         help="requests per level (default: 2 x concurrency, at least 4)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per request")
+    parser.add_argument("--context-words", type=int, default=0,
+                        help="words of context before each prompt (distinct per prompt, like retrieved text)")
     parser.add_argument("--url", default=None,
                         help="a running cobatch server (default: start one in this process)")
     parser.add_argument("--peer-url", default=None, help="a llama.cpp server (its /completion) to compare with")
@@ -382,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     raw_loop = None
     try:
         if not args.no_raw_loop:
-            raw_loop = RawLoopBaseline(args.model, args.threads, max(levels), args.tokens)
+            raw_loop = RawLoopBaseline(args.model, args.threads, max(levels), args.tokens, args.context_words)
         # A llama-server given with --peer-bin, or found on PATH, is started as the peer
         # (not in quick mode, so the test stays hermetic, nor with --peer-url or --no-peer).
         binary = None
@@ -394,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         with peer as peer_url, neighbour(args.neighbour):
             args.peer_url = peer_url
             results, notes = asyncio.run(sweep(url, peer_url, levels, per_level, args.tokens, args.ignore_eos,
-                                               args.trials, raw_loop, args.page_view))
+                                               args.trials, raw_loop, args.page_view, args.context_words))
     except (RuntimeError, OSError) as exc:  # a server that is not there or refuses the workload
         print(f"http-load: {exc}", file=sys.stderr)
         return 1
@@ -406,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     where = url if local is None else (f"child process {args.serve_args}".strip() if args.spawn else "in-process")
     peer_name = f"llama-server ({binary})" if binary else args.peer_url
     header = (f"cobatch: {where}" + (f"; peer: {peer_name}" if args.peer_url else "")
-              + f"; {args.tokens} tokens per request; temperature 0.7, top-k 40, top-p 0.9; "
+              + f"; {args.tokens} tokens per request"
+              + (f" after {args.context_words} words of context" if args.context_words else "")
+              + "; temperature 0.7, top-k 40, top-p 0.9; "
               f"neighbour: {args.neighbour}\n")
     summary = header + "\n" + render(results, per_level, notes)
     for runs in results:
