@@ -1,11 +1,11 @@
 """Turns a StepPlan into one llama_batch, decodes it, and hands back the output logits.
 
 With flash attention, a batch of FLASH_ATTN_TILE_ROWS rows or more that mixes decoding sequences'
-rows with prompt chunks is decoded as several llama_decode calls: the decoding rows in pieces
-below that size, then the prompt chunks. In one call, ggml's tiled kernel would have the decode
-rows' tile attend over every cell of the unified cache (bindings/context.py); apart, each decode
-row skips the other sequences' cells and the prompt chunks' tiles skip whole blocks of them.
-A step is still all or nothing: if a later call fails, the cells of the earlier ones are removed.
+rows with prompt chunks is decoded as two llama_decode calls: the decoding rows, then the prompt
+chunks. In one call, ggml's tiled kernel would have the decode rows' tile attend over every cell
+of the unified cache (bindings/context.py); apart, a decode row (below that size) skips the other
+sequences' cells, and the prompt chunks' tiles skip whole blocks of them.
+A step is still all or nothing: if the second call fails, the cells of the first are removed.
 """
 from __future__ import annotations
 
@@ -145,31 +145,23 @@ class ModelRunner(SingleWriter):
 
 
 
+
 def _last_call(chunk: Chunk) -> bool:
-    """Whether a split decodes the chunk in its last call: a prompt chunk (or a recompute), or a
-    run long enough to fill the kernel's tiles with its own rows."""
-    return not chunk.seq.is_decoding or chunk.n_rows >= FLASH_ATTN_TILE_ROWS
+    """Whether a split decodes the chunk in its second call: a prompt chunk (or a recompute)."""
+    return not chunk.seq.is_decoding
 
 
 def decode_calls(placed: list[tuple[Chunk, int]], n_rows: int) -> list[tuple[int, int, list[Chunk]]]:
     """Row ranges to decode apart, with their chunks, for a batch laid out as build_batch lays it
     out (each chunk with its first row); [] for one call. Apart only at FLASH_ATTN_TILE_ROWS rows
-    or more, where ggml's tiled attention kernel takes the batch: the decoding rows in pieces of
-    fewer rows than that, then the prompt chunks in one call."""
-    if n_rows < FLASH_ATTN_TILE_ROWS:
+    or more, where ggml's tiled attention kernel takes the batch, and only where decoding
+    sequences' rows share it with prompt chunks: the former, then the latter. Decoding rows alone
+    stay one call: cut into pieces below the tile, drafted steps at sixteen streams looked cheap
+    enough to draft and lost (docs/kv-cache.md)."""
+    first = [c for c, _ in placed if not _last_call(c)]
+    second = [(c, row) for c, row in placed if _last_call(c)]
+    if n_rows < FLASH_ATTN_TILE_ROWS or not first or not second:
         return []
-    calls: list[tuple[int, int, list[Chunk]]] = []
-    last = [(c, row) for c, row in placed if _last_call(c)]
-    for c, row in placed:
-        if _last_call(c):
-            continue
-        if calls and row + c.n_rows - calls[-1][0] < FLASH_ATTN_TILE_ROWS:
-            start, _, chunks = calls[-1]
-            calls[-1] = (start, row + c.n_rows, [*chunks, c])
-        else:
-            calls.append((row, row + c.n_rows, [c]))
-    if last:
-        first = last[0][1]
-        assert not calls or calls[-1][1] == first, "the last call's chunks must follow the others"
-        calls.append((first, n_rows, [c for c, _ in last]))
-    return calls if len(calls) > 1 else []
+    boundary = second[0][1]
+    assert all(row < boundary for c, row in placed if not _last_call(c)), "prompt chunks must come last"
+    return [(0, boundary, first), (boundary, n_rows, [c for c, _ in second])]

@@ -26,21 +26,18 @@ def _placed(chunks: list[Chunk]) -> list[tuple[Chunk, int]]:
     return placed
 
 
-def test_decode_rows_go_apart_in_pieces_below_the_tile_and_prompt_chunks_last():
+def test_decode_rows_and_prompt_chunks_go_apart_only_together_and_at_the_tile():
     tile = FLASH_ATTN_TILE_ROWS
     decode = [_chunk(True, 1) for _ in range(16)]
     prompt = _chunk(False, 100)
     calls = decode_calls(_placed([*decode, prompt]), 116)
     assert [(a, b) for a, b, _ in calls] == [(0, 16), (16, 116)] and calls[1][2] == [prompt]
+    assert calls[0][2] == decode
     # Below the tile everything is one call: each row skips the cells its mask hides.
     assert decode_calls(_placed([*decode, _chunk(False, tile - 17)]), tile - 1) == []
-    # Drafted runs of decoding sequences: pieces of fewer than `tile` rows, chunks kept whole.
-    drafted = [_chunk(True, 5) for _ in range(16)]
-    calls = decode_calls(_placed(drafted), 80)
-    assert [(a, b) for a, b, _ in calls] == [(0, 60), (60, 80)]
-    assert all(b - a < tile for a, b, _ in calls)
-    # Prompt chunks alone: one call (its tiles skip other sequences' cells block by block).
-    assert decode_calls(_placed([_chunk(False, 200)]), 200) == []
+    # Decoding rows alone (drafted runs) and prompt chunks alone stay one call.
+    assert decode_calls(_placed([_chunk(True, 5) for _ in range(16)]), 80) == []
+    assert decode_calls(_placed([_chunk(False, 100), _chunk(False, 100)]), 200) == []
 
 
 @pytest.mark.model
