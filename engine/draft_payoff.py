@@ -15,7 +15,8 @@ forced runs), which would stop drafts for whatever comes next.
 
 A verdict takes dozens of steps at one count, and a wave of requests passes through most counts
 in fewer. So each drafted step of two or more streams also says what its draft rows cost: its
-seconds beyond the fit's price of the same step without them, per draft row. Their moving
+seconds beyond what plain steps at its count take (the fit's price of the same step without them
+until enough plain steps are in), per draft row. Their moving
 average is a floor under the allotment's row price (engine/speculation.py): past sixteen rows a
 row costs more than the fit, fed mostly by prompt chunks and sixteen-row steps, can see.
 """
@@ -73,12 +74,19 @@ class DraftPayoff(SingleWriter):
     def record(self, decoding: int, drafted: bool, tokens: int, seconds: float, draft_rows: int = 0,
                undrafted_s: float = 0.0) -> None:
         """A decode step of `decoding` sequences made `tokens` in `seconds`; if drafted, with
-        `draft_rows` rows beyond the step the fit prices at `undrafted_s`."""
+        `draft_rows` rows beyond the step the fit prices at `undrafted_s` (used until plain steps
+        at this count say what such a step takes)."""
         if seconds <= 0.0 or decoding < PAYOFF_MIN_STREAMS:
             return
+        if drafted and draft_rows > 0:
+            # Against the plain steps at this count where there are enough: the fit's price of a
+            # step moves with every other shape of step it is fed, and an error in it lands on
+            # a handful of draft rows.
+            plain = self.plain.get(decoding)
+            base_s = plain.seconds.value if plain is not None and plain.steps >= PAYOFF_MIN_STEPS else undrafted_s
+            if base_s > 0.0:
+                self.draft_row.add(max(0.0, seconds - base_s) / draft_rows)
         (self.drafted if drafted else self.plain).setdefault(decoding, _Rate()).add(tokens, seconds)
-        if drafted and draft_rows > 0 and undrafted_s > 0.0:
-            self.draft_row.add(max(0.0, seconds - undrafted_s) / draft_rows)
         if decoding in self.quiet:
             self.quiet[decoding] += not drafted
             if self.quiet[decoding] >= PAYOFF_RETRY_STEPS:

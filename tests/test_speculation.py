@@ -464,6 +464,20 @@ def test_drafted_steps_of_several_streams_set_a_floor_under_a_draft_row_s_price(
     assert spec.row_price(fit, 16) == measured
 
 
+def test_a_draft_row_s_price_is_measured_against_plain_steps_once_there_are_enough():
+    # The fit says a plain 16-row step takes 110 ms where plain steps take 95: against the fit,
+    # 10 draft rows adding 45 ms would look like 3.5 ms each instead of 4.5.
+    payoff = DraftPayoff()
+    payoff.record(16, True, 26, 0.140, draft_rows=10, undrafted_s=0.110)
+    assert payoff.row_s == pytest.approx(0.003)  # no plain steps yet: the fit's price
+    for _ in range(PAYOFF_MIN_STEPS):
+        payoff.record(16, False, 16, 0.095)
+    payoff.record(16, True, 26, 0.140, draft_rows=10, undrafted_s=0.110)
+    assert payoff.row_s == pytest.approx((0.003 + 0.0045) / 2)
+    payoff.record(8, True, 12, 0.080, draft_rows=4, undrafted_s=0.060)  # no plain steps at 8
+    assert payoff.row_s == pytest.approx((0.003 + 0.0045 + 0.005) / 3)
+
+
 def test_the_engine_looks_for_no_drafts_where_its_drafted_steps_lost(drafting, monkeypatch):
     engine, runner = drafting
     monkeypatch.undo()
