@@ -85,7 +85,7 @@ class ModelRunner(SingleWriter):
             placed.append((c, last - c.n_rows + 1))
         self._layout = prompt_scores.map_outputs(batch.logits, batch.n_tokens, placed)
         self._n_outputs = batch.n_outputs
-        self._calls = decode_calls([(c, row) for c, row in placed], batch.n_tokens) if self._split else []
+        self._calls = decode_calls(placed, batch.n_tokens) if self._split else []
         self._outputs = None
         return [c.seq for c, _ in placed if c.wants_logits for _ in range(1 + len(c.draft))]
 
@@ -144,8 +144,6 @@ class ModelRunner(SingleWriter):
         self.context.close()
 
 
-
-
 def _last_call(chunk: Chunk) -> bool:
     """Whether a split decodes the chunk in its second call: a prompt chunk (or a recompute)."""
     return not chunk.seq.is_decoding
@@ -158,10 +156,10 @@ def decode_calls(placed: list[tuple[Chunk, int]], n_rows: int) -> list[tuple[int
     sequences' rows share it with prompt chunks: the former, then the latter. Decoding rows alone
     stay one call: cut into pieces below the tile, drafted steps at sixteen streams looked cheap
     enough to draft and lost (docs/kv-cache.md)."""
-    first = [c for c, _ in placed if not _last_call(c)]
+    first = [(c, row) for c, row in placed if not _last_call(c)]
     second = [(c, row) for c, row in placed if _last_call(c)]
     if n_rows < FLASH_ATTN_TILE_ROWS or not first or not second:
         return []
     boundary = second[0][1]
-    assert all(row < boundary for c, row in placed if not _last_call(c)), "prompt chunks must come last"
-    return [(0, boundary, first), (boundary, n_rows, [c for c, _ in second])]
+    assert all(row < boundary for _, row in first), "prompt chunks must come last"
+    return [(0, boundary, [c for c, _ in first]), (boundary, n_rows, [c for c, _ in second])]
