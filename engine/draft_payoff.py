@@ -71,14 +71,15 @@ class DraftPayoff(SingleWriter):
     # What a draft row was measured to add to a step of two streams or more (0: not yet).
     draft_row: _Mean = field(default_factory=lambda: _Mean(DRAFT_ROW_WEIGHT))
 
-    def record(self, decoding: int, drafted: bool, tokens: int, seconds: float, draft_rows: int = 0,
+    def record(self, decoding: int, tokens: int, seconds: float, draft_rows: int = 0,
                undrafted_s: float = 0.0) -> None:
-        """A decode step of `decoding` sequences made `tokens` in `seconds`; if drafted, with
-        `draft_rows` rows beyond the step the fit prices at `undrafted_s` (used until plain steps
-        at this count say what such a step takes)."""
+        """A decode step of `decoding` sequences made `tokens` in `seconds`, with `draft_rows` rows
+        beyond the step the fit prices at `undrafted_s` (used until plain steps at this count say
+        what such a step takes)."""
         if seconds <= 0.0 or decoding < PAYOFF_MIN_STREAMS:
             return
-        if drafted and draft_rows > 0:
+        drafted = draft_rows > 0
+        if drafted:
             # Against the plain steps at this count where there are enough: the fit's price of a
             # step moves with every other shape of step it is fed, and an error in it lands on
             # a handful of draft rows.

@@ -135,7 +135,7 @@ class Speculator(SingleWriter):
         """The planned step made `tokens` in `seconds`; `decode_only`: it carried no prompt chunk
         (only such steps are compared, like with like)."""
         if decode_only and self._steady is not None:
-            self.payoff.record(self._steady, self.drafted, tokens, seconds, self._draft_rows, self._undrafted_s)
+            self.payoff.record(self._steady, tokens, seconds, self._draft_rows, self._undrafted_s)
         self._steady = None
 
     @staticmethod

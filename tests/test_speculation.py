@@ -400,23 +400,23 @@ def test_a_step_carrying_prompt_chunks_prices_draft_rows_as_the_decode_steps_to_
 def test_drafts_stop_where_drafted_steps_made_fewer_tokens_per_second_and_are_tried_again_later():
     payoff = DraftPayoff()
     for _ in range(PAYOFF_MIN_STEPS):
-        payoff.record(16, False, 16, 0.143)  # plain: 112 tok/s
-        payoff.record(1, False, 1, 0.028)
+        payoff.record(16, 16, 0.143)  # plain: 112 tok/s
+        payoff.record(1, 1, 0.028)
         assert not payoff.loses(16)  # too few drafted steps to judge
-        payoff.record(16, True, 19, 0.200)  # drafted: 3 more tokens, 95 tok/s
-        payoff.record(1, True, 6, 0.060)  # one stream: 100 tok/s against 36
+        payoff.record(16, 19, 0.200, draft_rows=4)  # drafted: 3 more tokens, 95 tok/s
+        payoff.record(1, 6, 0.060, draft_rows=8)  # one stream: 100 tok/s against 36
     assert payoff.loses(16) and not payoff.loses(1)
     for _ in range(PAYOFF_MIN_STEPS):
-        payoff.record(1, True, 1, 0.060)  # one stream losing: left to the prediction
+        payoff.record(1, 1, 0.060, draft_rows=4)  # one stream losing: left to the prediction
     assert not payoff.loses(1)
     assert not payoff.loses(8)  # nothing known at another count
     for _ in range(PAYOFF_RETRY_STEPS - 1):
-        payoff.record(16, False, 16, 0.143)
+        payoff.record(16, 16, 0.143)
     assert payoff.loses(16)
-    payoff.record(16, False, 16, 0.143)
+    payoff.record(16, 16, 0.143)
     assert not payoff.loses(16)  # stale: drafts are tried there again
     for _ in range(PAYOFF_MIN_STEPS):
-        payoff.record(16, True, 24, 0.160)  # now they pay: 150 tok/s
+        payoff.record(16, 24, 0.160, draft_rows=12)  # now they pay: 150 tok/s
     assert not payoff.loses(16)
 
 
@@ -428,9 +428,9 @@ def test_where_every_step_drafts_every_other_one_is_held_back_until_the_verdict(
         for _ in range(4 * PAYOFF_MIN_STEPS):
             if payoff.holds_back(16):
                 held += 1
-                payoff.record(16, False, 16, 0.143)  # plain: 112 tok/s
+                payoff.record(16, 16, 0.143)  # plain: 112 tok/s
             else:
-                payoff.record(16, True, drafted_tokens, 0.200)
+                payoff.record(16, drafted_tokens, 0.200, draft_rows=16)
         assert not payoff.holds_back(1) and not payoff.holds_back(8)
         return held, payoff
 
@@ -453,14 +453,14 @@ def test_drafted_steps_of_several_streams_set_a_floor_under_a_draft_row_s_price(
     assert fitted == pytest.approx(0.004005) and _a_certain_draft_pays(fit, 16, 16, fitted)
     plain_s = fit.seconds(16, 16)
     for rows, seconds in ((4, 0.134), (6, 0.119), (10, 0.137), (27, 0.224)):
-        spec.payoff.record(16, True, 16 + rows, seconds, draft_rows=rows, undrafted_s=plain_s)
-        spec.payoff.record(1, True, 9, 0.080, draft_rows=8, undrafted_s=0.028)  # one stream: not counted
+        spec.payoff.record(16, 16 + rows, seconds, draft_rows=rows, undrafted_s=plain_s)
+        spec.payoff.record(1, 9, 0.080, draft_rows=8, undrafted_s=0.028)  # one stream: not counted
     measured = spec.row_price(fit, 16)
     assert 0.006 < measured < 0.012 and spec.payoff.row_s == measured
     assert not _a_certain_draft_pays(fit, 16, 16, measured)
     assert _a_certain_draft_pays(fit, 2, 16, measured)  # two streams: a sure draft still pays
     assert spec.row_price(fit, 1) == fitted
-    spec.payoff.record(16, False, 16, 0.075)  # plain steps say nothing of draft rows
+    spec.payoff.record(16, 16, 0.075)  # plain steps say nothing of draft rows
     assert spec.row_price(fit, 16) == measured
 
 
@@ -468,13 +468,13 @@ def test_a_draft_row_s_price_is_measured_against_plain_steps_once_there_are_enou
     # The fit says a plain 16-row step takes 110 ms where plain steps take 95: against the fit,
     # 10 draft rows adding 45 ms would look like 3.5 ms each instead of 4.5.
     payoff = DraftPayoff()
-    payoff.record(16, True, 26, 0.140, draft_rows=10, undrafted_s=0.110)
+    payoff.record(16, 26, 0.140, draft_rows=10, undrafted_s=0.110)
     assert payoff.row_s == pytest.approx(0.003)  # no plain steps yet: the fit's price
     for _ in range(PAYOFF_MIN_STEPS):
-        payoff.record(16, False, 16, 0.095)
-    payoff.record(16, True, 26, 0.140, draft_rows=10, undrafted_s=0.110)
+        payoff.record(16, 16, 0.095)
+    payoff.record(16, 26, 0.140, draft_rows=10, undrafted_s=0.110)
     assert payoff.row_s == pytest.approx((0.003 + 0.0045) / 2)
-    payoff.record(8, True, 12, 0.080, draft_rows=4, undrafted_s=0.060)  # no plain steps at 8
+    payoff.record(8, 12, 0.080, draft_rows=4, undrafted_s=0.060)  # no plain steps at 8
     assert payoff.row_s == pytest.approx((0.003 + 0.0045 + 0.005) / 3)
 
 
@@ -487,8 +487,8 @@ def test_the_engine_looks_for_no_drafts_where_its_drafted_steps_lost(drafting, m
     def lost_at_two_streams(runner):
         payoff = engine.core.speculator.payoff
         for _ in range(PAYOFF_MIN_STEPS):
-            payoff.record(2, False, 2, 0.030)
-            payoff.record(2, True, 3, 0.090)
+            payoff.record(2, 2, 0.030)
+            payoff.record(2, 3, 0.090, draft_rows=2)
 
     engine.inspect(lost_at_two_streams)
     results = engine.generate([prompt, _repetitive(4)], max_tokens=30, temperature=0.0)
