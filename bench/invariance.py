@@ -23,6 +23,12 @@ cells start at cell 0) runs:
 
 The last two take the neighbours away and change one thing each (where the cells are, how many
 rows a step holds), to show which of them moves a row's result.
+
+  draft rows        16 sequences, each a few hundred cells deep, decoding together (llama_decode
+                    directly): each one's next row in a plain step of 16 rows, against the same
+                    rows with k draft rows behind each (the shape of a drafted step; 64 rows or
+                    more take ggml's tiled flash-attention kernel): how far the logprobs of each
+                    row's two likeliest tokens move, and its top-2 gap
 """
 from __future__ import annotations
 
@@ -36,7 +42,9 @@ import numpy as np
 from bench.prompts import benchmark_prompts
 from bench.record import RunRecord, add_common_arguments, publish_report
 from bench.table import markdown_table
+from bindings import Context, ContextSettings, DecodeOutcome, Model, TokenBatch
 from engine import Engine, GenerationResult, Request
+from engine.model_source import resolve_model
 
 # Long enough that the cells a prompt is given start past the first 256, the granularity of the
 # attended cell range.
@@ -94,6 +102,60 @@ def rows_sweep(settings: dict[str, Any], model: str | None, quick: bool) -> dict
     return {rows: float(np.abs(scored(rows) - whole).max()) for rows in (SWEEP_ROWS[:3] if quick else SWEEP_ROWS)}
 
 
+DRAFT_STREAMS = 16
+DRAFT_ROWS = (2, 3, 4)  # per sequence: 48 rows, then 64 and 80 (the tiled kernel's)
+DRAFT_CONTEXT_WORDS = 300
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x -= x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def draft_rows_drift(flash: bool, threads: int, model_path: str | None, quick: bool) -> dict[int, dict[str, float]]:
+    """Per k: the largest move of a row's top-2 tokens' logprobs, and of its top-2 gap, when each
+    of the sequences' next rows has k draft rows behind it (a row sees only the cells before it,
+    so what the draft rows hold does not matter to it, only the step's shape)."""
+    streams, ks = (4, DRAFT_ROWS[:1]) if quick else (DRAFT_STREAMS, DRAFT_ROWS)
+    rng = np.random.default_rng(0)
+    with Model(resolve_model(model_path)) as model:
+        prompts = [model.tokenize(p)[:400] for p in benchmark_prompts(streams, DRAFT_CONTEXT_WORDS)]
+        settings = ContextSettings(n_ctx=streams * 512, n_batch=512, n_ubatch=512, n_seq_max=streams,
+                                   n_threads=threads, n_threads_batch=threads, flash_attn=int(flash))
+        with Context(model, settings) as context:
+            batch = TokenBatch(512, 1)
+            for seq, tokens in enumerate(prompts):
+                batch.clear()
+                batch.add_run(np.asarray(tokens[:-1], dtype=np.int32), 0, seq, False)
+                if context.decode(batch) is not DecodeOutcome.OK:
+                    raise RuntimeError("llama_decode failed while filling the sequences")
+
+            def step(k: int) -> np.ndarray:
+                batch.clear()
+                for seq, tokens in enumerate(prompts):
+                    batch.add(tokens[-1], len(tokens) - 1, (seq,), True)
+                    for i in range(k):
+                        batch.add(int(rng.integers(1_000, 20_000)), len(tokens) + i, (seq,), True)
+                if context.decode(batch) is not DecodeOutcome.OK:
+                    raise RuntimeError("llama_decode failed on a measured step")
+                rows = _log_softmax(context.logits(streams * (1 + k)).reshape(streams, 1 + k, -1)[:, 0])
+                for seq, tokens in enumerate(prompts):
+                    context.seq_rm(seq, len(tokens) - 1, -1)
+                return rows
+
+            plain = step(0)
+            top2 = np.argsort(-plain, axis=-1)[:, :2]
+            before = np.take_along_axis(plain, top2, -1)
+            drift = {}
+            for k in ks:
+                after = np.take_along_axis(step(k), top2, -1)
+                gap_move = np.abs((before[:, 0] - before[:, 1]) - (after[:, 0] - after[:, 1]))
+                drift[streams * (1 + k)] = {"top2_logprob": float(np.abs(after - before).max()),
+                                            "top2_gap": float(gap_move.max())}
+    return drift
+
+
 def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
 
@@ -130,6 +192,7 @@ def measure(flash: bool, prompts: list[str], tokens: int, threads: int, model: s
         "scores_chunked_max_diff": max_diff(lone_scores, chunked_scores),
         "prompt_tokens": [len(s) + 1 for s in lone_scores],
         "rows_per_step_max_diff": rows_sweep(settings, model, quick),
+        "draft_rows_drift": draft_rows_drift(flash, threads, model, quick),
         "seconds": round(time.perf_counter() - start, 1),
     }
 
@@ -156,6 +219,16 @@ def report(rows: list[dict[str, Any]], tokens: int) -> tuple[str, dict[str, Any]
                              *[f"{r['rows_per_step_max_diff'][b]:.3g}" for b in sweep_rows]] for r in rows])
     summary += ("\n\nOne prompt alone, prefilled B rows per step: largest difference of its prompt logprobs "
                 f"from the same prompt prefilled in one piece.\n\n{sweep}")
+    draft_rows = list(rows[0]["draft_rows_drift"])
+    drafts = markdown_table(["flash attention", *[f"{n} rows: top-2 logprobs / top-2 gap" for n in draft_rows]],
+                            [["on" if r["flash_attn"] else "off",
+                              *[f"{r['draft_rows_drift'][n]['top2_logprob']:.3g} / {r['draft_rows_drift'][n]['top2_gap']:.3g}"
+                                for n in draft_rows]] for r in rows])
+    n_streams = draft_rows[0] // (1 + DRAFT_ROWS[0])
+    summary += (f"\n\n{n_streams} sequences decoding together, each after {DRAFT_CONTEXT_WORDS} words of its own "
+                f"context: their next rows in a plain step of {n_streams} rows against the same rows with draft rows "
+                "behind each (the step's rows in the header); largest move of a row's two likeliest tokens' "
+                f"logprobs, and of its top-2 gap.\n\n{drafts}")
     headline: dict[str, Any] = {}
     near_ties = []
     for r in rows:
@@ -167,7 +240,9 @@ def report(rows: list[dict[str, Any]], tokens: int) -> tuple[str, dict[str, Any]
         # Two tokens' logprobs moving apart: what a top-2 gap may move by with the shape alone.
         headline[f"near_tie_nats_{fa}"] = round(2 * max(
             r["decode_together_max_diff"], r["scores_together_max_diff"], r["scores_chunked_max_diff"],
-            *r["rows_per_step_max_diff"].values()), 3)
+            *r["rows_per_step_max_diff"].values(),
+            *(d["top2_logprob"] for d in r["draft_rows_drift"].values())), 3)
+        headline[f"draft_rows_gap_move_{fa}"] = round(max(d["top2_gap"] for d in r["draft_rows_drift"].values()), 3)
         near_ties.append(f"{headline[f'near_tie_nats_{fa}']} nats with flash attention "
                          f"{'on' if r['flash_attn'] else 'off'}")
     summary += ("\n\nA top-2 gap moves by up to twice the largest logprob move above when the batch's shape "

@@ -60,6 +60,12 @@ def test_benchmark_runs_in_quick_mode_and_stores_its_run(name, capsys, tmp_path)
         for s in (1, 2):
             assert manifest["headline"][f"break_even_s{s}_k2"] == round(break_even(median[s, 0], median[s, 2], 2), 3)
         assert median[2, 2] > median[2, 0]  # six rows with logits against two
+    if name == "invariance":  # the drafted step's shape measured with both kernels, and counted in the tolerance
+        for t in trials:
+            (drift,) = t["draft_rows_drift"].values()  # 4 sequences with 2 draft rows each: 12 rows
+            assert list(t["draft_rows_drift"]) == ["12"] and 0 <= drift["top2_gap"] <= 2 * drift["top2_logprob"] + 1e-9
+            fa = "fa_on" if t["flash_attn"] else "fa_off"
+            assert manifest["headline"][f"near_tie_nats_{fa}"] >= round(2 * drift["top2_logprob"], 3)
     if name in PLOTTABLE:
         pytest.importorskip("matplotlib")
         assert main(["plot", str(folder)]) == 0
