@@ -522,3 +522,45 @@ def test_a_drafted_step_under_the_latency_target_is_judged_against_a_prediction_
     assert predicted * start <= (1.0 - DRAFT_TARGET_MARGIN) * 0.055 + 1e-9
     policy.interactive_intervals([0.99 * predicted * start])  # on time for the step as drafted
     assert policy.calibration < start
+
+
+def test_a_step_with_prompt_chunks_drafts_only_where_plain_steps_showed_drafts_pay(monkeypatch):
+    # Such steps are never weighed against plain ones, so their drafts would go on the fit's price
+    # alone; a JSON job at 16 streams drafted in a burst there at its start and ran at 0.90 of off.
+    monkeypatch.setattr(StepCostModel, "estimate", lambda self, threads=None: FIXED_HEAVY)
+    monkeypatch.setattr(DraftPayoff, "holds_back", lambda self, decoding: False)
+
+    def steps_with_prompt_chunks(shown_to_pay: bool) -> tuple[int, int]:
+        monkeypatch.setattr(DraftPayoff, "shown_to_pay", lambda self, decoding: shown_to_pay)
+        c = FakeCore(speculative=True, max_running=8)
+        c.add("a", _repetitive(1), 60)
+        with_chunks = drafted = 0
+        for step in range(24):
+            if step % 3 == 1:
+                c.add(f"b{step}", _repetitive(2 + step % 5)[:12], 2)
+            c.core.step()
+            rows = c.runner.current
+            if any(r.request_id != "a" and r.start == 0 and r.length > 1 for r in rows):
+                with_chunks += 1
+                drafted += sum(r.drafted for r in rows)
+        return with_chunks, drafted
+
+    with_chunks, drafted = steps_with_prompt_chunks(False)
+    assert with_chunks >= 5 and drafted == 0
+    with_chunks, drafted = steps_with_prompt_chunks(True)
+    assert with_chunks >= 5 and drafted > 0
+
+
+def test_drafts_are_shown_to_pay_only_by_enough_steps_of_both_kinds():
+    payoff = DraftPayoff()
+    for _ in range(PAYOFF_MIN_STEPS - 1):
+        payoff.record(4, 4, 0.050)
+        payoff.record(4, 7, 0.060, draft_rows=4)  # 117 tok/s against 80
+    assert not payoff.shown_to_pay(4)
+    payoff.record(4, 4, 0.050)
+    payoff.record(4, 7, 0.060, draft_rows=4)
+    assert payoff.shown_to_pay(4) and not payoff.shown_to_pay(8)
+    for _ in range(4 * PAYOFF_MIN_STEPS):
+        payoff.record(8, 8, 0.080)
+        payoff.record(8, 9, 0.120, draft_rows=8)  # 75 tok/s against 100
+    assert payoff.loses(8) and not payoff.shown_to_pay(8)
