@@ -109,13 +109,6 @@ class DraftPayoff(SingleWriter):
         return (decoding >= PAYOFF_MIN_STREAMS and drafted is not None and plain_steps < PAYOFF_MIN_STEPS
                 and drafted.steps > plain_steps)
 
-    def shown_to_pay(self, decoding: int) -> bool:
-        """Whether drafted steps at this count were measured, against enough plain ones, to make
-        at least as many tokens per second."""
-        drafted, plain = self.drafted.get(decoding), self.plain.get(decoding)
-        return (drafted is not None and plain is not None and min(drafted.steps, plain.steps) >= PAYOFF_MIN_STEPS
-                and not self.loses(decoding) and drafted.per_second >= plain.per_second)
-
     def loses(self, decoding: int) -> bool:
         """Whether drafted steps at this count were measured to make fewer tokens per second
         (never at one stream, whose drafted steps show the fit a row's cost)."""

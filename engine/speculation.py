@@ -36,9 +36,8 @@ would not pay (a crowded batch), no drafts are looked for at all.
 
 What the allotment predicts is then checked against what drafted steps made
 (engine/draft_payoff.py): where they made fewer tokens per second than plain steps of as many
-sequences, no drafts are looked for there for a while; from two streams on, a draft row is
-priced at no less than drafted steps measured it to cost; and a step that also carries prompt
-chunks, which is never weighed against plain steps, drafts only where they were shown to pay.
+sequences, no drafts are looked for there for a while; and from two streams on, a draft row is
+priced at no less than drafted steps measured it to cost.
 
 A draft model (engine/draft_model.py), when one is loaded, is asked only for the sequences the
 model-free sources have nothing for: their drafts cost nothing but a lookup, and where they
@@ -97,11 +96,6 @@ class Speculator(SingleWriter):
         steady = max(outputs, running)
         self._steady, self._draft_rows = steady, 0
         if cost is None or room <= 0 or limit_s == 0.0 or self.payoff.holds_back(steady):
-            return
-        # A step that also carries prompt chunks is never weighed against plain steps (its tokens
-        # per second are not like theirs): it drafts only where weighed steps showed drafts pay.
-        if (steady >= PAYOFF_MIN_STREAMS and any(not c.seq.is_decoding for c in plan.chunks)
-                and not self.payoff.shown_to_pay(steady)):
             return
         row_s = self.row_price(cost, steady)
         if not _a_certain_draft_pays(cost, steady, min(room, self.max_draft), row_s):
