@@ -17,8 +17,11 @@ A verdict takes dozens of steps at one count, and a wave of requests passes thro
 in fewer. So each drafted step of two or more streams also says what its draft rows cost: its
 seconds beyond what plain steps at its count take (the fit's price of the same step without them
 until enough plain steps are in), per draft row. Their moving
-average is a floor under the allotment's row price (engine/speculation.py): past sixteen rows a
-row costs more than the fit, fed mostly by prompt chunks and sixteen-row steps, can see.
+average, weighted by rows, is a floor under the allotment's row price (engine/speculation.py):
+past sixteen rows a row costs more than the fit, fed mostly by prompt chunks and sixteen-row
+steps, can see, and more in a step of hundreds of rows than in one of a few. The plain steps'
+own tokens per second are then what a draft row is weighed against, not the fit's price of such
+a step, which its other shapes of step move by more than a draft's margin.
 """
 from __future__ import annotations
 
@@ -68,8 +71,10 @@ class DraftPayoff(SingleWriter):
     plain: dict[int, _Rate] = field(default_factory=dict)
     drafted: dict[int, _Rate] = field(default_factory=dict)
     quiet: dict[int, int] = field(default_factory=dict)  # plain steps since drafts were judged to lose there
-    # What a draft row was measured to add to a step of two streams or more (0: not yet).
-    draft_row: _Mean = field(default_factory=lambda: _Mean(DRAFT_ROW_WEIGHT))
+    # What draft rows were measured to add to steps of two streams or more, over recent drafted
+    # steps: seconds beyond the step without them, and their rows.
+    row_seconds: _Mean = field(default_factory=lambda: _Mean(DRAFT_ROW_WEIGHT))
+    row_count: _Mean = field(default_factory=lambda: _Mean(DRAFT_ROW_WEIGHT))
 
     def record(self, decoding: int, tokens: int, seconds: float, draft_rows: int = 0,
                undrafted_s: float = 0.0) -> None:
@@ -86,7 +91,8 @@ class DraftPayoff(SingleWriter):
             plain = self.plain.get(decoding)
             base_s = plain.seconds.value if plain is not None and plain.steps >= PAYOFF_MIN_STEPS else undrafted_s
             if base_s > 0.0:
-                self.draft_row.add(max(0.0, seconds - base_s) / draft_rows)
+                self.row_seconds.add(max(0.0, seconds - base_s))
+                self.row_count.add(draft_rows)
         (self.drafted if drafted else self.plain).setdefault(decoding, _Rate()).add(tokens, seconds)
         if decoding in self.quiet:
             self.quiet[decoding] += not drafted
@@ -97,7 +103,17 @@ class DraftPayoff(SingleWriter):
 
     @property
     def row_s(self) -> float:
-        return self.draft_row.value
+        """Seconds per draft row (0: not measured yet), weighted by rows: a row of a large
+        drafted step costs more than one of a small step, and large steps are where drafts lose."""
+        return self.row_seconds.value / self.row_count.value if self.row_count.value else 0.0
+
+    def plain_step(self, decoding: int) -> tuple[float, float] | None:
+        """Tokens and seconds of a plain decode step at this count, as measured (None: too few
+        such steps yet)."""
+        plain = self.plain.get(decoding)
+        if plain is None or plain.steps < PAYOFF_MIN_STEPS:
+            return None
+        return plain.tokens.value, plain.seconds.value
 
     def holds_back(self, decoding: int) -> bool:
         """Whether the next step at this count goes without drafts: they lost there, or the

@@ -37,7 +37,8 @@ would not pay (a crowded batch), no drafts are looked for at all.
 What the allotment predicts is then checked against what drafted steps made
 (engine/draft_payoff.py): where they made fewer tokens per second than plain steps of as many
 sequences, no drafts are looked for there for a while; and from two streams on, a draft row is
-priced at no less than drafted steps measured it to cost.
+priced at no less than drafted steps measured it to cost, and weighed against the tokens per
+second plain steps of as many sequences were measured to make.
 
 A draft model (engine/draft_model.py), when one is loaded, is asked only for the sequences the
 model-free sources have nothing for: their drafts cost nothing but a lookup, and where they
@@ -98,7 +99,8 @@ class Speculator(SingleWriter):
         if cost is None or room <= 0 or limit_s == 0.0 or self.payoff.holds_back(steady):
             return
         row_s = self.row_price(cost, steady)
-        if not _a_certain_draft_pays(cost, steady, min(room, self.max_draft), row_s):
+        reference = self.payoff.plain_step(steady)
+        if not _a_certain_draft_pays(cost, steady, min(room, self.max_draft), row_s, reference):
             return  # looking for drafts costs Python time on every sequence: not where none can pay
         proposals: dict[Sequence, Draft] = {}
         unproposed: dict[Sequence, int] = {}  # the draft limit of sequences the model-free sources left
@@ -114,7 +116,8 @@ class Speculator(SingleWriter):
         if not proposals:
             return
         gains = {seq: self.acceptance.gains(draft, self.max_draft) for seq, draft in proposals.items()}
-        granted = self.allot(gains, cost, plan.n_tokens, outputs, float(outputs), limit_s, room, steady, row_s)
+        granted = self.allot(gains, cost, plan.n_tokens, outputs, float(outputs), limit_s, room, steady, row_s,
+                             reference)
         self._undrafted_s = cost.seconds(plan.n_tokens, outputs)
         for i, chunk in enumerate(plan.chunks):
             k = granted.get(chunk.seq, 0)
@@ -141,7 +144,8 @@ class Speculator(SingleWriter):
     @staticmethod
     def allot(gains: dict[Sequence, list[float]], cost: StepCost, tokens: int, outputs: int,
               expected_tokens: float, limit_s: float | None = None, room: int | None = None,
-              steady: int | None = None, row_s: float | None = None) -> dict[Sequence, int]:
+              steady: int | None = None, row_s: float | None = None,
+              reference: tuple[float, float] | None = None) -> dict[Sequence, int]:
         """Draft rows per sequence (the rule in the module docstring), given the tokens each
         draft row is expected to add (`gains[seq][i]` for its i-th row, non-increasing). The planned
         step feeds `tokens` rows, `outputs` of them with logits, and is expected to produce
@@ -150,14 +154,17 @@ class Speculator(SingleWriter):
         then worth what it costs in a decode step of all of them, the step it would otherwise
         come from, not what this step makes per second: one carrying prompt chunks makes few
         tokens in a long time, which would price every draft row as nearly free. `row_s`: a draft
-        row's price (default: the fit's)."""
+        row's price (default: the fit's). `reference`: the tokens and seconds of that decode step of
+        all of them as measured, which replace the fit's price of it."""
         row_s = cost.per_token_s + cost.per_output_s if row_s is None else row_s
         step_s = cost.seconds(tokens, outputs)
         # A step with one output row pays the jump to a matrix product with its first draft row:
         # that row is judged with the rows after it, as the best prefix of the greedy order.
         jump_s = cost.multi_output_s if outputs == 1 else 0.0
         ref_s = step_s
-        if steady is not None and steady > outputs:
+        if reference is not None:
+            expected_tokens, ref_s = reference
+        elif steady is not None and steady > outputs:
             ref_s, expected_tokens = cost.seconds(steady, steady), expected_tokens * steady / max(outputs, 1)
         granted = dict.fromkeys(gains, 0)
         best, best_rate = {}, expected_tokens / ref_s
@@ -281,13 +288,14 @@ def projection_ratio(n_vocab: int, n_embd: int, n_params: int) -> float:
     return projection / body if body > 0 else 0.0
 
 
-def _a_certain_draft_pays(cost: StepCost, outputs: int, rows: int, row_s: float | None = None) -> bool:
+def _a_certain_draft_pays(cost: StepCost, outputs: int, rows: int, row_s: float | None = None,
+                          reference: tuple[float, float] | None = None) -> bool:
     """Whether `rows` draft rows sure to be kept would pass the allotment's rule in a decode step
-    of `outputs` sequences."""
-    step_s = cost.seconds(outputs, outputs)
+    of `outputs` sequences (`reference`: its tokens and seconds as measured)."""
+    tokens, step_s = reference if reference is not None else (float(outputs), cost.seconds(outputs, outputs))
     row_s = cost.per_token_s + cost.per_output_s if row_s is None else row_s
     added_s = rows * row_s + (cost.multi_output_s if outputs == 1 else 0.0)
-    return (outputs + rows) / (step_s + DRAFT_GAIN_MARGIN * added_s) > outputs / step_s
+    return (tokens + rows) / (step_s + DRAFT_GAIN_MARGIN * added_s) > tokens / step_s
 
 
 def _within_grammar(seq: Sequence, draft: Draft, n_ctx: int) -> Draft | None:

@@ -475,7 +475,38 @@ def test_a_draft_row_s_price_is_measured_against_plain_steps_once_there_are_enou
     payoff.record(16, 26, 0.140, draft_rows=10, undrafted_s=0.110)
     assert payoff.row_s == pytest.approx((0.003 + 0.0045) / 2)
     payoff.record(8, 12, 0.080, draft_rows=4, undrafted_s=0.060)  # no plain steps at 8
-    assert payoff.row_s == pytest.approx((0.003 + 0.0045 + 0.005) / 3)
+    assert payoff.row_s == pytest.approx((0.030 + 0.045 + 0.020) / (10 + 10 + 4))  # weighted by rows
+
+
+def test_a_large_drafted_step_weighs_in_the_row_price_by_its_rows():
+    # Paragraphs at 16 streams, in process: steps with 16-32 draft rows measured 4.5-5.5 ms a row,
+    # then 240 rows took 6.1 ms each. A mean over steps priced the next at 5.0 ms and verified
+    # 240 rows again; over rows, the large step's price is what the next large step is judged by.
+    payoff = DraftPayoff()
+    for _ in range(PAYOFF_MIN_STEPS):
+        payoff.record(16, 16, 0.090)
+    for rows, seconds in ((32, 0.264), (17, 0.176), (16, 0.160), (240, 1.557)):
+        payoff.record(16, 16 + rows, seconds, draft_rows=rows)
+    extra = (0.174 + 0.086 + 0.070 + 1.467)
+    per_step = (0.174 / 32 + 0.086 / 17 + 0.070 / 16 + 1.467 / 240) / 4
+    assert payoff.row_s == pytest.approx(extra / (32 + 17 + 16 + 240))
+    assert payoff.row_s > 0.090 / 16 > per_step  # over a plain step's time per token, and per step under it
+    assert payoff.plain_step(16) == pytest.approx((16, 0.090)) and payoff.plain_step(8) is None
+
+
+def test_drafts_are_weighed_against_plain_steps_as_measured_not_as_the_fit_prices_them():
+    # The fit, fed every shape of step, put a plain 16-row step at 101 ms where plain steps took
+    # 90: against 101 ms, a sure draft row at 5.0 ms looked worth its margin; against 90 it is not.
+    from engine.speculation import _a_certain_draft_pays
+
+    fit = StepCost(fixed_s=0.037, per_token_s=0.002, per_output_s=0.002)
+    assert fit.seconds(16, 16) == pytest.approx(0.101)
+    crowd = [_Seq(acceptance=0.999) for _ in range(16)]
+    assert _a_certain_draft_pays(fit, 16, 16, 0.0050) and _allot(crowd, fit, row_s=0.0050, steady=16)
+    measured = (16.0, 0.090)
+    assert not _a_certain_draft_pays(fit, 16, 16, 0.0050, measured)
+    assert _allot(crowd, fit, row_s=0.0050, steady=16, reference=measured) == {}
+    assert _allot(crowd, fit, row_s=0.0030, steady=16, reference=measured)  # cheap rows still pay
 
 
 def test_the_engine_looks_for_no_drafts_where_its_drafted_steps_lost(drafting, monkeypatch):
