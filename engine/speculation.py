@@ -38,7 +38,9 @@ What the allotment predicts is then checked against what drafted steps made
 (engine/draft_payoff.py): where they made fewer tokens per second than plain steps of as many
 sequences, no drafts are looked for there for a while; and from two streams on, a draft row is
 priced at no less than drafted steps measured it to cost, and weighed against the tokens per
-second plain steps of as many sequences were measured to make.
+second plain steps of as many sequences were measured to make. A step that also carries prompt
+chunks is never weighed itself (its tokens per second are not like a plain step's), so from two
+streams on it drafts only once those plain steps are measured.
 
 A draft model (engine/draft_model.py), when one is loaded, is asked only for the sequences the
 model-free sources have nothing for: their drafts cost nothing but a lookup, and where they
@@ -98,8 +100,10 @@ class Speculator(SingleWriter):
         self._steady, self._draft_rows = steady, 0
         if cost is None or room <= 0 or limit_s == 0.0 or self.payoff.holds_back(steady):
             return
-        row_s = self.row_price(cost, steady)
         reference = self.payoff.plain_step(steady)
+        if reference is None and steady >= PAYOFF_MIN_STREAMS and any(not c.seq.is_decoding for c in plan.chunks):
+            return  # a step with prompt chunks is never weighed itself: it drafts only against measured plain steps
+        row_s = self.row_price(cost, steady)
         if not _a_certain_draft_pays(cost, steady, min(room, self.max_draft), row_s, reference):
             return  # looking for drafts costs Python time on every sequence: not where none can pay
         proposals: dict[Sequence, Draft] = {}

@@ -553,3 +553,34 @@ def test_a_drafted_step_under_the_latency_target_is_judged_against_a_prediction_
     assert predicted * start <= (1.0 - DRAFT_TARGET_MARGIN) * 0.055 + 1e-9
     policy.interactive_intervals([0.99 * predicted * start])  # on time for the step as drafted
     assert policy.calibration < start
+
+
+def test_a_step_with_prompt_chunks_drafts_only_once_plain_steps_at_its_count_are_measured(monkeypatch):
+    # Such a step is never weighed itself, so before plain steps are measured its drafts would go
+    # on the fit's prices alone: a JSON job at 16 streams drafted in a burst there at its start
+    # (18 of 37 drafted steps, at 108 tok/s against 129 for plain ones) and ran at 0.90 of off.
+    monkeypatch.setattr(StepCostModel, "estimate", lambda self, threads=None: FIXED_HEAVY)
+    monkeypatch.setattr(DraftPayoff, "holds_back", lambda self, decoding: False)
+
+    def steps_with_prompt_chunks(measured: bool) -> tuple[int, int, int]:
+        reference = (lambda self, n: (float(n), FIXED_HEAVY.seconds(n, n))) if measured else (lambda self, n: None)
+        monkeypatch.setattr(DraftPayoff, "plain_step", reference)
+        c = FakeCore(speculative=True, max_running=8)
+        c.add("a", _repetitive(1), 60)
+        with_chunks = drafted = drafted_plain = 0
+        for step in range(24):
+            if step % 3 == 1:
+                c.add(f"b{step}", _repetitive(2 + step % 5)[:12], 2)
+            c.core.step()
+            rows = c.runner.current
+            if any(r.request_id != "a" and r.start == 0 and r.length > 1 for r in rows):
+                with_chunks += 1
+                drafted += sum(r.drafted for r in rows)
+            else:
+                drafted_plain += sum(r.drafted for r in rows)
+        return with_chunks, drafted, drafted_plain
+
+    with_chunks, drafted, drafted_plain = steps_with_prompt_chunks(measured=False)
+    assert with_chunks >= 5 and drafted == 0 and drafted_plain > 0  # decode-only steps are weighed: they draft
+    with_chunks, drafted, _ = steps_with_prompt_chunks(measured=True)
+    assert with_chunks >= 5 and drafted > 0
