@@ -44,15 +44,19 @@ def _context(model: Model, streams: int, depth: int, max_k: int, unified: bool, 
                                           flash_attn=flash_attn, kv_unified=unified))
 
 
-def _fill(context: Context, batch: TokenBatch, streams: int, depth: int, n_vocab: int) -> None:
-    rng = np.random.default_rng(streams)
-    for seq in range(streams):
-        tokens = rng.integers(1_000, min(n_vocab, 200_000), size=depth, dtype=np.int32)
-        for start in range(0, depth, _CHUNK):
+def fill_sequences(context: Context, batch: TokenBatch, token_lists: list[np.ndarray], chunk: int = _CHUNK) -> None:
+    """Sequence i's cells hold token_lists[i], fed `chunk` tokens a call, no logits."""
+    for seq, tokens in enumerate(token_lists):
+        for start in range(0, len(tokens), chunk):
             batch.clear()
-            batch.add_run(tokens[start:start + _CHUNK], start, seq, False)
+            batch.add_run(np.asarray(tokens[start:start + chunk], dtype=np.int32), start, seq, False)
             if context.decode(batch) is not DecodeOutcome.OK:
                 raise RuntimeError("llama_decode failed while filling the sequences")
+
+
+def _random_tokens(streams: int, depth: int, n_vocab: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(streams)
+    return [rng.integers(1_000, min(n_vocab, 200_000), size=depth, dtype=np.int32) for _ in range(streams)]
 
 
 def _step(context: Context, batch: TokenBatch, streams: int, depth: int, k: int, rng: np.random.Generator) -> float:
@@ -79,7 +83,7 @@ def measure(model: Model, streams: int, depth: int, ks: list[int], unified: bool
     rng = np.random.default_rng(0)
     times: dict[int, list[float]] = {k: [] for k in cases}
     try:
-        _fill(context, batch, streams, depth, model.n_vocab)
+        fill_sequences(context, batch, _random_tokens(streams, depth, model.n_vocab))
         for k in cases:  # warm-up: each shape once
             _step(context, batch, streams, depth, k, rng)
         for r in range(rounds):

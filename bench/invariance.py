@@ -39,12 +39,14 @@ from typing import Any
 
 import numpy as np
 
+from bench.draft_price import fill_sequences
 from bench.prompts import benchmark_prompts
 from bench.record import RunRecord, add_common_arguments, publish_report
 from bench.table import markdown_table
 from bindings import Context, ContextSettings, DecodeOutcome, Model, TokenBatch
 from engine import Engine, GenerationResult, Request
 from engine.model_source import resolve_model
+from engine.prompt_scores import score_rows
 
 # Long enough that the cells a prompt is given start past the first 256, the granularity of the
 # attended cell range.
@@ -107,10 +109,9 @@ DRAFT_ROWS = (2, 3, 4)  # per sequence: 48 rows, then 64 and 80 (the tiled kerne
 DRAFT_CONTEXT_WORDS = 300
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    x -= x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+def _logprobs_of(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """[i, j]: row i's log-probability of tokens[i, j]."""
+    return np.array([[s.logprob for s in score_rows(rows, list(tokens[:, j]), 0)] for j in range(tokens.shape[1])]).T
 
 
 def draft_rows_drift(flash: bool, threads: int, model_path: str | None, quick: bool) -> dict[int, dict[str, float]]:
@@ -125,11 +126,7 @@ def draft_rows_drift(flash: bool, threads: int, model_path: str | None, quick: b
                                    n_threads=threads, n_threads_batch=threads, flash_attn=int(flash))
         with Context(model, settings) as context:
             batch = TokenBatch(512, 1)
-            for seq, tokens in enumerate(prompts):
-                batch.clear()
-                batch.add_run(np.asarray(tokens[:-1], dtype=np.int32), 0, seq, False)
-                if context.decode(batch) is not DecodeOutcome.OK:
-                    raise RuntimeError("llama_decode failed while filling the sequences")
+            fill_sequences(context, batch, [tokens[:-1] for tokens in prompts], chunk=512)
 
             def step(k: int) -> np.ndarray:
                 batch.clear()
@@ -139,17 +136,17 @@ def draft_rows_drift(flash: bool, threads: int, model_path: str | None, quick: b
                         batch.add(int(rng.integers(1_000, 20_000)), len(tokens) + i, (seq,), True)
                 if context.decode(batch) is not DecodeOutcome.OK:
                     raise RuntimeError("llama_decode failed on a measured step")
-                rows = _log_softmax(context.logits(streams * (1 + k)).reshape(streams, 1 + k, -1)[:, 0])
+                rows = context.logits(streams * (1 + k)).reshape(streams, 1 + k, -1)[:, 0].copy()
                 for seq, tokens in enumerate(prompts):
                     context.seq_rm(seq, len(tokens) - 1, -1)
                 return rows
 
             plain = step(0)
             top2 = np.argsort(-plain, axis=-1)[:, :2]
-            before = np.take_along_axis(plain, top2, -1)
+            before = _logprobs_of(plain, top2)
             drift = {}
             for k in ks:
-                after = np.take_along_axis(step(k), top2, -1)
+                after = _logprobs_of(step(k), top2)
                 gap_move = np.abs((before[:, 0] - before[:, 1]) - (after[:, 0] - after[:, 1]))
                 drift[streams * (1 + k)] = {"top2_logprob": float(np.abs(after - before).max()),
                                             "top2_gap": float(gap_move.max())}
