@@ -424,5 +424,6 @@ def _carried_by_tier(plan: StepPlan) -> tuple[int, int, int, int]:
 
 def _step_kind(plan: StepPlan) -> str:
     """Decode rows only, prompt chunks only, or both (profiles put the last two together)."""
-    decoding = [c.seq.is_decoding for c in plan.chunks]
-    return "decode" if all(decoding) else "prompt" if not any(decoding) else "mixed"
+    if plan.decode_only:
+        return "decode"
+    return "mixed" if any(c.seq.is_decoding for c in plan.chunks) else "prompt"

@@ -88,8 +88,8 @@ class DraftPayoff(SingleWriter):
             # Against the plain steps at this count where there are enough: the fit's price of a
             # step moves with every other shape of step it is fed, and an error in it lands on
             # a handful of draft rows.
-            plain = self.plain.get(decoding)
-            base_s = plain.seconds.value if plain is not None and plain.steps >= PAYOFF_MIN_STEPS else undrafted_s
+            measured = self.plain_step(decoding)
+            base_s = measured[1] if measured is not None else undrafted_s
             if base_s > 0.0:
                 self.row_seconds.add(max(0.0, seconds - base_s))
                 self.row_count.add(draft_rows)

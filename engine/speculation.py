@@ -101,7 +101,7 @@ class Speculator(SingleWriter):
         if cost is None or room <= 0 or limit_s == 0.0 or self.payoff.holds_back(steady):
             return
         reference = self.payoff.plain_step(steady)
-        if reference is None and steady >= PAYOFF_MIN_STREAMS and any(not c.seq.is_decoding for c in plan.chunks):
+        if reference is None and steady >= PAYOFF_MIN_STREAMS and not plan.decode_only:
             return  # a step with prompt chunks is never weighed itself: it drafts only against measured plain steps
         row_s = self.row_price(cost, steady)
         if not _a_certain_draft_pays(cost, steady, min(room, self.max_draft), row_s, reference):

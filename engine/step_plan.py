@@ -36,3 +36,8 @@ class StepPlan:
     @property
     def n_tokens(self) -> int:
         return sum(c.n_rows for c in self.chunks)
+
+    @property
+    def decode_only(self) -> bool:
+        """No prompt chunk: every chunk is a decoding sequence's next row (and its draft)."""
+        return all(c.seq.is_decoding for c in self.chunks)
