@@ -29,6 +29,9 @@ rows a step holds), to show which of them moves a row's result.
                     rows with k draft rows behind each (the shape of a drafted step; 64 rows or
                     more take ggml's tiled flash-attention kernel): how far the logprobs of each
                     row's two likeliest tokens move, and its top-2 gap
+  prompt chunk      the same 16 rows in a step that also prefills another sequence's prompt (64 or
+                    256 tokens, no logits), with and without draft rows: the shape of a step at 16
+                    clients while a new request's prompt comes in
 """
 from __future__ import annotations
 
@@ -107,6 +110,10 @@ def rows_sweep(settings: dict[str, Any], model: str | None, quick: bool) -> dict
 DRAFT_STREAMS = 16
 DRAFT_ROWS = (2, 3, 4)  # per sequence: 48 rows, then 64 and 80 (the tiled kernel's)
 DRAFT_CONTEXT_WORDS = 300
+# (draft rows per sequence, tokens of another sequence's prompt in the step): a step of 16 clients
+# with a new request's prompt chunk (the step budget's 256 at most), drafted or not
+CHUNK_SHAPES = ((0, 64), (0, 256), (2, 256))
+QUICK_CHUNK_SHAPES = ((0, 32),)
 
 
 def _logprobs_of(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -114,43 +121,54 @@ def _logprobs_of(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     return np.array([[s.logprob for s in score_rows(rows, list(tokens[:, j]), 0)] for j in range(tokens.shape[1])]).T
 
 
-def draft_rows_drift(flash: bool, threads: int, model_path: str | None, quick: bool) -> dict[int, dict[str, float]]:
-    """Per k: the largest move of a row's top-2 tokens' logprobs, and of its top-2 gap, when each
-    of the sequences' next rows has k draft rows behind it (a row sees only the cells before it,
-    so what the draft rows hold does not matter to it, only the step's shape)."""
+def step_shape_drift(flash: bool, threads: int, model_path: str | None,
+                     quick: bool) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """The largest move of a row's top-2 tokens' logprobs, and of its top-2 gap, when each of the
+    sequences' next rows shares its step with other rows: k draft rows behind each (keyed by the
+    step's rows), or another sequence's prompt chunk with or without them (keyed "rows+chunk").
+    A row sees only its own sequence's cells before it, so what the other rows hold does not
+    matter to it, only the step's shape."""
     streams, ks = (4, DRAFT_ROWS[:1]) if quick else (DRAFT_STREAMS, DRAFT_ROWS)
+    chunk_shapes = QUICK_CHUNK_SHAPES if quick else CHUNK_SHAPES
+    longest_chunk = max(c for _, c in chunk_shapes)
     rng = np.random.default_rng(0)
     with Model(resolve_model(model_path)) as model:
         prompts = [model.tokenize(p)[:400] for p in benchmark_prompts(streams, DRAFT_CONTEXT_WORDS)]
-        settings = ContextSettings(n_ctx=streams * 512, n_batch=512, n_ubatch=512, n_seq_max=streams,
+        incoming = model.tokenize(FILLER)[:longest_chunk]  # the new request's prompt, cells from 0
+        settings = ContextSettings(n_ctx=(streams + 1) * 512, n_batch=512, n_ubatch=512, n_seq_max=streams + 1,
                                    n_threads=threads, n_threads_batch=threads, flash_attn=int(flash))
         with Context(model, settings) as context:
             batch = TokenBatch(512, 1)
             fill_sequences(context, batch, [tokens[:-1] for tokens in prompts], chunk=512)
 
-            def step(k: int) -> np.ndarray:
+            def step(k: int, chunk: int = 0) -> np.ndarray:
                 batch.clear()
                 for seq, tokens in enumerate(prompts):
                     batch.add(tokens[-1], len(tokens) - 1, (seq,), True)
                     for i in range(k):
                         batch.add(int(rng.integers(1_000, 20_000)), len(tokens) + i, (seq,), True)
+                if chunk:
+                    batch.add_run(np.asarray(incoming[:chunk], dtype=np.int32), 0, streams, False)
                 if context.decode(batch) is not DecodeOutcome.OK:
                     raise RuntimeError("llama_decode failed on a measured step")
                 rows = context.logits(streams * (1 + k)).reshape(streams, 1 + k, -1)[:, 0].copy()
                 for seq, tokens in enumerate(prompts):
                     context.seq_rm(seq, len(tokens) - 1, -1)
+                context.seq_rm(streams, 0, -1)
                 return rows
 
             plain = step(0)
             top2 = np.argsort(-plain, axis=-1)[:, :2]
             before = _logprobs_of(plain, top2)
-            drift = {}
-            for k in ks:
-                after = _logprobs_of(step(k), top2)
+
+            def moved(rows: np.ndarray) -> dict[str, float]:
+                after = _logprobs_of(rows, top2)
                 gap_move = np.abs((before[:, 0] - before[:, 1]) - (after[:, 0] - after[:, 1]))
-                drift[streams * (1 + k)] = {"top2_logprob": float(np.abs(after - before).max()),
-                                            "top2_gap": float(gap_move.max())}
-    return drift
+                return {"top2_logprob": float(np.abs(after - before).max()), "top2_gap": float(gap_move.max())}
+
+            drafted = {str(streams * (1 + k)): moved(step(k)) for k in ks}
+            chunked = {f"{streams * (1 + k)}+{chunk}": moved(step(k, chunk)) for k, chunk in chunk_shapes}
+    return drafted, chunked
 
 
 def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
@@ -172,6 +190,7 @@ def measure(flash: bool, prompts: list[str], tokens: int, threads: int, model: s
         joint_scores = scores(engine, prompts, together=True)
     with Engine(model, step_token_budget=256, prefix_cache=True, **settings) as engine:
         offset_scores = scores(engine, prompts, together=False, before=FILLER)
+    drafted, chunked_steps = step_shape_drift(flash, threads, model, quick)
     chunked = {**settings, "max_running": CHUNK_ROWS}
     with Engine(model, step_token_budget=CHUNK_ROWS, prefix_cache=False, **chunked) as engine:
         chunked_scores = scores(engine, prompts, together=False)
@@ -189,7 +208,8 @@ def measure(flash: bool, prompts: list[str], tokens: int, threads: int, model: s
         "scores_chunked_max_diff": max_diff(lone_scores, chunked_scores),
         "prompt_tokens": [len(s) + 1 for s in lone_scores],
         "rows_per_step_max_diff": rows_sweep(settings, model, quick),
-        "draft_rows_drift": draft_rows_drift(flash, threads, model, quick),
+        "draft_rows_drift": drafted,
+        "prompt_chunk_drift": chunked_steps,
         "seconds": round(time.perf_counter() - start, 1),
     }
 
@@ -221,11 +241,19 @@ def report(rows: list[dict[str, Any]], tokens: int) -> tuple[str, dict[str, Any]
                             [["on" if r["flash_attn"] else "off",
                               *[f"{r['draft_rows_drift'][n]['top2_logprob']:.3g} / {r['draft_rows_drift'][n]['top2_gap']:.3g}"
                                 for n in draft_rows]] for r in rows])
-    n_streams = draft_rows[0] // (1 + DRAFT_ROWS[0])
+    n_streams = int(draft_rows[0]) // (1 + DRAFT_ROWS[0])
     summary += (f"\n\n{n_streams} sequences decoding together, each after {DRAFT_CONTEXT_WORDS} words of its own "
                 f"context: their next rows in a plain step of {n_streams} rows against the same rows with draft rows "
                 "behind each (the step's rows in the header); largest move of a row's two likeliest tokens' "
                 f"logprobs, and of its top-2 gap.\n\n{drafts}")
+    shapes = list(rows[0]["prompt_chunk_drift"])
+    chunks = markdown_table(["flash attention", *[f"{n} rows: top-2 logprobs / top-2 gap" for n in shapes]],
+                            [["on" if r["flash_attn"] else "off",
+                              *[f"{r['prompt_chunk_drift'][n]['top2_logprob']:.3g} / {r['prompt_chunk_drift'][n]['top2_gap']:.3g}"
+                                for n in shapes]] for r in rows])
+    summary += ("\n\nThe same rows in a step that also prefills another sequence's prompt (rows + its prompt "
+                "tokens in the header; draft rows behind each where the rows are more than the sequences): the "
+                f"shape of a step at {n_streams} clients while a new request comes in.\n\n{chunks}")
     headline: dict[str, Any] = {}
     near_ties = []
     for r in rows:
@@ -238,8 +266,10 @@ def report(rows: list[dict[str, Any]], tokens: int) -> tuple[str, dict[str, Any]
         headline[f"near_tie_nats_{fa}"] = round(2 * max(
             r["decode_together_max_diff"], r["scores_together_max_diff"], r["scores_chunked_max_diff"],
             *r["rows_per_step_max_diff"].values(),
-            *(d["top2_logprob"] for d in r["draft_rows_drift"].values())), 3)
+            *(d["top2_logprob"] for d in r["draft_rows_drift"].values()),
+            *(d["top2_logprob"] for d in r["prompt_chunk_drift"].values())), 3)
         headline[f"draft_rows_gap_move_{fa}"] = round(max(d["top2_gap"] for d in r["draft_rows_drift"].values()), 3)
+        headline[f"prompt_chunk_gap_move_{fa}"] = round(max(d["top2_gap"] for d in r["prompt_chunk_drift"].values()), 3)
         near_ties.append(f"{headline[f'near_tie_nats_{fa}']} nats with flash attention "
                          f"{'on' if r['flash_attn'] else 'off'}")
     summary += ("\n\nA top-2 gap moves by up to twice the largest logprob move above when the batch's shape "

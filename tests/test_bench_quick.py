@@ -66,6 +66,11 @@ def test_benchmark_runs_in_quick_mode_and_stores_its_run(name, capsys, tmp_path)
             assert list(t["draft_rows_drift"]) == ["12"] and 0 <= drift["top2_gap"] <= 2 * drift["top2_logprob"] + 1e-9
             fa = "fa_on" if t["flash_attn"] else "fa_off"
             assert manifest["headline"][f"near_tie_nats_{fa}"] >= round(2 * drift["top2_logprob"], 3)
+            # ... and the step where a new request's prompt chunk rides with them: 4 rows and 32 prompt tokens
+            (beside,) = t["prompt_chunk_drift"].values()
+            assert list(t["prompt_chunk_drift"]) == ["4+32"] and 0 <= beside["top2_gap"] <= 2 * beside["top2_logprob"] + 1e-9
+            assert manifest["headline"][f"near_tie_nats_{fa}"] >= round(2 * beside["top2_logprob"], 3)
+            assert manifest["headline"][f"prompt_chunk_gap_move_{fa}"] == round(beside["top2_gap"], 3)
     if name in PLOTTABLE:
         pytest.importorskip("matplotlib")
         assert main(["plot", str(folder)]) == 0
