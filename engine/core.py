@@ -16,6 +16,7 @@ from typing import Any, Callable, Protocol
 from bindings import DecodeOutcome
 from engine.debug import ENABLED as DEBUG_CHECKS
 from engine.draft_model import DraftModel
+from engine.drafts import Drafter
 from engine.ownership import SingleWriter, claim_all
 from engine.config import EngineConfig
 from engine.jump_forward import JumpForward
@@ -23,6 +24,7 @@ from engine.kv_cache import KvCache
 from engine.outputs import SampledRows, append_token, flush_text, sample_rows
 from engine.prefix_reuse import PrefixReuse
 from engine.prompt_scores import finished_scoring, max_scored_rows
+from engine.prompt_words import PromptWords
 from engine.request import FinishReason, Priority
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -84,8 +86,9 @@ class EngineCore(SingleWriter):
         self.jump = JumpForward(lambda text: model.tokenize(text, add_bos=False), model.token_bytes) \
             if cfg.jump_forward else None
         self.tokens_forced = 0  # appended by jump-forward, unsampled
+        words = PromptWords(lambda text: model.tokenize(text, add_bos=False), model.token_bytes)
         self.speculator = Speculator(
-            cfg.speculative_max_draft, draft_model=draft_model,
+            cfg.speculative_max_draft, drafter=Drafter(words=words), draft_model=draft_model,
             projection_ratio=projection_ratio(model.n_vocab, model.n_embd, model.n_params)) if cfg.speculative else None
         self.thread_governor = ThreadGovernor(cfg.n_threads, runner.interrupter, adaptive=cfg.adaptive_threads)
         self.profiles = {"decode": StepProfile(), "mixed": StepProfile()}

@@ -1,17 +1,23 @@
 """Draft tokens without a draft model: what followed the sequence's latest n-gram before, in its
-own prompt and output, or in recent outputs of other requests of the same scope.
+own prompt and output, or in recent outputs of other requests of the same scope; for a structured
+answer, also the rest of the word it is writing, from its prompt.
 
 A draft is a guess of the next few tokens; the model verifies it in the next step (one row per
-drafted token, engine/verify.py), so a wrong guess costs rows, never output. Two sources, tried
+drafted token, engine/verify.py), so a wrong guess costs rows, never output. Three sources, tried
 in this order:
 
 - prompt lookup: the longest of the sequence's last `n` tokens (n from NGRAM_MAX down to
   NGRAM_MIN) seen earlier in its own tokens proposes the tokens that followed it there
   (repeated passages, code being edited, tool results echoed back, a model repeating itself);
-- recent outputs: the same lookup over the outputs of requests that finished recently with the
-  same draft scope (a batch job's answers share structure). Scopes keep one client's text from
-  ever being proposed for another's request: a draft never reaches a client unless the model
-  computes the same tokens itself, but how fast it does could tell one client what another wrote.
+- prompt words, for answers that must follow a JSON schema only: the word being written,
+  completed from a word of the prompt that begins the same way (engine/prompt_words.py). An
+  extraction copies its values from the prompt in other tokens than the prompt's, which token
+  n-grams cannot match; it goes before other requests' outputs, which would propose their values;
+- recent outputs: the same lookup as the first over the outputs of requests that finished
+  recently with the same draft scope (a batch job's answers share structure). Scopes keep one
+  client's text from ever being proposed for another's request: a draft never reaches a client
+  unless the model computes the same tokens itself, but how fast it does could tell one client
+  what another wrote.
 
 A draft carries the length of its match: how many of the sequence's last tokens equal those
 before the continuation it copies (up to DRAFT_MATCH_CAP). A long match is a passage being
@@ -27,11 +33,12 @@ import collections
 from dataclasses import dataclass
 from typing import Sequence as Seq
 
+from engine.prompt_words import PromptWords, WordsOfPrompt
 from engine.tuning import DRAFT_MATCH_CAP, DRAFT_NGRAM_MAX, DRAFT_OCCURRENCES, DRAFT_NGRAM_MIN, RECENT_OUTPUT_NGRAMS, RECENT_OUTPUTS_NGRAM_MIN
 
-PROMPT_LOOKUP, RECENT_OUTPUTS = "prompt_lookup", "recent_outputs"
+PROMPT_LOOKUP, RECENT_OUTPUTS, PROMPT_WORDS = "prompt_lookup", "recent_outputs", "prompt_words"
 DRAFT_MODEL = "draft_model"  # a second model's drafts (engine/draft_model.py), when one is loaded
-SOURCES = (PROMPT_LOOKUP, RECENT_OUTPUTS, DRAFT_MODEL)
+SOURCES = (PROMPT_LOOKUP, RECENT_OUTPUTS, PROMPT_WORDS, DRAFT_MODEL)
 
 
 @dataclass(frozen=True)
@@ -158,15 +165,24 @@ class RecentOutputs:
 
 
 class Drafter:
-    """Proposes drafts for a sequence from its own tokens, then from recent outputs of its scope."""
+    """Proposes drafts for a sequence from its own tokens; then, for a structured answer (given
+    `words` and its prompt), by completing the word being written, which is this request's own
+    value where other requests' outputs would propose theirs; then from recent outputs of its
+    scope."""
 
-    def __init__(self, recent: RecentOutputs | None = None) -> None:
+    def __init__(self, recent: RecentOutputs | None = None, words: PromptWords | None = None) -> None:
         self.recent = recent or RecentOutputs()
+        self.words = words
 
-    def propose(self, index: NgramIndex, tokens: Seq[int], scope: str, limit: int) -> Draft | None:
+    def propose(self, index: NgramIndex, tokens: Seq[int], scope: str, limit: int,
+                prompt: WordsOfPrompt | None = None) -> Draft | None:
         own, match = index.continuation(tokens, limit)
         if own:
             return Draft(own, PROMPT_LOOKUP, match)
+        if prompt is not None and self.words is not None:
+            word, match = self.words.completion(prompt, tokens, limit)
+            if word:
+                return Draft(word, PROMPT_WORDS, match)
         other, match = self.recent.continuation(scope, tokens, limit)
         return Draft(other, RECENT_OUTPUTS, match) if other else None
 

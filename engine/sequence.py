@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from engine.drafts import Draft, NgramIndex
+from engine.prompt_words import WordsOfPrompt
 from engine.handle import RequestHandle
 from engine.ownership import SingleWriter
 from engine.request import FinishReason, GenerationResult, Request, RequestMetrics
@@ -73,6 +74,7 @@ class Sequence(SingleWriter):
         self.forced_tokens = 0  # output tokens appended by jump-forward, unsampled
         self.first_token_from_lane = False  # its first token came from engine/first_token_lane.py
         self.ngrams: NgramIndex | None = None  # its own n-grams, built when it first drafts (engine/drafts.py)
+        self.prompt_words: WordsOfPrompt | None = None  # its prompt as text, for structured drafts (engine/prompt_words.py)
         # A proposal that got no rows, judged against the tokens that follow: (the draft, the
         # position its first token would take).
         self.unverified_draft: tuple[Draft, int] | None = None

@@ -277,7 +277,12 @@ class Speculator(SingleWriter):
         """The model-free sources' draft of at most `limit` tokens."""
         if seq.ngrams is None:
             seq.ngrams = NgramIndex()
-        draft = self.drafter.propose(seq.ngrams, seq.tokens, seq.request.draft_scope, limit)
+        prompt = None
+        if seq.matcher is not None and self.drafter.words is not None:
+            if seq.prompt_words is None:
+                seq.prompt_words = self.drafter.words.of(seq.tokens[:seq.n_prompt])
+            prompt = seq.prompt_words
+        draft = self.drafter.propose(seq.ngrams, seq.tokens, seq.request.draft_scope, limit, prompt)
         if draft is not None and seq.matcher is not None:
             draft = _within_grammar(seq, draft, n_ctx)
         return draft
