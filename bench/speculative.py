@@ -34,6 +34,10 @@ logprob that bench invariance measured with the step's shape alone: two tokens' 
 apart) is a near-tie that the extra draft rows may flip (a negative one: off itself picks auto's
 token when the prefix is computed another way); anything larger would be a bug.
 
+`--aa` starts the `auto` server with `--speculative off` too: an A/A, whose ratios and partings
+are what two servers without drafts differ by on this machine at each concurrency (the noise a
+ratio is read against, and how far the batch's history alone parts greedy texts there).
+
 Targets (issue 45), shown beside each figure: at C=1, auto >= 1.5x off on paragraph and story,
 >= 0.97x off elsewhere, and >= every llama-server mode on each workload; at C=16 >= 0.98x off on
 every workload; the JSON job above off at both, with every answer valid.
@@ -404,8 +408,10 @@ def report(args: argparse.Namespace, levels: list[Level], diffs: list[Difference
                  f"-c {args.n_ctx} --no-repack` (where the CPU has AMX, as cobatch) plus `--spec-type ngram-simple` / "
                  "`--spec-type ngram-mod` (their default n-gram settings)" if binary
                  else "no llama-server (give --peer-bin)")
+    aa_note = ("**A/A: the server named auto runs `--speculative off` too**; its ratios and partings are two "
+               "servers without drafts. " if args.aa else "")
     lines = [
-        f"{args.trials} trial(s), contenders in reverse order on odd trials; greedy, {args.tokens} tokens "
+        f"{aa_note}{args.trials} trial(s), contenders in reverse order on odd trials; greedy, {args.tokens} tokens "
         f"(ignore_eos, except the JSON job); cobatch serve --threads {args.threads} --n-ctx {args.n_ctx} "
         f"--max-running 32 --step-token-budget 256 --speculative auto|off; {peer_note}. tok/s: medians over "
         "trials; ratios: median of the per-trial ratios (each trial's in brackets).", "", speed_table, "",
@@ -421,6 +427,8 @@ def report(args: argparse.Namespace, levels: list[Level], diffs: list[Difference
         lines += ["", "cobatch reports no drafted/accepted tokens in its responses' `metrics` yet: not shown."]
     lines += ["", "Targets missed: " + ("none" if not misses else "; ".join(misses))]
     headline["targets_missed"] = len(misses)
+    if args.aa:
+        headline["aa"] = True
     headline["auto_equal_off"] = f"{sum(len(lv.answers) for lv in levels if lv.contender == 'auto') - len(diffs)}" \
                                  f"/{sum(len(lv.answers) for lv in levels if lv.contender == 'auto')}"
     return "\n".join(lines), headline
@@ -436,7 +444,7 @@ def run(args: argparse.Namespace, record: RunRecord) -> None:
 
     model_path = str(resolve_model(args.model))
     binary = peer_binary(args)
-    servers = [SpawnedServer(args.model, args.threads, 32, args.n_ctx, ["--speculative", mode])
+    servers = [SpawnedServer(args.model, args.threads, 32, args.n_ctx, ["--speculative", "off" if args.aa else mode])
                for mode in COBATCH_MODES]
     with Model(model_path) as model, contextlib.ExitStack() as stack:
         renderer = Renderer(model)
@@ -478,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a difference where off prefers its token by less than this is counted as a near-tie")
     parser.add_argument("--gap-checks", type=int, default=300,
                         help="differing requests re-asked for off's top-2 gap, at most (C=1 first)")
+    parser.add_argument("--aa", action="store_true",
+                        help="an A/A: the auto server runs --speculative off too (the noise of ratios and partings)")
     add_peer_arguments(parser)
     add_common_arguments(parser, trials=2)
     args = parser.parse_args(argv)

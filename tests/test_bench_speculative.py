@@ -40,7 +40,7 @@ def _level(workload, contender, tok_s, texts, trial=0, concurrency=1, valid=None
 
 def _args(**kw):
     defaults = dict(concurrency=[1, 16], workloads=[w.name for w in WORKLOADS], trials=1, tokens=10, threads=2,
-                    n_ctx=8192, near_tie_nats=0.35)
+                    n_ctx=8192, near_tie_nats=0.35, aa=False)
     return argparse.Namespace(**{**defaults, **kw})
 
 
@@ -85,3 +85,11 @@ def test_report_counts_near_ties_wider_gaps_and_unmeasured_ones():
     assert "story/2: parts at token 0 (character 0); off prefers its token there by 4.6 nats" in summary
     assert "not measured (the two tokens have the same text)" in summary
     assert headline["auto_equal_off"] == "0/4"
+
+
+def test_an_a_a_run_says_so_in_its_summary_and_headline():
+    levels = [_level("rename", "auto", 50, ["a"]), _level("rename", "off", 50, ["a"])]
+    for aa in (False, True):
+        summary, headline = report(_args(concurrency=[1], workloads=["rename"], aa=aa), levels, [], ["auto", "off"],
+                                   None, [])
+        assert summary.startswith("**A/A") is aa and headline.get("aa", False) is aa
