@@ -11,6 +11,7 @@ nothing: the word may be done, or which one it is is a guess.
 """
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 from typing import Callable, Sequence as Seq
@@ -18,6 +19,7 @@ from typing import Callable, Sequence as Seq
 from engine.tuning import DRAFT_MATCH_CAP
 
 _WORD = rb"0-9A-Za-z\x80-\xff"  # bytes from 0x80 up: letters of other scripts, in UTF-8
+_WORDS = re.compile(rb"[" + _WORD + rb"]+")
 _WORD_AT_END = re.compile(rb"[" + _WORD + rb"]+\Z")
 WINDOW_TOKENS = 8  # the word being written is looked for in this many last tokens
 MAX_REST_BYTES = 48
@@ -26,9 +28,10 @@ _CACHE_LIMIT = 4096
 
 @dataclass(frozen=True)
 class WordsOfPrompt:
-    """A sequence's prompt as text, built once when it first drafts. Owned by its sequence."""
+    """A sequence's prompt as its distinct words, sorted (a prefix's words are then one run found
+    by bisection), built once when it first drafts. Owned by its sequence."""
 
-    text: bytes
+    words: tuple[bytes, ...]
     n_prompt: int
 
 
@@ -41,7 +44,8 @@ class PromptWords:
         self._spellings: dict[bytes, tuple[int, ...]] = {}
 
     def of(self, prompt_tokens: Seq[int]) -> WordsOfPrompt:
-        return WordsOfPrompt(b"".join(self._token_bytes[t] for t in prompt_tokens), len(prompt_tokens))
+        text = b"".join(self._token_bytes[t] for t in prompt_tokens)
+        return WordsOfPrompt(tuple(sorted(set(_WORDS.findall(text)))), len(prompt_tokens))
 
     def completion(self, prompt: WordsOfPrompt, tokens: Seq[int], limit: int) -> tuple[tuple[int, ...], int]:
         """The rest of the word the output ends in, as at most `limit` tokens, and the written
@@ -51,12 +55,14 @@ class PromptWords:
         written = _WORD_AT_END.search(tail)
         if written is None or (written.start() == 0 and start > prompt.n_prompt):
             return (), 0  # no word being written, or it began before the window
-        prefix = written.group()
-        pattern = rb"(?<![" + _WORD + rb"])" + re.escape(prefix) + rb"([" + _WORD + rb"]*)"
-        rests = {m.group(1) for m in re.finditer(pattern, prompt.text)}
-        if len(rests) != 1 or b"" in rests:
+        prefix, words = written.group(), prompt.words
+        first = bisect.bisect_left(words, prefix)
+        # The words that begin with the prefix follow one another from `first`: exactly one, and
+        # not the prefix itself.
+        if (first == len(words) or words[first] == prefix or not words[first].startswith(prefix)
+                or (first + 1 < len(words) and words[first + 1].startswith(prefix))):
             return (), 0
-        rest = rests.pop()[:MAX_REST_BYTES]
+        rest = words[first][len(prefix):MAX_REST_BYTES + len(prefix)]
         return self._spelled(rest)[:limit], min(len(prefix), DRAFT_MATCH_CAP)
 
     def _spelled(self, rest: bytes) -> tuple[int, ...]:
