@@ -7,6 +7,12 @@ cells start at cell 0) runs:
   greedy alone      each of --requests prompts by itself, temperature 0, --tokens tokens (ignore_eos)
   greedy together   all of them submitted at once, then again in reverse order: texts identical to
                     the lone ones, out of --requests
+  arrivals          the same number of longer prompts (HISTORY_WORDS words of context each),
+                    greedy, all submitted at once against one every STAGGER_S seconds (a server's
+                    arrivals: each prompt's chunks share steps with others' decode rows, and every
+                    cell of a request is computed in steps of other shapes in the two runs): texts
+                    identical, the largest move before parting, and at each parting the first run's
+                    top-2 gap
   decode together   the generated tokens' logprobs, together against alone, up to where the texts
                     part: the largest difference; and where they part, how much the lone run
                     preferred its token over the one chosen together (its top-2 gap there)
@@ -62,6 +68,22 @@ def greedy(engine: Engine, prompts: list[str], tokens: int, together: bool) -> l
     if together:
         return [h.result() for h in engine.submit_many(requests)]
     return [engine.submit(r).result() for r in requests]
+
+
+HISTORY_WORDS = 150  # about 200 tokens of context, like an agent loop's tool result
+STAGGER_S = 0.15  # between arrivals: a step or two of 16 streams
+
+
+def arrivals(settings: dict[str, Any], model: str | None, n: int, tokens: int) -> tuple[list, list]:
+    """Greedy results of n longer prompts submitted at once, and submitted one every STAGGER_S."""
+    prompts = benchmark_prompts(n, HISTORY_WORDS)
+    with Engine(model, step_token_budget=256, prefix_cache=False, **{**settings, "n_ctx": 8192}) as engine:
+        together = greedy(engine, prompts, tokens, together=True)
+        handles = []
+        for p in prompts:
+            handles.append(engine.submit(Request(prompt=p, max_tokens=tokens, ignore_eos=True, logprobs=2)))
+            time.sleep(STAGGER_S)
+        return together, [h.result() for h in handles]
 
 
 def decode_drift(alone: list[GenerationResult], other: list[GenerationResult]) -> tuple[float, list[float]]:
@@ -190,6 +212,8 @@ def measure(flash: bool, prompts: list[str], tokens: int, threads: int, model: s
         joint_scores = scores(engine, prompts, together=True)
     with Engine(model, step_token_budget=256, prefix_cache=True, **settings) as engine:
         offset_scores = scores(engine, prompts, together=False, before=FILLER)
+    arrived_together, arrived_staggered = arrivals(settings, model, len(prompts), tokens)
+    history_drift, history_partings = decode_drift(arrived_together, arrived_staggered)
     drafted, chunked_steps = step_shape_drift(flash, threads, model, quick)
     chunked = {**settings, "max_running": CHUNK_ROWS}
     with Engine(model, step_token_budget=CHUNK_ROWS, prefix_cache=False, **chunked) as engine:
@@ -203,6 +227,9 @@ def measure(flash: bool, prompts: list[str], tokens: int, threads: int, model: s
                                         if a.token_ids != b.token_ids), None),
         "decode_together_max_diff": max(drift, drift_reversed),
         "decode_partings_gap_nats": sorted(partings + partings_reversed),
+        "arrivals_same": sum(a.token_ids == b.token_ids for a, b in zip(arrived_together, arrived_staggered)),
+        "arrivals_max_diff": history_drift,
+        "arrivals_partings_gap_nats": sorted(history_partings),
         "scores_together_max_diff": max_diff(lone_scores, joint_scores),
         "scores_offset_max_diff": max_diff(lone_scores, offset_scores),
         "scores_chunked_max_diff": max_diff(lone_scores, chunked_scores),
@@ -246,6 +273,14 @@ def report(rows: list[dict[str, Any]], tokens: int) -> tuple[str, dict[str, Any]
                 f"context: their next rows in a plain step of {n_streams} rows against the same rows with draft rows "
                 "behind each (the step's rows in the header); largest move of a row's two likeliest tokens' "
                 f"logprobs, and of its top-2 gap.\n\n{drafts}")
+    arrivals_table = markdown_table(
+        ["flash attention", "greedy texts identical", "generated tokens' logprobs before parting: max abs diff",
+         "top-2 gap where they part (together's)"],
+        [["on" if r["flash_attn"] else "off", f"{r['arrivals_same']}/{r['requests']}", f"{r['arrivals_max_diff']:.3g}",
+          _spread(r["arrivals_partings_gap_nats"])] for r in rows])
+    summary += (f"\n\n{rows[0]['requests']} prompts after {HISTORY_WORDS} words of context each, greedy, {tokens} tokens, "
+                f"all submitted at once against one every {STAGGER_S} s (arrivals, as a server sees them: every cell of "
+                f"a request is computed in steps of other shapes in the two runs).\n\n{arrivals_table}")
     shapes = list(rows[0]["prompt_chunk_drift"])
     chunks = markdown_table(["flash attention", *[f"{n} rows: top-2 logprobs / top-2 gap" for n in shapes]],
                             [["on" if r["flash_attn"] else "off",
@@ -262,9 +297,12 @@ def report(rows: list[dict[str, Any]], tokens: int) -> tuple[str, dict[str, Any]
         headline[f"scores_diff_{fa}"] = r["scores_together_max_diff"]
         headline[f"decode_diff_{fa}"] = r["decode_together_max_diff"]
         headline[f"widest_parting_{fa}"] = max(r["decode_partings_gap_nats"], default=None)
+        headline[f"arrivals_same_{fa}"] = f"{r['arrivals_same']}/{r['requests']}"
+        headline[f"arrivals_diff_{fa}"] = r["arrivals_max_diff"]
+        headline[f"widest_arrivals_parting_{fa}"] = max(map(abs, r["arrivals_partings_gap_nats"]), default=None)
         # Two tokens' logprobs moving apart: what a top-2 gap may move by with the shape alone.
         headline[f"near_tie_nats_{fa}"] = round(2 * max(
-            r["decode_together_max_diff"], r["scores_together_max_diff"], r["scores_chunked_max_diff"],
+            r["decode_together_max_diff"], r["arrivals_max_diff"], r["scores_together_max_diff"], r["scores_chunked_max_diff"],
             *r["rows_per_step_max_diff"].values(),
             *(d["top2_logprob"] for d in r["draft_rows_drift"].values()),
             *(d["top2_logprob"] for d in r["prompt_chunk_drift"].values())), 3)

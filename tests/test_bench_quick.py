@@ -71,6 +71,9 @@ def test_benchmark_runs_in_quick_mode_and_stores_its_run(name, capsys, tmp_path)
             assert list(t["prompt_chunk_drift"]) == ["4+32"] and 0 <= beside["top2_gap"] <= 2 * beside["top2_logprob"] + 1e-9
             assert manifest["headline"][f"near_tie_nats_{fa}"] >= round(2 * beside["top2_logprob"], 3)
             assert manifest["headline"][f"prompt_chunk_gap_move_{fa}"] == round(beside["top2_gap"], 3)
+            # arrivals: the same prompts at once and staggered, compared up to where they part
+            assert 0 <= t["arrivals_same"] <= t["requests"] and t["arrivals_max_diff"] >= 0
+            assert manifest["headline"][f"near_tie_nats_{fa}"] >= round(2 * t["arrivals_max_diff"], 3)
     if name in PLOTTABLE:
         pytest.importorskip("matplotlib")
         assert main(["plot", str(folder)]) == 0
