@@ -16,13 +16,11 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Sequence as Seq
 
-from engine.tuning import DRAFT_MATCH_CAP
+from engine.tuning import DRAFT_MATCH_CAP, PROMPT_WORDS_MAX_REST, PROMPT_WORDS_WINDOW
 
 _WORD = rb"0-9A-Za-z\x80-\xff"  # bytes from 0x80 up: letters of other scripts, in UTF-8
 _WORDS = re.compile(rb"[" + _WORD + rb"]+")
 _WORD_AT_END = re.compile(rb"[" + _WORD + rb"]+\Z")
-WINDOW_TOKENS = 8  # the word being written is looked for in this many last tokens
-MAX_REST_BYTES = 48
 _CACHE_LIMIT = 4096
 
 
@@ -50,7 +48,7 @@ class PromptWords:
     def completion(self, prompt: WordsOfPrompt, tokens: Seq[int], limit: int) -> tuple[tuple[int, ...], int]:
         """The rest of the word the output ends in, as at most `limit` tokens, and the written
         part's length in bytes (the draft's match); ((), 0) where the prompt does not say."""
-        start = max(prompt.n_prompt, len(tokens) - WINDOW_TOKENS)
+        start = max(prompt.n_prompt, len(tokens) - PROMPT_WORDS_WINDOW)
         tail = b"".join(self._token_bytes[t] for t in tokens[start:])
         written = _WORD_AT_END.search(tail)
         if written is None or (written.start() == 0 and start > prompt.n_prompt):
@@ -62,7 +60,7 @@ class PromptWords:
         if (first == len(words) or words[first] == prefix or not words[first].startswith(prefix)
                 or (first + 1 < len(words) and words[first + 1].startswith(prefix))):
             return (), 0
-        rest = words[first][len(prefix):MAX_REST_BYTES + len(prefix)]
+        rest = words[first][len(prefix):PROMPT_WORDS_MAX_REST + len(prefix)]
         return self._spelled(rest)[:limit], min(len(prefix), DRAFT_MATCH_CAP)
 
     def _spelled(self, rest: bytes) -> tuple[int, ...]:

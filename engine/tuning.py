@@ -130,6 +130,9 @@ DRAFT_OCCURRENCES = 8
 # Other requests' outputs need a longer match before their continuation is trusted (judgement).
 RECENT_OUTPUTS_NGRAM_MIN = 3
 RECENT_OUTPUT_NGRAMS = 65_536  # n-grams kept of recent outputs, all scopes together: about 20 MB
+# Prompt words (engine/prompt_words.py): the word being written is looked for in the output's last
+# 8 tokens, and at most 48 bytes of its rest are drafted (a value is a few words; judgement).
+PROMPT_WORDS_WINDOW, PROMPT_WORDS_MAX_REST = 8, 48
 # A draft's match is measured up to this many tokens: past it a copied passage is as sure as it
 # gets (llama-server's ngram-mod matches 24, its ngram-simple 12; judgement).
 DRAFT_MATCH_CAP = 32

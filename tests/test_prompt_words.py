@@ -11,6 +11,7 @@ from bindings import Model
 from engine import Engine, Request
 from engine.drafts import PROMPT_WORDS
 from engine.prompt_words import PromptWords
+from engine.tuning import PROMPT_WORDS_WINDOW
 from tests.test_speculation_model import NEAR_TIE_NATS
 from sampling.params import SamplingParams
 
@@ -61,7 +62,7 @@ def test_a_word_begun_before_the_window_proposes_nothing(vocab, words):
     long_word = "Pneumonoultramicroscopicsilicovolcanoconiosis"
     prompt = f"The patient has {long_word}, the doctor said."
     written = '{"illness":"' + long_word[:-3]
-    assert len(vocab.tokenize(long_word[:-3], add_bos=False)) > 8
+    assert len(vocab.tokenize(long_word[:-3], add_bos=False)) > PROMPT_WORDS_WINDOW
     assert _completion(vocab, words, prompt, written) == b""
 
 
