@@ -12,6 +12,7 @@ from typing import Callable, Sequence as Seq
 
 import numpy as np
 
+from engine.text import exact_spelling
 from sampling.grammar.matcher import GrammarMatcher
 
 _CACHE_LIMIT = 4096
@@ -77,16 +78,7 @@ class JumpForward:
         tokens = self._tokenize(data.decode("utf-8"))
         if not finishes:
             tokens = tokens[:-1]
-        # Keep the tokens that spell the text's start exactly (a tokenizer may add a leading
-        # space or normalise): what the model is fed must be what the grammar checked.
-        kept, at = [], 0
-        for t in tokens:
-            piece = self._token_bytes[t]
-            if not piece or data[at : at + len(piece)] != piece:
-                break
-            kept.append(t)
-            at += len(piece)
-        return tuple(kept)
+        return exact_spelling(tokens, data, self._token_bytes)  # what the grammar checked
 
 
 def _whole_characters(data: bytes) -> bytes:

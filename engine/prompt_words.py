@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Sequence as Seq
 
+from engine.text import exact_spelling
 from engine.tuning import DRAFT_MATCH_CAP, PROMPT_WORDS_MAX_REST, PROMPT_WORDS_WINDOW
 
 _WORD = rb"0-9A-Za-z\x80-\xff"  # bytes from 0x80 up: letters of other scripts, in UTF-8
@@ -71,14 +72,7 @@ class PromptWords:
                 ids = self._tokenize(rest.decode("utf-8"))
             except UnicodeDecodeError:  # the written part ended inside a character
                 ids = []
-            kept, at = [], 0
-            for t in ids:
-                piece = self._token_bytes[t]
-                if not piece or rest[at:at + len(piece)] != piece:
-                    break
-                kept.append(t)
-                at += len(piece)
-            tokens = tuple(kept)
+            tokens = exact_spelling(ids, rest, self._token_bytes)
             if len(self._spellings) >= _CACHE_LIMIT:
                 self._spellings.clear()
             self._spellings[rest] = tokens

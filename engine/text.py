@@ -1,7 +1,22 @@
-"""Turning token bytes into text safely: no split characters, no leaked stop strings."""
+"""Turning token bytes into text safely: no split characters, no leaked stop strings; and text
+into the tokens that spell it exactly."""
 from __future__ import annotations
 
 import codecs
+from typing import Sequence as Seq
+
+
+def exact_spelling(tokens: Seq[int], text: bytes, token_bytes: Seq[bytes]) -> tuple[int, ...]:
+    """The leading `tokens` that spell the start of `text` byte for byte (a tokenizer may add a
+    leading space or normalise): what the model is fed must be what was checked."""
+    kept, at = [], 0
+    for t in tokens:
+        piece = token_bytes[t]
+        if not piece or text[at:at + len(piece)] != piece:
+            break
+        kept.append(t)
+        at += len(piece)
+    return tuple(kept)
 
 
 class IncrementalDetokenizer:
