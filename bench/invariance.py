@@ -63,8 +63,12 @@ FILLER = "Notes from the harbour office, kept for the night shift. " * 50
 CHUNK_ROWS = 5  # a prompt prefilled this many rows per step
 
 
+def greedy_request(prompt: str, tokens: int) -> Request:
+    return Request(prompt=prompt, max_tokens=tokens, ignore_eos=True, logprobs=2)
+
+
 def greedy(engine: Engine, prompts: list[str], tokens: int, together: bool) -> list[GenerationResult]:
-    requests = [Request(prompt=p, max_tokens=tokens, ignore_eos=True, logprobs=2) for p in prompts]
+    requests = [greedy_request(p, tokens) for p in prompts]
     if together:
         return [h.result() for h in engine.submit_many(requests)]
     return [engine.submit(r).result() for r in requests]
@@ -81,7 +85,7 @@ def arrivals(settings: dict[str, Any], model: str | None, n: int, tokens: int) -
         together = greedy(engine, prompts, tokens, together=True)
         handles = []
         for p in prompts:
-            handles.append(engine.submit(Request(prompt=p, max_tokens=tokens, ignore_eos=True, logprobs=2)))
+            handles.append(engine.submit(greedy_request(p, tokens)))
             time.sleep(STAGGER_S)
         return together, [h.result() for h in handles]
 

@@ -83,12 +83,15 @@ class EngineCore(SingleWriter):
         self.scheduler = Scheduler(self.kv_cache, cfg.max_running, cfg.step_token_budget,
                                    cfg.scheduling_policy(self.step_cost), max_scored_rows(model.n_vocab))
         self.sampler = BatchSampler(model.n_vocab)
-        self.jump = JumpForward(lambda text: model.tokenize(text, add_bos=False), model.token_bytes) \
-            if cfg.jump_forward else None
+
+        def tokenize(text: str) -> list[int]:  # text the model continues: no BOS
+            return model.tokenize(text, add_bos=False)
+
+        self.jump = JumpForward(tokenize, model.token_bytes) if cfg.jump_forward else None
         self.tokens_forced = 0  # appended by jump-forward, unsampled
-        words = PromptWords(lambda text: model.tokenize(text, add_bos=False), model.token_bytes)
         self.speculator = Speculator(
-            cfg.speculative_max_draft, drafter=Drafter(words=words), draft_model=draft_model,
+            cfg.speculative_max_draft, drafter=Drafter(words=PromptWords(tokenize, model.token_bytes)),
+            draft_model=draft_model,
             projection_ratio=projection_ratio(model.n_vocab, model.n_embd, model.n_params)) if cfg.speculative else None
         self.thread_governor = ThreadGovernor(cfg.n_threads, runner.interrupter, adaptive=cfg.adaptive_threads)
         self.profiles = {"decode": StepProfile(), "mixed": StepProfile()}

@@ -74,7 +74,7 @@ class Sequence(SingleWriter):
         self.forced_tokens = 0  # output tokens appended by jump-forward, unsampled
         self.first_token_from_lane = False  # its first token came from engine/first_token_lane.py
         self.ngrams: NgramIndex | None = None  # its own n-grams, built when it first drafts (engine/drafts.py)
-        self.prompt_words: WordsOfPrompt | None = None  # its prompt as text, for structured drafts (engine/prompt_words.py)
+        self.prompt_words: WordsOfPrompt | None = None  # its prompt's words, for structured drafts (engine/prompt_words.py)
         # A proposal that got no rows, judged against the tokens that follow: (the draft, the
         # position its first token would take).
         self.unverified_draft: tuple[Draft, int] | None = None
