@@ -10,6 +10,11 @@ keeps enough of them. This measures it with `llama_decode` directly, no engine:
 - break-even acceptance with k rows = (t_k / t_0 - 1) / k: the tokens each draft row must add on
   average for a drafted step to make tokens as fast as a plain one. At 1 or more, no drafts can.
 
+`--forced-rows` times steps where each sequence feeds k more rows without logits before its
+sampling row: the tokens jump-forward appends to a structured answer. They are fed whether a
+draft is kept or not, so a draft's break-even is the same with them: the price says what share of
+a structured step they take, and what a token of it is worth to a draft (a sampling row's).
+
 `--kv unified,split` repeats it with llama.cpp's per-sequence caches, where a row attends to its
 own sequence's cells only. The engine keeps one unified pool (its block ledger and prefix sharing
 need it); the split case says what attention over the other sequences' cells costs a step.
@@ -59,12 +64,14 @@ def _random_tokens(streams: int, depth: int, n_vocab: int) -> list[np.ndarray]:
     return [rng.integers(1_000, min(n_vocab, 200_000), size=depth, dtype=np.int32) for _ in range(streams)]
 
 
-def _step(context: Context, batch: TokenBatch, streams: int, depth: int, k: int, rng: np.random.Generator) -> float:
-    """Seconds of one step: each sequence's next row and k draft rows after it, logits on all."""
+def _step(context: Context, batch: TokenBatch, streams: int, depth: int, k: int, rng: np.random.Generator,
+          forced: bool = False) -> float:
+    """Seconds of one step: each sequence's next row and k draft rows after it, logits on all; or
+    (`forced`) k rows without logits and its sampling row after them."""
     batch.clear()
     for seq in range(streams):
         for i in range(1 + k):
-            batch.add(int(rng.integers(1_000, 20_000)), depth + i, (seq,), True)
+            batch.add(int(rng.integers(1_000, 20_000)), depth + i, (seq,), not forced or i == k)
     started = time.perf_counter()
     if context.decode(batch) is not DecodeOutcome.OK:
         raise RuntimeError("llama_decode failed on a timed step")
@@ -75,28 +82,35 @@ def _step(context: Context, batch: TokenBatch, streams: int, depth: int, k: int,
 
 
 def measure(model: Model, streams: int, depth: int, ks: list[int], unified: bool, rounds: int, steps: int,
-            threads: int, flash_attn: int, record: RunRecord | None) -> dict[int, float]:
-    """Median seconds of a step with k draft rows per sequence, for k = 0 and each of ks."""
-    cases = [0, *ks]
-    context = _context(model, streams, depth, max(cases), unified, threads, flash_attn)
+            threads: int, flash_attn: int, record: RunRecord | None,
+            forced_ks: tuple[int, ...] = ()) -> dict[tuple[str, int], float]:
+    """Median seconds of a step with k draft rows per sequence, for k = 0 and each of ks, and with
+    k forced rows for each of forced_ks; keyed ("draft", k) and ("forced", k)."""
+    cases = [("draft", 0), *(("draft", k) for k in ks), *(("forced", k) for k in forced_ks)]
+    context = _context(model, streams, depth, max(k for _, k in cases), unified, threads, flash_attn)
     batch = TokenBatch(_CHUNK, 1)
     rng = np.random.default_rng(0)
-    times: dict[int, list[float]] = {k: [] for k in cases}
+    times: dict[tuple[str, int], list[float]] = {case: [] for case in cases}
     try:
         fill_sequences(context, batch, _random_tokens(streams, depth, model.n_vocab))
-        for k in cases:  # warm-up: each shape once
-            _step(context, batch, streams, depth, k, rng)
+        for kind, k in cases:  # warm-up: each shape once
+            _step(context, batch, streams, depth, k, rng, kind == "forced")
         for r in range(rounds):
-            for k in (cases if r % 2 == 0 else cases[::-1]):
+            for kind, k in (cases if r % 2 == 0 else cases[::-1]):
                 for _ in range(steps):
-                    seconds = _step(context, batch, streams, depth, k, rng)
-                    times[k].append(seconds)
+                    seconds = _step(context, batch, streams, depth, k, rng, kind == "forced")
+                    times[kind, k].append(seconds)
                     if record is not None:
+                        rows = {"draft_rows": k} if kind == "draft" else {"draft_rows": 0, "forced_rows": k}
                         record.trial(kv="unified" if unified else "split", streams=streams, depth=depth,
-                                     draft_rows=k, round=r, seconds=seconds)
+                                     **rows, round=r, seconds=seconds)
     finally:
         context.close()
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _per_row_ms(t_plain: float, t_more: float, streams: int, k: int) -> float:
+    return (t_more - t_plain) * 1000 / (streams * k)
 
 
 def break_even(t_plain: float, t_drafted: float, k: int) -> float:
@@ -110,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", default="1,4,16", help="sequences decoding together, comma-separated")
     parser.add_argument("--depth", type=int, default=384, help="cells each sequence holds before the timed steps")
     parser.add_argument("--draft-rows", default="1,2,4", help="draft rows per sequence, comma-separated")
+    parser.add_argument("--forced-rows", default="", help="forced rows (no logits) per sequence, comma-separated")
     parser.add_argument("--kv", default="unified", help="KV cache layouts to measure: unified, split or both")
     parser.add_argument("--flash-attn", choices=sorted(_FLASH_ATTN), default="auto",
                         help="the attention kernel (auto: what cobatch serve uses)")
@@ -117,29 +132,42 @@ def main(argv: list[str] | None = None) -> int:
     add_common_arguments(parser, trials=6)
     args = parser.parse_args(argv)
     if args.quick:
-        args.streams, args.depth, args.draft_rows, args.trials, args.steps = "1,2", 64, "2", 2, 2
-    streams_list, ks = _ints(args.streams), _ints(args.draft_rows)
+        args.streams, args.depth, args.draft_rows, args.forced_rows, args.trials, args.steps = "1,2", 64, "2", "1", 2, 2
+    streams_list, ks, forced_ks = _ints(args.streams), _ints(args.draft_rows), _ints(args.forced_rows)
     layouts = [x.strip() for x in args.kv.split(",") if x.strip()]
-    if not streams_list or not ks or min(streams_list + ks) < 1 or args.depth < 1:
-        parser.error("--streams, --draft-rows and --depth take positive integers")
+    if not streams_list or not ks or min(streams_list + ks + forced_ks) < 1 or args.depth < 1:
+        parser.error("--streams, --draft-rows, --forced-rows and --depth take positive integers")
     if any(layout not in ("unified", "split") for layout in layouts) or not layouts:
         parser.error("--kv takes unified, split or both (comma-separated)")
     record = RunRecord("draft-price", args, args.model, argv)
-    rows, headline, plain_ms = [], {}, {}
+    rows, forced_table, headline, plain_ms = [], [], {}, {}
     with Model(resolve_model(args.model)) as model:
         for layout in layouts:
             for streams in streams_list:
                 t = measure(model, streams, args.depth, ks, layout == "unified", args.trials, args.steps,
-                            args.threads, _FLASH_ATTN[args.flash_attn], record)
-                plain_ms[layout, streams] = t[0] * 1000
+                            args.threads, _FLASH_ATTN[args.flash_attn], record, tuple(forced_ks))
+                plain = t["draft", 0]
+                plain_ms[layout, streams] = plain * 1000
                 for k in ks:
-                    rate = break_even(t[0], t[k], k)
-                    rows.append([layout, streams, t[0] * 1000, t[0] * 1000 / streams, k, t[k] * 1000,
-                                 (t[k] - t[0]) * 1000 / (streams * k), rate])
+                    rate = break_even(plain, t["draft", k], k)
+                    rows.append([layout, streams, plain * 1000, plain * 1000 / streams, k, t["draft", k] * 1000,
+                                 _per_row_ms(plain, t["draft", k], streams, k), rate])
                     if layout == "unified":
                         headline[f"break_even_s{streams}_k{k}"] = round(rate, 3)
+                draft_row_ms = _per_row_ms(plain, t["draft", ks[0]], streams, ks[0])
+                for k in forced_ks:
+                    row_ms = _per_row_ms(plain, t["forced", k], streams, k)
+                    forced_table.append([layout, streams, plain * 1000, k, t["forced", k] * 1000, row_ms,
+                                         row_ms / draft_row_ms])
+                    if layout == "unified":
+                        headline[f"forced_row_ms_s{streams}_k{k}"] = round(row_ms, 2)
+                        headline[f"forced_over_draft_row_s{streams}_k{k}"] = round(row_ms / draft_row_ms, 3)
     table = markdown_table(["KV cache", "streams", "plain step ms", "ms per token (plain)", "draft rows per seq",
                             "drafted step ms", "ms per draft row", "break-even acceptance"], rows)
+    if forced_table:
+        table += "\n\n" + markdown_table(
+            ["KV cache", "streams", "plain step ms", "forced rows per seq", "step ms", "ms per forced row",
+             f"over a draft row ({ks[0]} per seq)"], forced_table)
     notes = [f"{args.trials} rounds of {args.steps} steps per case, cases interleaved and reversed each round; "
              f"medians. Each sequence {args.depth} cells deep; flash attention {args.flash_attn}; "
              f"{args.threads} threads. Break-even acceptance: the tokens each draft row must add on average "

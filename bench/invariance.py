@@ -55,7 +55,7 @@ from bench.table import markdown_table
 from bindings import Context, ContextSettings, DecodeOutcome, Model, TokenBatch
 from engine import Engine, GenerationResult, Request
 from engine.model_source import resolve_model
-from engine.prompt_scores import score_rows
+from engine.prompt_scores import log_normalizers
 
 # Long enough that the cells a prompt is given start past the first 256, the granularity of the
 # attended cell range.
@@ -144,7 +144,7 @@ QUICK_CHUNK_SHAPES = ((0, 32),)
 
 def _logprobs_of(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """[i, j]: row i's log-probability of tokens[i, j]."""
-    return np.array([[s.logprob for s in score_rows(rows, list(tokens[:, j]), 0)] for j in range(tokens.shape[1])]).T
+    return np.take_along_axis(rows, tokens, axis=1) - log_normalizers(rows)[:, None]
 
 
 def step_shape_drift(flash: bool, threads: int, model_path: str | None,

@@ -192,6 +192,7 @@ class EngineCore(SingleWriter):
         sampled = sample_rows(self.sampler, first_logits, seqs, self.n_ctx) if rows else None
         t4 = clock()
         lengths_before = [len(seq.tokens) for seq in seqs]
+        forced_before = self.tokens_forced
         if sampled is not None:
             drafts = {c.seq: c for c in plan.chunks if c.draft}
             self._apply(seqs, sampled, lambda i: logits[firsts[i]:firsts[i] + 1 + len(drafts[seqs[i]].draft)], drafts)
@@ -207,7 +208,8 @@ class EngineCore(SingleWriter):
         self._record_step(carried, made, t5 - t0, threads, done=True, interrupted=False)
         self.step_cost.record(plan.n_tokens, self.runner.n_outputs, t5 - t0 - draft_s, threads)
         if self.speculator is not None:
-            self.speculator.step_done(kind == "decode", made[0] + made[1], t5 - t0 - draft_s)
+            advanced = made[0] + made[1] - (self.tokens_forced - forced_before)
+            self.speculator.step_done(kind == "decode", advanced, t5 - t0 - draft_s)
         if DEBUG_CHECKS:
             self.kv_cache.check()
         return True

@@ -22,6 +22,12 @@ past sixteen rows a row costs more than the fit, fed mostly by prompt chunks and
 steps, can see, and more in a step of hundreds of rows than in one of a few. The plain steps'
 own tokens per second are then what a draft row is weighed against, not the fit's price of such
 a step, which its other shapes of step move by more than a draft's margin.
+
+A step's tokens here are its sequences' advances (sampled tokens and kept drafts) and its seconds
+leave out its forced rows (jump-forward's tokens, at the fit's price of a row without logits):
+those are fed whether a draft is kept or not. Counted in, they would raise a structured step's
+tokens per second and value a kept draft at that, when what it spares is a sampling row and its
+share of the step.
 """
 from __future__ import annotations
 

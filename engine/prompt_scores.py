@@ -81,10 +81,15 @@ def record(logits: np.ndarray, layout: OutputLayout) -> None:
             seq.prompt_scores[first : first + n] = score_rows(rows, seq.tokens[first : first + n], n_top)
 
 
+def log_normalizers(rows: np.ndarray) -> np.ndarray:
+    """Each row's log of its softmax's denominator: a logit minus it is that token's logprob."""
+    peak = rows.max(axis=1, keepdims=True)
+    return peak[:, 0] + np.log(np.exp(rows - peak).sum(axis=1))
+
+
 def score_rows(rows: np.ndarray, targets: list[int], n_top: int) -> list[TokenLogprob]:
     """Each row's log-probability of its target token under the row's softmax, and its n_top best."""
-    peak = rows.max(axis=1, keepdims=True)
-    log_z = peak[:, 0] + np.log(np.exp(rows - peak).sum(axis=1))
+    log_z = log_normalizers(rows)
     picked = rows[np.arange(len(targets)), targets] - log_z
     scores = []
     for i, token in enumerate(targets):

@@ -11,14 +11,15 @@ sequences first, then by gain, while g > m x c x E / T holds, the margin m (DRAF
 covering a rate learned on a run of accepted tokens (T counts the rows already added at m times
 their cost): at one or a few streams the step's fixed cost dominates and drafts run; when the
 batch is compute-bound c x E / T nears one token and no draft pays. E and T are those of a decode
-step of every admitted sequence, the step a kept draft token spares a row of, even when this
-step also carries prompt chunks (its own tokens per second would price draft rows as nearly
-free while sixteen prompts fill, and drafts there cost more than they saved). One exception to the
-row-by-row rule: a step with a single output row (one stream) pays a jump with its first draft
-row (the step-cost model's multi_output_s: the projection becomes a matrix product), which one
-likely row cannot pay back but a run of them can; so rows are added past where the rule stops
-once the jump is in, and the best prefix of that order (the most tokens per weighed second)
-is granted. A policy may bound the step's predicted time (the per-token latency target).
+step of every admitted sequence, the step a kept draft token spares a row of (E its sampled
+tokens, T without the rows of tokens jump-forward appended, which are fed whether a draft is kept
+or not), even when this step also carries prompt chunks (its own tokens per second would price
+draft rows as nearly free while sixteen prompts fill, and drafts there cost more than they
+saved). One exception to the row-by-row rule: a step with a single output row (one stream)
+pays a jump with its first draft row (the step-cost model's multi_output_s: the projection
+becomes a matrix product), which one likely row cannot pay back but a run of them can; so rows
+are added past where the rule stops once the jump is in, and the best prefix of that order (the
+most tokens per weighed second) is granted. A policy may bound the step's predicted time (the per-token latency target).
 
 A draft row's price is the fit's cost of one more row with logits, but never less than its token
 cost plus the output projection's share in proportion to the model's weights (per token, the
@@ -86,8 +87,9 @@ class Speculator(SingleWriter):
     projection_ratio: float = 0.0  # the output projection's weights over the body's (projection_ratio())
     payoff: DraftPayoff = field(default_factory=DraftPayoff)
     _steady: int | None = None  # this step's count of admitted sequences, once the step was considered
-    _draft_rows: int = 0  # this step's, and the fit's price of the step without them
+    _draft_rows: int = 0  # this step's, and the fit's price of the step without them or its forced rows
     _undrafted_s: float = 0.0
+    _forced_s: float = 0.0  # the fit's price of this step's forced rows (jump-forward's tokens)
 
     def draft(self, plan: StepPlan, kv: KvCache, cost: StepCost | None, room: int, n_ctx: int,
               limit_s: float | None, running: int = 0) -> None:
@@ -98,6 +100,10 @@ class Speculator(SingleWriter):
         outputs = sum(1 for c in plan.chunks if c.wants_logits)
         steady = max(outputs, running)
         self._steady, self._draft_rows = steady, 0
+        # Tokens jump-forward appended, fed before their sequence's sampling row: a kept draft
+        # spares a sampling row and its share of the step, never these (they are fed either way).
+        forced = plan.n_tokens - outputs if plan.decode_only else 0
+        self._forced_s = 0.0 if cost is None else forced * cost.per_token_s
         if cost is None or room <= 0 or limit_s == 0.0 or self.payoff.holds_back(steady):
             return
         reference = self.payoff.plain_step(steady)
@@ -121,8 +127,8 @@ class Speculator(SingleWriter):
             return
         gains = {seq: self.acceptance.gains(draft, self.max_draft) for seq, draft in proposals.items()}
         granted = self.allot(gains, cost, plan.n_tokens, outputs, float(outputs), limit_s, room, steady, row_s,
-                             reference)
-        self._undrafted_s = cost.seconds(plan.n_tokens, outputs)
+                             reference, forced)
+        self._undrafted_s = cost.seconds(plan.n_tokens - forced, outputs)
         for i, chunk in enumerate(plan.chunks):
             k = granted.get(chunk.seq, 0)
             if k and kv.try_reserve(chunk.seq, len(chunk.seq.tokens) + k):
@@ -138,18 +144,19 @@ class Speculator(SingleWriter):
         """Whether the step last considered got drafts."""
         return self._draft_rows > 0
 
-    def step_done(self, decode_only: bool, tokens: int, seconds: float) -> None:
-        """The planned step made `tokens` in `seconds`; `decode_only`: it carried no prompt chunk
-        (only such steps are compared, like with like)."""
+    def step_done(self, decode_only: bool, advanced: int, seconds: float) -> None:
+        """The planned step advanced its sequences by `advanced` tokens (sampled, and drafted ones
+        kept; not those jump-forward appended after them) in `seconds`; `decode_only`: it carried
+        no prompt chunk (only such steps are compared, like with like)."""
         if decode_only and self._steady is not None:
-            self.payoff.record(self._steady, tokens, seconds, self._draft_rows, self._undrafted_s)
+            self.payoff.record(self._steady, advanced, seconds - self._forced_s, self._draft_rows, self._undrafted_s)
         self._steady = None
 
     @staticmethod
     def allot(gains: dict[Sequence, list[float]], cost: StepCost, tokens: int, outputs: int,
               expected_tokens: float, limit_s: float | None = None, room: int | None = None,
               steady: int | None = None, row_s: float | None = None,
-              reference: tuple[float, float] | None = None) -> dict[Sequence, int]:
+              reference: tuple[float, float] | None = None, forced: int = 0) -> dict[Sequence, int]:
         """Draft rows per sequence (the rule in the module docstring), given the tokens each
         draft row is expected to add (`gains[seq][i]` for its i-th row, non-increasing). The planned
         step feeds `tokens` rows, `outputs` of them with logits, and is expected to produce
@@ -159,13 +166,15 @@ class Speculator(SingleWriter):
         come from, not what this step makes per second: one carrying prompt chunks makes few
         tokens in a long time, which would price every draft row as nearly free. `row_s`: a draft
         row's price (default: the fit's). `reference`: the tokens and seconds of that decode step of
-        all of them as measured, which replace the fit's price of it."""
+        all of them as measured, which replace the fit's price of it. `forced`: rows of `tokens`
+        that jump-forward appended; a kept draft token spares none of them, so they count in the
+        step's predicted seconds but not in what a token is worth."""
         row_s = cost.per_token_s + cost.per_output_s if row_s is None else row_s
         step_s = cost.seconds(tokens, outputs)
         # A step with one output row pays the jump to a matrix product with its first draft row:
         # that row is judged with the rows after it, as the best prefix of the greedy order.
         jump_s = cost.multi_output_s if outputs == 1 else 0.0
-        ref_s = step_s
+        ref_s = cost.seconds(tokens - forced, outputs)
         if reference is not None:
             expected_tokens, ref_s = reference
         elif steady is not None and steady > outputs:

@@ -108,3 +108,24 @@ def test_an_extraction_drafts_its_values_from_the_prompt_and_keeps_its_output(ex
 
 def test_a_request_without_a_schema_never_drafts_from_the_prompt_s_words(extractions):
     assert extractions["stats after plain"].drafted[PROMPT_WORDS] == extractions["stats"].drafted[PROMPT_WORDS]
+
+
+def test_plain_steps_of_structured_answers_count_their_sampled_tokens_for_the_payoff(model_path):
+    # Forced tokens (keys, punctuation) ride in the steps of JSON answers, fed whether a draft is
+    # kept or not; the payoff weighs a draft against what a plain step samples: one token per
+    # decoding sequence, never the forced ones appended after it.
+    texts = ["Tobias is a 34-year-old pilot who lives in Krakow.", "Ines is 71 and lives in Malmo.",
+             "Our new colleague, Clara, aged 29, moved here from Bergen."]
+    prompts = [f"Extract the person as JSON with the fields name, age and city.\n\n{t}\n\nJSON:" for t in texts]
+    with Engine(model_path, n_ctx=2048, max_running=4, speculative=True, prefix_cache=False) as engine:
+        handles = [engine.submit(Request(p, max_tokens=48, sampling=SamplingParams(temperature=0.0), format="json",
+                                         json_schema=PERSON)) for p in prompts]
+        results = [h.result(120) for h in handles]
+        plain = engine.inspect(lambda runner: {n: (rate.tokens.value, rate.steps)
+                                               for n, rate in engine.core.speculator.payoff.plain.items()})
+        forced = engine.stats().tokens_forced
+    assert all(json.loads(r.text).keys() == PERSON["properties"].keys() for r in results)
+    assert forced >= 3 * len(PERSON["properties"])  # each answer's keys at least
+    assert sum(steps for _, steps in plain.values()) > 0 and min(plain) >= 2
+    for decoding, (tokens, _) in plain.items():
+        assert tokens <= decoding + 1e-9, f"{tokens:.2f} tokens per plain step of {decoding} sequences"

@@ -396,6 +396,18 @@ def test_a_step_carrying_prompt_chunks_prices_draft_rows_as_the_decode_steps_to_
     assert Speculator.allot(alone, FIXED_HEAVY, 1, 1, 1.0, steady=1)[seq] == 8  # one stream: as before
 
 
+def test_a_kept_draft_is_worth_a_sampling_row_not_the_forced_tokens_fed_in_its_step():
+    # Sixteen structured answers, each feeding its sampled token and one forced by the grammar: a
+    # kept draft spares a sampling row and its share of the step, while the forced rows are fed
+    # either way. Priced with them in, a token looks dearer and drafts that lose look paying.
+    cost = StepCost(fixed_s=0.010, per_token_s=0.002, per_output_s=0.002)
+    gains = {_Seq(acceptance=0.9): [0.9] for _ in range(16)}
+    step = dict(cost=cost, tokens=32, outputs=16, expected_tokens=16.0)
+    assert len(Speculator.allot(gains, **step)) == 16  # as if forced rows were sampled ones
+    assert Speculator.allot(gains, **step, forced=16) == {}
+    assert Speculator.allot(gains, **step, forced=16) == Speculator.allot(gains, cost, 16, 16, 16.0)
+
+
 # ---- the measured payoff ---------------------------------------------------------------------
 def test_drafts_stop_where_drafted_steps_made_fewer_tokens_per_second_and_are_tried_again_later():
     payoff = DraftPayoff()
