@@ -19,7 +19,8 @@ saved). One exception to the row-by-row rule: a step with a single output row (o
 pays a jump with its first draft row (the step-cost model's multi_output_s: the projection
 becomes a matrix product), which one likely row cannot pay back but a run of them can; so rows
 are added past where the rule stops once the jump is in, and the best prefix of that order (the
-most tokens per weighed second) is granted. A policy may bound the step's predicted time (the per-token latency target).
+most tokens per weighed second) is granted. A policy may bound the step's predicted time (the
+per-token latency target).
 
 A draft row's price is the fit's cost of one more row with logits, but never less than its token
 cost plus the output projection's share in proportion to the model's weights (per token, the
