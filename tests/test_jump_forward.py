@@ -137,3 +137,47 @@ def test_switched_off_it_forces_nothing(model_path):
         r = plain.generate("Review as JSON:", json_schema=REVIEW, max_tokens=32, seed=1)[0]
         jsonschema.validate(json.loads(r.text), REVIEW)
         assert r.metrics.forced_tokens == 0 and plain.stats().tokens_forced == 0
+
+
+class _Writing:
+    """What the draft cut reads of a sequence: its grammar's state and its budget."""
+
+    def __init__(self, matcher, logprobs=None) -> None:
+        self.matcher, self.logprobs = matcher, logprobs
+
+    def token_budget(self, n_ctx: int) -> int:
+        return 64
+
+
+def test_a_draft_stops_short_of_text_the_grammar_forces(engine):
+    # A draft running out of a value into the next key would carry rows with logits for tokens
+    # jump-forward appends for nothing, and the row before them would compute only a forced token:
+    # it ends before the value's last token, which the last row then samples, and jump-forward follows.
+    from engine.drafts import Draft
+    from engine.speculation import _within_grammar
+    model = engine.model
+    jump = JumpForward(lambda text: model.tokenize(text, add_bos=False), model.token_bytes)
+    person = {"type": "object", "properties": {"city": {"type": "string"}, "job": {"type": "string"}},
+              "required": ["city", "job"], "additionalProperties": False}
+    matcher = compile_grammar(person, engine.vocabulary).matcher()
+    matcher.advance_bytes(b'{"city":"Kr')
+
+    def cut(text: str, logprobs=None) -> tuple[int, ...]:
+        draft = _within_grammar(_Writing(matcher, logprobs), Draft(tuple(model.tokenize(text, add_bos=False)), "test"),
+                                2048, jump)
+        return () if draft is None else draft.tokens
+
+    def spelled(tokens: tuple[int, ...]) -> bytes:
+        return b"".join(model.token_bytes[t] for t in tokens)
+
+    assert spelled(cut("akow in")) == b"akow in"  # still the value: nothing forced
+    kept = cut('akow","job":"pilot')
+    assert b'akow","job":"pilot'.startswith(spelled(kept)) and b'"' not in spelled(kept)
+    # What is left out begins with the value's last token: after it the grammar forces text.
+    whole = model.tokenize('akow","job":"pilot', add_bos=False)
+    rest = matcher.fork()
+    rest.advance_bytes(spelled(kept))
+    assert not jump.forced_tokens(rest)
+    rest.advance(whole[len(kept)])
+    assert jump.forced_tokens(rest)
+    assert list(cut('akow","job":"pilot', logprobs=1)) == whole  # every token is sampled there
