@@ -91,7 +91,7 @@ class EngineCore(SingleWriter):
         self.tokens_forced = 0  # appended by jump-forward, unsampled
         self.speculator = Speculator(
             cfg.speculative_max_draft, drafter=Drafter(words=PromptWords(tokenize, model.token_bytes)),
-            draft_model=draft_model, jump=self.jump,
+            draft_model=draft_model,
             projection_ratio=projection_ratio(model.n_vocab, model.n_embd, model.n_params)) if cfg.speculative else None
         self.thread_governor = ThreadGovernor(cfg.n_threads, runner.interrupter, adaptive=cfg.adaptive_threads)
         self.profiles = {"decode": StepProfile(), "mixed": StepProfile()}

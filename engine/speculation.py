@@ -57,7 +57,6 @@ from engine.acceptance import AcceptanceRates
 from engine.draft_model import DraftModel
 from engine.draft_payoff import DraftPayoff
 from engine.drafts import DRAFT_MODEL, SOURCES, Draft, Drafter, NgramIndex
-from engine.jump_forward import JumpForward
 from engine.kv_cache import KvCache
 from engine.ownership import SingleWriter
 from engine.request import Priority
@@ -88,7 +87,6 @@ class Speculator(SingleWriter):
     draft_model_s: float = 0.0  # this step's time in the draft model (outside the main step's cost)
     projection_ratio: float = 0.0  # the output projection's weights over the body's (projection_ratio())
     payoff: DraftPayoff = field(default_factory=DraftPayoff)
-    jump: JumpForward | None = None  # the core's: where the grammar forces text, drafts stop short of it
     _steady: int | None = None  # this step's count of admitted sequences, once the step was considered
     _draft_rows: int = 0  # this step's, and the fit's price of the step without them or its forced rows
     _undrafted_s: float = 0.0
@@ -280,7 +278,7 @@ class Speculator(SingleWriter):
         for seq, tokens in drafted.items():
             draft = Draft(tokens, DRAFT_MODEL)  # no match: its rate is one bucket's
             if seq.matcher is not None:
-                draft = _within_grammar(seq, draft, n_ctx, self.jump)
+                draft = _within_grammar(seq, draft, n_ctx)
             if draft is not None:
                 proposals[seq] = draft
         return proposals
@@ -296,7 +294,7 @@ class Speculator(SingleWriter):
             prompt = seq.prompt_words
         draft = self.drafter.propose(seq.ngrams, seq.tokens, seq.request.draft_scope, limit, prompt)
         if draft is not None and seq.matcher is not None:
-            draft = _within_grammar(seq, draft, n_ctx, self.jump)
+            draft = _within_grammar(seq, draft, n_ctx)
         return draft
 
 
@@ -319,11 +317,8 @@ def _a_certain_draft_pays(cost: StepCost, outputs: int, rows: int, row_s: float 
     return (tokens + rows) / (step_s + DRAFT_GAIN_MARGIN * added_s) > tokens / step_s
 
 
-def _within_grammar(seq: Sequence, draft: Draft, n_ctx: int, jump: JumpForward | None = None) -> Draft | None:
-    """The draft cut before the first token the sequence's grammar would refuse, and before the
-    last token ahead of text the grammar forces. That token's row would compute only a forced
-    token, and the forced run's rows would carry logits for nothing: left to the last row's
-    sampling, the token is followed by jump-forward's tokens, unsampled and without logits."""
+def _within_grammar(seq: Sequence, draft: Draft, n_ctx: int) -> Draft | None:
+    """The draft cut before the first token the sequence's grammar would refuse."""
     matcher = seq.matcher.fork()
     budget = seq.token_budget(n_ctx)
     kept = 0
@@ -334,8 +329,5 @@ def _within_grammar(seq: Sequence, draft: Draft, n_ctx: int, jump: JumpForward |
         kept += 1
         budget -= 1
         if matcher.is_finished:
-            break
-        if jump is not None and seq.logprobs is None and jump.forced_tokens(matcher):  # as core's jump-forward
-            kept -= 1
             break
     return replace(draft, tokens=draft.tokens[:kept]) if kept else None
