@@ -104,7 +104,7 @@ class EngineConfig:
         True, "speculative decoding: tokens guessed from the sequence's own earlier text and recent outputs (and by "
               "--draft-model, if given) are verified in the step, where the step-cost model says they pay (greedy outputs "
               "unchanged, sampled ones in distribution)", on_off=True, words=("auto", "off"))
-    speculative_max_draft: int = setting(32, "drafted tokens per sequence and step at most")
+    speculative_max_draft: int = setting(31, "drafted tokens per sequence and step at most")
     # A draft model's decodes run between the main steps and are not weighed by the allotment:
     # only a model several times smaller than the main one can pay for them (docs/speculative-decoding.md).
     draft_model: str | None = setting(

@@ -248,7 +248,7 @@ class Speculator(SingleWriter):
     def _learn(self, seq: Sequence, draft: Draft, kept: int) -> None:
         self.acceptance.learn(draft, kept)
         if kept == len(draft.tokens):
-            seq.draft_cap = min(self.max_draft, 2 * seq.draft_cap)
+            seq.draft_cap = min(self.max_draft, 2 * seq.draft_cap + 1)  # 3, 7, 15, 31: engine/tuning.py
         else:
             seq.draft_cap = max(DRAFT_CAP_MIN, seq.draft_cap // 2)
 

@@ -148,8 +148,14 @@ ACCEPTANCE_WEIGHT = 0.1  # weight of each drafted token's outcome in its bucket'
 # no less than the minimum) when one misses. A long match can still end where the copy ends (a
 # code block closed, then other text): the cap bounds what such confident misses waste, where
 # one table of rates for all sequences cannot (after the heuristic schedule of Hugging Face's
-# assisted generation; values are judgement).
-DRAFT_CAP_START, DRAFT_CAP_MIN = 8, 4
+# assisted generation). Caps run 3, 7, 15, 31 so that a draft at its cap and its sampling row
+# make a multiple of four output rows: llama.cpp's kernels for repacked weights (on CPUs without
+# AMX) project four rows at a time and each row left over alone, reading the whole projection
+# again. At one stream on an AMD EPYC, 8 output rows took 46.0 ms (as long as 5), 16 took 73.7
+# against 17 rows' 90.7, and 32 took 131.5 against 33 rows' 148.1 (a plain step 12.6 ms,
+# bench/results/20261201T003851Z-draft-price); elsewhere a row fewer costs a draft little.
+# Start and minimum otherwise judgement.
+DRAFT_CAP_START, DRAFT_CAP_MIN = 7, 3
 # A draft row must promise this many times its cost: acceptance comes in runs (a copied passage
 # is accepted until it ends), so a rate learned on a run overstates the next row. Without it,
 # 16 streams drafted and lost 4-8% (bench speculative, paragraph and story at C=16, 2026-11-27:
@@ -184,8 +190,9 @@ PAYOFF_MIN_STREAMS = 2
 # `--draft-p-min`, off by default in the version we pin; the value is judgement).
 DRAFT_MODEL_P_MIN = 0.75
 # Its drafts are also cut at this many tokens, each costing it a decode, whatever
-# `speculative_max_draft` allows the model-free sources (llama.cpp's `--draft-max` default).
-DRAFT_MODEL_MAX_DRAFT = 16
+# `speculative_max_draft` allows the model-free sources (llama.cpp's `--draft-max` default is 16;
+# one fewer for a multiple of four output rows, as with DRAFT_CAP_START).
+DRAFT_MODEL_MAX_DRAFT = 15
 # Rows of one catch-up decode in the draft model's context (a new sequence's prompt is fed in
 # pieces of this size; judgement, the main context's default step budget is 256).
 DRAFT_MODEL_CATCH_UP_ROWS = 512

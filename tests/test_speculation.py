@@ -209,23 +209,30 @@ def test_a_proposal_without_rows_is_judged_against_the_tokens_that_follow_and_co
 
 
 def test_a_sequence_s_draft_cap_doubles_on_a_draft_kept_whole_and_halves_on_a_miss():
-    spec = Speculator(32)
+    spec = Speculator(31)
     seq = _Seq()
     seq.tokens, seq.unverified_draft, seq.drafted_tokens, seq.accepted_tokens = [5, 6], None, 0, 0
-    spec.verified(seq, Draft(tuple(range(8)), PROMPT_LOOKUP, 12), 8)
-    spec.verified(seq, Draft(tuple(range(16)), PROMPT_LOOKUP, 12), 16)
-    assert seq.draft_cap == 32
-    spec.verified(seq, Draft(tuple(range(32)), PROMPT_LOOKUP, 40), 32)
-    assert seq.draft_cap == 32  # never past max_draft
+    caps = []
+    for _ in range(3):
+        caps.append(seq.draft_cap)
+        spec.verified(seq, Draft(tuple(range(seq.draft_cap)), PROMPT_LOOKUP, 40), seq.draft_cap)
+    # A draft at its cap and its sampling row make a multiple of four output rows (engine/tuning.py).
+    assert caps == [7, 15, 31] and seq.draft_cap == 31
+    spec.verified(seq, Draft(tuple(range(31)), PROMPT_LOOKUP, 40), 31)
+    assert seq.draft_cap == 31  # never past max_draft
+    missed = []
     for _ in range(5):  # a copy that ended: confident drafts miss, and grow short
+        missed.append(seq.draft_cap)
         spec.verified(seq, Draft(tuple(range(seq.draft_cap)), PROMPT_LOOKUP, 40), 1)
-    assert seq.draft_cap == DRAFT_CAP_MIN
+    assert missed == [31, 15, 7, 3, 3] and seq.draft_cap == DRAFT_CAP_MIN
+    assert all((cap + 1) % 4 == 0 for cap in {*caps, *missed})
     # A proposal without rows, judged whole and found right, lets the next one grow as well.
     seq.unverified_draft = (Draft((42, 43, 44, 45), PROMPT_LOOKUP, 12), len(seq.tokens))
     for token in (42, 43, 44, 45):
         spec.sampled(seq, token)
         seq.tokens.append(token)
-    assert seq.draft_cap == 2 * DRAFT_CAP_MIN and (seq.drafted_tokens, seq.accepted_tokens) == (56 + 32 + 16 + 8 + 4 + 4, 56 + 5)
+    assert seq.draft_cap == 2 * DRAFT_CAP_MIN + 1
+    assert (seq.drafted_tokens, seq.accepted_tokens) == (7 + 15 + 31 + 31 + sum(missed), 7 + 15 + 31 + 31 + 5)
 
 
 def test_interactive_sequences_draft_first_and_a_limit_or_no_room_stops_drafts():
