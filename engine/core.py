@@ -91,7 +91,7 @@ class EngineCore(SingleWriter):
         self.tokens_forced = 0  # appended by jump-forward, unsampled
         self.speculator = Speculator(
             cfg.speculative_max_draft, drafter=Drafter(words=PromptWords(tokenize, model.token_bytes)),
-            draft_model=draft_model,
+            draft_model=draft_model, jump=self.jump,
             projection_ratio=projection_ratio(model.n_vocab, model.n_embd, model.n_params)) if cfg.speculative else None
         self.thread_governor = ThreadGovernor(cfg.n_threads, runner.interrupter, adaptive=cfg.adaptive_threads)
         self.profiles = {"decode": StepProfile(), "mixed": StepProfile()}
@@ -195,7 +195,8 @@ class EngineCore(SingleWriter):
         forced_before = self.tokens_forced
         if sampled is not None:
             drafts = {c.seq: c for c in plan.chunks if c.draft}
-            self._apply(seqs, sampled, lambda i: logits[firsts[i]:firsts[i] + 1 + len(drafts[seqs[i]].draft)], drafts)
+            ends = [*firsts[1:], len(rows)]
+            self._apply(seqs, sampled, lambda i: logits[firsts[i]:ends[i]], drafts)
         t5 = clock()
         made = [0, 0]  # interactive, batch
         for seq, before in zip(seqs, lengths_before):
@@ -322,11 +323,12 @@ class EngineCore(SingleWriter):
     def _verify(self, seq: Sequence, first: int, logits: Any, chunk: Chunk) -> tuple[FinishReason | None, str | None]:
         """Keep the drafted tokens the model confirms (engine/verify.py); their cells stay, the
         rejected ones' go."""
-        verified = verify(self.sampler, logits, seq, first, chunk.draft, self.model.eog_tokens, self.n_ctx)
+        verified = verify(self.sampler, logits, seq, first, chunk.draft, self.model.eog_tokens, self.n_ctx,
+                          chunk.forced)
         self.kv_cache.computed(seq, verified.accepted)
         self.kv_cache.drop_uncomputed(seq)
         assert self.speculator is not None and chunk.granted is not None
-        self.speculator.verified(seq, chunk.granted, verified.accepted)
+        self.speculator.verified(seq, chunk.granted, verified.accepted, sum(chunk.forced))
         return verified.reason, verified.error
 
     def _jump_forward(self, seq: Sequence) -> FinishReason | None:

@@ -64,8 +64,8 @@ def map_outputs(flags: np.ndarray, n_tokens: int, placed: Iterable[tuple[Chunk, 
     if not spans:
         return None
     output_of = np.cumsum(flags[:n_tokens] != 0) - 1  # batch row -> its index among the outputs
-    sampling = np.array([output_of[row + chunk.n_rows - 1 - i] for chunk, row in placed if chunk.wants_logits
-                         for i in range(len(chunk.draft), -1, -1)], dtype=np.intp)
+    sampling = np.array([output_of[row + chunk.n_rows - 1 - len(chunk.draft) + j] for chunk, row in placed
+                         if chunk.wants_logits for j in chunk.logit_rows], dtype=np.intp)
     return OutputLayout(sampling, tuple(ScoredSpan(seq, p, int(output_of[lo]), n) for seq, p, lo, n in spans))
 
 

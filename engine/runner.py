@@ -62,7 +62,7 @@ class ModelRunner(SingleWriter):
 
     def build_batch(self, plan: StepPlan) -> list[Sequence]:
         """Fill the batch; returns the sequence owning each sampling row, in row order (a chunk
-        with a draft owns one row more per drafted token, consecutive)."""
+        with a draft owns one row more per drafted token the grammar does not force, consecutive)."""
         batch = self.batch
         batch.clear()
         # Decode rows first, then decoding sequences' runs (drafts, forced tokens), prompt chunks
@@ -82,12 +82,16 @@ class ModelRunner(SingleWriter):
         for c in runs:
             tokens = np.asarray([*c.seq.tokens[c.start : c.start + c.length], *c.draft], dtype=np.int32)
             last = batch.add_run(tokens, c.start, c.seq.seq_id, c.wants_logits, n_logits=1 + len(c.draft))
+            if c.wants_logits and c.forced:
+                sampling_row = last - len(c.draft)
+                batch.logits[sampling_row : last + 1] = 0
+                batch.logits[[sampling_row + j for j in c.logit_rows]] = 1
             placed.append((c, last - c.n_rows + 1))
         self._layout = prompt_scores.map_outputs(batch.logits, batch.n_tokens, placed)
         self._n_outputs = batch.n_outputs
         self._calls = decode_calls(placed, batch.n_tokens) if self._split else []
         self._outputs = None
-        return [c.seq for c, _ in placed if c.wants_logits for _ in range(1 + len(c.draft))]
+        return [c.seq for c, _ in placed if c.wants_logits for _ in c.logit_rows]
 
     @property
     def n_outputs(self) -> int:

@@ -57,6 +57,7 @@ from engine.acceptance import AcceptanceRates
 from engine.draft_model import DraftModel
 from engine.draft_payoff import DraftPayoff
 from engine.drafts import DRAFT_MODEL, SOURCES, Draft, Drafter, NgramIndex
+from engine.jump_forward import JumpForward
 from engine.kv_cache import KvCache
 from engine.ownership import SingleWriter
 from engine.request import Priority
@@ -82,11 +83,13 @@ class Speculator(SingleWriter):
     sources: dict[str, SourceCounts] = field(default_factory=lambda: {s: SourceCounts() for s in SOURCES})
     acceptance: AcceptanceRates = field(default_factory=AcceptanceRates)
     steps_with_drafts: int = 0
-    verified_rows: int = 0  # output rows of drafted sequences: their sampling rows plus one per drafted token
+    verified_rows: int = 0  # output rows of drafted sequences: their sampling rows plus one per drafted token not forced
+    forced_draft_tokens: int = 0  # drafted tokens the grammar forced, verified without logits
     draft_model: DraftModel | None = None
     draft_model_s: float = 0.0  # this step's time in the draft model (outside the main step's cost)
     projection_ratio: float = 0.0  # the output projection's weights over the body's (projection_ratio())
     payoff: DraftPayoff = field(default_factory=DraftPayoff)
+    jump: JumpForward | None = None  # the engine's jump-forward: drafted tokens it would force need no logits
     _steady: int | None = None  # this step's count of admitted sequences, once the step was considered
     _draft_rows: int = 0  # this step's, and the fit's price of the step without them or its forced rows
     _undrafted_s: float = 0.0
@@ -134,7 +137,9 @@ class Speculator(SingleWriter):
             k = granted.get(chunk.seq, 0)
             if k and kv.try_reserve(chunk.seq, len(chunk.seq.tokens) + k):
                 proposal = proposals[chunk.seq]
-                plan.chunks[i] = replace(chunk, draft=proposal.tokens[:k], granted=replace(proposal, tokens=proposal.tokens[:k]))
+                tokens = proposal.tokens[:k]
+                plan.chunks[i] = replace(chunk, draft=tokens, granted=replace(proposal, tokens=tokens),
+                                         forced=self._forced(chunk.seq, tokens))
                 self._draft_rows += k
             elif chunk.seq in proposals and chunk.seq.unverified_draft is None:
                 chunk.seq.unverified_draft = (proposals[chunk.seq], len(chunk.seq.tokens))
@@ -218,12 +223,14 @@ class Speculator(SingleWriter):
             accepted={s: c.accepted for s, c in self.sources.items()},
             steps_with_drafts=self.steps_with_drafts, verified_rows=self.verified_rows)
 
-    def verified(self, seq: Sequence, draft: Draft, accepted: int) -> None:
-        """A draft was checked and its first `accepted` tokens kept."""
+    def verified(self, seq: Sequence, draft: Draft, accepted: int, forced: int = 0) -> None:
+        """A draft was checked and its first `accepted` tokens kept; `forced` of its tokens needed
+        no logits."""
         counts = self.sources[draft.source]
         counts.drafted += len(draft.tokens)
         counts.accepted += accepted
-        self.verified_rows += len(draft.tokens) + 1
+        self.verified_rows += len(draft.tokens) + 1 - forced
+        self.forced_draft_tokens += forced
         seq.unverified_draft = None  # judged by the model instead
         self._learn(seq, draft, accepted)
         seq.drafted_tokens += len(draft.tokens)
@@ -268,6 +275,23 @@ class Speculator(SingleWriter):
             return 0
         # Drafted tokens and the one sampled after them must fit max_tokens and the context.
         return max(0, min(self.max_draft, seq.draft_cap, seq.token_budget(n_ctx) - 1))
+
+    def _forced(self, seq: Sequence, draft: tuple[int, ...]) -> tuple[bool, ...]:
+        """Which drafted tokens jump-forward would append unsampled after the ones before them (its
+        own spelling of the text the grammar forces). Their rows need no logits, which at one
+        stream spares the projection most of a step's time; the first is never one (jump-forward
+        already appended what the grammar forced before it)."""
+        if self.jump is None or seq.matcher is None or seq.logprobs is not None:
+            return ()
+        matcher = seq.matcher.fork()
+        forced, run = [False], ()
+        matcher.advance(draft[0])
+        for token in draft[1:]:
+            run = run or self.jump.forced_tokens(matcher)
+            forced.append(bool(run) and run[0] == token)
+            run = run[1:] if forced[-1] else ()
+            matcher.advance(token)
+        return tuple(forced) if any(forced) else ()
 
     def _draft_model_proposals(self, limits: dict[Sequence, int], n_ctx: int) -> dict[Sequence, Draft]:
         assert self.draft_model is not None

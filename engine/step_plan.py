@@ -13,9 +13,19 @@ class Chunk:
     start: int  # index into seq.tokens, equal to the KV position of its first token
     length: int  # tokens of seq.tokens it feeds
     # Tokens guessed to follow seq.tokens (engine/drafts.py), fed after them with logits on
-    # every row: the model verifies them in this step (engine/verify.py).
+    # their rows (but `forced` ones'): the model verifies them in this step (engine/verify.py).
     draft: tuple[int, ...] = ()
     granted: Draft | None = None  # the proposal `draft` was cut from (its source and match): learned from
+    # Per drafted token: the grammar forces it there (jump-forward would append it unsampled), so
+    # the row before it needs no logits and it is kept once the tokens before it are.
+    forced: tuple[bool, ...] = ()
+
+    @property
+    def logit_rows(self) -> list[int]:
+        """Which of its last 1 + len(draft) rows (0: the sampling row) have logits: every row but
+        those whose next token is forced."""
+        forced = self.forced or (False,) * len(self.draft)
+        return [j for j in range(len(self.draft) + 1) if j == len(self.draft) or not forced[j]]
 
     @property
     def n_rows(self) -> int:

@@ -28,12 +28,14 @@ class Verified(NamedTuple):
 
 
 def verify(sampler: BatchSampler, logits: np.ndarray, seq: Sequence, first: int, draft: tuple[int, ...],
-           eog_tokens: frozenset[int], n_ctx: int) -> Verified:
+           eog_tokens: frozenset[int], n_ctx: int, forced: tuple[bool, ...] = ()) -> Verified:
     """Append the tokens the model confirms, starting from `first` (sampled from logits[0]);
-    logits[i] is the row computed after draft[:i]."""
-    if _plain_greedy(seq):
+    logits holds, in order, the rows computed after draft[:i] for each i but those where
+    `forced[i]`: there the grammar forces draft[i], which is kept as jump-forward would append it,
+    unsampled, once the tokens before it are."""
+    if _plain_greedy(seq) and not any(forced):
         return _verify_greedy(logits, seq, draft, eog_tokens, n_ctx)
-    token, accepted = first, 0
+    token, accepted, row = first, 0, 1
     for i, drafted in enumerate(draft):
         if token != drafted:
             break
@@ -41,7 +43,11 @@ def verify(sampler: BatchSampler, logits: np.ndarray, seq: Sequence, first: int,
         accepted += 1
         if reason is not None:
             return Verified(accepted, reason)
-        sampled = sample_rows(sampler, logits[i + 1:i + 2], [seq], n_ctx)
+        if i + 1 < len(draft) and forced and forced[i + 1]:
+            token = draft[i + 1]
+            continue
+        sampled = sample_rows(sampler, logits[row:row + 1], [seq], n_ctx)
+        row += 1
         if sampled.dead_ends:
             return Verified(accepted, FinishReason.ERROR, sampled.dead_ends[0])
         token = sampled.tokens[0]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bindings import Model
-from engine import Engine, Request
+from engine import Engine, Request, speculation
 from engine.drafts import PROMPT_WORDS
 from engine.prompt_words import PromptWords
 from engine.tuning import PROMPT_WORDS_WINDOW
@@ -129,3 +129,40 @@ def test_plain_steps_of_structured_answers_count_their_sampled_tokens_for_the_pa
     assert sum(steps for _, steps in plain.values()) > 0 and min(plain) >= 2
     for decoding, (tokens, _) in plain.items():
         assert tokens <= decoding + 1e-9, f"{tokens:.2f} tokens per plain step of {decoding} sequences"
+
+
+def test_drafted_tokens_the_grammar_forces_are_kept_without_logits_and_the_answers_stay_off_s(model_path, monkeypatch):
+    # An extraction asked again is drafted from its first answer (recent outputs), through the keys
+    # and punctuation the grammar forces: those tokens are kept as jump-forward would append them,
+    # unsampled, and their rows carry no logits. Every proposal is granted whole here: whether a
+    # draft pays at one stream depends on this machine's step times, which this test is not about.
+    monkeypatch.setattr(speculation, "_a_certain_draft_pays", lambda *args, **kwargs: True)
+    monkeypatch.setattr(speculation.Speculator, "allot",
+                        staticmethod(lambda gains, *args, **kwargs: {seq: len(g) for seq, g in gains.items()}))
+    texts = ["Tobias is a 34-year-old pilot who lives in Krakow.", "Ines is 71 and lives in Malmo.",
+             "Our new colleague, Clara, aged 29, moved here from Bergen."]
+    prompts = [f"Extract the person as JSON with the fields name, age and city.\n\n{t}\n\nJSON:" for t in texts]
+    greedy = SamplingParams(temperature=0.0)
+    answers = {}
+    for speculative in (False, True):
+        with Engine(model_path, n_ctx=2048, max_running=4, speculative=speculative, prefix_cache=False) as engine:
+            asked = [p for p in prompts for _ in range(1 + speculative)]
+            # Without drafts, with the top two alternatives, to see how close a differing choice was.
+            answers[speculative] = [engine.submit(Request(p, max_tokens=48, sampling=greedy, format="json",
+                                                          json_schema=PERSON, logprobs=0 if speculative else 2)).result(120)
+                                    for p in asked]
+            if speculative:
+                forced = engine.inspect(lambda runner: engine.core.speculator.forced_draft_tokens)
+                stats = engine.stats().speculation
+    assert forced > 0
+    # Rows with logits: a sampling row per drafted step and one per drafted token not forced.
+    assert stats.verified_rows + forced <= sum(stats.drafted.values()) + stats.steps_with_drafts
+    for i, off in enumerate(answers[False]):
+        for on in answers[True][2 * i:2 * i + 2]:
+            assert json.loads(on.text).keys() == PERSON["properties"].keys()
+            first = next((i for i, (x, y) in enumerate(zip(off.token_ids, on.token_ids)) if x != y), None)
+            if first is None:
+                assert on.token_ids == off.token_ids
+            else:  # a step with draft rows has another shape, and no llama.cpp setting is batch invariant
+                (_, best), (_, second) = off.logprobs[first].top[:2]
+                assert best - second < NEAR_TIE_NATS, f"token {first} differs with a gap of {best - second:.3f} nats"

@@ -603,3 +603,44 @@ def test_a_step_with_prompt_chunks_drafts_only_once_plain_steps_at_its_count_are
     assert with_chunks >= 5 and drafted == 0 and drafted_plain > 0  # decode-only steps are weighed: they draft
     with_chunks, drafted, _ = steps_with_prompt_chunks(measured=True)
     assert with_chunks >= 5 and drafted > 0
+
+
+# ---- drafted tokens the grammar forces ------------------------------------------------------
+def _one_hot(vocab: int, token: int) -> np.ndarray:
+    row = np.zeros(vocab, dtype=np.float32)
+    row[token] = 5.0
+    return row
+
+
+@pytest.mark.parametrize("row_after_forced, kept", [(7, 3), (9, 2)])
+def test_a_forced_drafted_token_is_kept_without_a_row_and_the_rows_after_it_are_read_in_order(row_after_forced, kept):
+    # Draft (4, 5, 7), the grammar forcing 5: the rows computed are the sampling row (it chose 4),
+    # the row after 5 (which must choose 7 to keep it) and the row after 7; none after 4.
+    vocab = 16
+    seq = _verifiable(vocab, 0.0, np.random.default_rng(0))
+    seq.matcher = None
+    logits = np.stack([_one_hot(vocab, 4), _one_hot(vocab, row_after_forced), _one_hot(vocab, 11)])
+    result = verify(BatchSampler(vocab), logits, seq, 4, (4, 5, 7), frozenset(), 1024, forced=(False, True, False))
+    assert result.accepted == kept
+    expected = [4, 5, 7, 11] if kept == 3 else [4, 5, row_after_forced]
+    assert seq.tokens[seq.n_prompt:] == expected
+
+
+def test_rows_without_logits_are_those_before_forced_tokens():
+    from engine.prompt_scores import map_outputs
+    from engine.step_plan import Chunk
+    from types import SimpleNamespace
+
+    s = SimpleNamespace(tokens=[1, 2, 3], n_prompt=2, prompt_scores=None,
+                        request=SimpleNamespace(max_tokens=8, prompt_logprobs=None))
+    chunk = Chunk(s, 2, 1, draft=(4, 5, 6, 7), forced=(False, True, True, False))
+    assert chunk.logit_rows == [0, 3, 4]
+    assert Chunk(s, 2, 1, draft=(4, 5)).logit_rows == [0, 1, 2]
+    # With a scored prompt in the same step, the sampling outputs are found among all outputs.
+    scored = SimpleNamespace(tokens=list(range(20, 26)), n_prompt=6, n_computed=0, prompt_scores=[None] * 6,
+                             request=SimpleNamespace(max_tokens=4, prompt_logprobs=1))
+    flags = np.zeros(16, dtype=np.int8)
+    flags[[0, 3, 4]] = 1  # the runner flags the drafted chunk's rows with logits
+    flags[10] = 1  # the scored prompt's last row
+    layout = map_outputs(flags, 11, [(chunk, 0), (Chunk(scored, 0, 6), 5)])
+    assert layout.sampling.tolist() == [0, 1, 2, 8]
