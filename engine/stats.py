@@ -73,7 +73,7 @@ class SpeculationStats:
     drafted: dict[str, int]  # drafted tokens the model checked, by source (engine/drafts.py)
     accepted: dict[str, int]  # of those, the ones it kept
     steps_with_drafts: int
-    verified_rows: int  # output rows of drafted sequences: one per drafted token plus their sampling rows
+    verified_rows: int  # output rows of drafted sequences: their sampling rows and drafted tokens not forced
 
 
 class StatsBoard:

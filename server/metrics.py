@@ -257,9 +257,9 @@ def _speculation_metrics(stats: EngineStats) -> Iterable:
         accepted.add_metric([source], spec.accepted[source])
     yield from (drafted, accepted)
     yield _single(CounterMetricFamily, "cobatch_draft_steps", "Engine steps that verified drafts", spec.steps_with_drafts)
-    yield _single(CounterMetricFamily, "cobatch_draft_verification_rows", "Output rows of drafted sequences: one per "
-                  "drafted token plus their sampling rows (tokens per verification row = (accepted + rows - "
-                  "drafted) / rows)", spec.verified_rows)
+    yield _single(CounterMetricFamily, "cobatch_draft_verification_rows", "Output rows of drafted sequences: their "
+                  "sampling rows plus one per drafted token the grammar did not force (those need no logits)",
+                  spec.verified_rows)
 
 
 def _single(kind: type, name: str, help_text: str, value: float) -> Any:
