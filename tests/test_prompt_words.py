@@ -22,6 +22,21 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
           "required": ["name", "age", "city"], "additionalProperties": False}
 
 
+TEXTS = ["Tobias is a 34-year-old pilot who lives in Krakow.", "Ines is 71 and lives in Malmo.",
+         "Our new colleague, Clara, aged 29, moved here from Bergen."]
+PROMPTS = [f"Extract the person as JSON with the fields name, age and city.\n\n{t}\n\nJSON:" for t in TEXTS]
+
+
+def assert_same_but_near_ties(off, on) -> None:
+    """Greedy answers with drafts equal those without (asked with logprobs 2) but at a near-tie."""
+    first = next((i for i, (a, b) in enumerate(zip(off.token_ids, on.token_ids)) if a != b), None)
+    if first is None:
+        assert on.token_ids == off.token_ids
+    else:  # a step with draft rows has another shape, and no llama.cpp setting is batch invariant
+        (_, best), (_, second) = off.logprobs[first].top[:2]
+        assert best - second < NEAR_TIE_NATS, f"token {first} differs with a gap of {best - second:.3f} nats"
+
+
 @pytest.fixture(scope="module")
 def vocab(model_path):
     with Model(model_path, vocab_only=True) as model:
@@ -70,9 +85,6 @@ def test_a_word_begun_before_the_window_proposes_nothing(vocab, words):
 def extractions(model_path):
     """Three extractions, greedy, with and without drafts; then, with drafts, a request without a
     schema on the same prompt, and the engine's counts of drafts before and after it."""
-    texts = ["Tobias is a 34-year-old pilot who lives in Krakow.", "Ines is 71 and lives in Malmo.",
-             "Our new colleague, Clara, aged 29, moved here from Bergen."]
-    prompts = [f"Extract the person as JSON with the fields name, age and city.\n\n{t}\n\nJSON:" for t in texts]
     greedy = SamplingParams(temperature=0.0)
     results = {}
     for speculative in (False, True):
@@ -81,11 +93,11 @@ def extractions(model_path):
             logprobs = 0 if speculative else 2
             results[speculative] = [engine.submit(Request(p, max_tokens=48, sampling=greedy, format="json",
                                                           json_schema=PERSON, logprobs=logprobs)).result(120)
-                                    for p in prompts]
+                                    for p in PROMPTS]
             if speculative:
                 engine.inspect(lambda runner: None)  # the turn that answered them has published its stats
                 results["stats"] = engine.stats().speculation
-                results["plain"] = engine.submit(Request(prompts[0], max_tokens=24, sampling=greedy)).result(120)
+                results["plain"] = engine.submit(Request(PROMPTS[0], max_tokens=24, sampling=greedy)).result(120)
                 engine.inspect(lambda runner: None)
                 results["stats after plain"] = engine.stats().speculation
     return results
@@ -93,12 +105,7 @@ def extractions(model_path):
 
 def test_an_extraction_drafts_its_values_from_the_prompt_and_keeps_its_output(extractions):
     for off, on in zip(extractions[False], extractions[True]):
-        first = next((i for i, (a, b) in enumerate(zip(off.token_ids, on.token_ids)) if a != b), None)
-        if first is None:
-            assert on.token_ids == off.token_ids
-        else:  # a step with draft rows has another shape, and no llama.cpp setting is batch invariant
-            (_, best), (_, second) = off.logprobs[first].top[:2]
-            assert best - second < NEAR_TIE_NATS, f"token {first} differs with a gap of {best - second:.3f} nats"
+        assert_same_but_near_ties(off, on)
     assert all(json.loads(r.text).keys() == PERSON["properties"].keys() for r in extractions[True])
     stats = extractions["stats"]
     assert stats.drafted[PROMPT_WORDS] > 0
@@ -114,12 +121,9 @@ def test_plain_steps_of_structured_answers_count_their_sampled_tokens_for_the_pa
     # Forced tokens (keys, punctuation) ride in the steps of JSON answers, fed whether a draft is
     # kept or not; the payoff weighs a draft against what a plain step samples: one token per
     # decoding sequence, never the forced ones appended after it.
-    texts = ["Tobias is a 34-year-old pilot who lives in Krakow.", "Ines is 71 and lives in Malmo.",
-             "Our new colleague, Clara, aged 29, moved here from Bergen."]
-    prompts = [f"Extract the person as JSON with the fields name, age and city.\n\n{t}\n\nJSON:" for t in texts]
     with Engine(model_path, n_ctx=2048, max_running=4, speculative=True, prefix_cache=False) as engine:
         handles = [engine.submit(Request(p, max_tokens=48, sampling=SamplingParams(temperature=0.0), format="json",
-                                         json_schema=PERSON)) for p in prompts]
+                                         json_schema=PERSON)) for p in PROMPTS]
         results = [h.result(120) for h in handles]
         plain = engine.inspect(lambda runner: {n: (rate.tokens.value, rate.steps)
                                                for n, rate in engine.core.speculator.payoff.plain.items()})
@@ -139,14 +143,11 @@ def test_drafted_tokens_the_grammar_forces_are_kept_without_logits_and_the_answe
     monkeypatch.setattr(speculation, "_a_certain_draft_pays", lambda *args, **kwargs: True)
     monkeypatch.setattr(speculation.Speculator, "allot",
                         staticmethod(lambda gains, *args, **kwargs: {seq: len(g) for seq, g in gains.items()}))
-    texts = ["Tobias is a 34-year-old pilot who lives in Krakow.", "Ines is 71 and lives in Malmo.",
-             "Our new colleague, Clara, aged 29, moved here from Bergen."]
-    prompts = [f"Extract the person as JSON with the fields name, age and city.\n\n{t}\n\nJSON:" for t in texts]
     greedy = SamplingParams(temperature=0.0)
     answers = {}
     for speculative in (False, True):
         with Engine(model_path, n_ctx=2048, max_running=4, speculative=speculative, prefix_cache=False) as engine:
-            asked = [p for p in prompts for _ in range(1 + speculative)]
+            asked = [p for p in PROMPTS for _ in range(1 + speculative)]
             # Without drafts, with the top two alternatives, to see how close a differing choice was.
             answers[speculative] = [engine.submit(Request(p, max_tokens=48, sampling=greedy, format="json",
                                                           json_schema=PERSON, logprobs=0 if speculative else 2)).result(120)
@@ -160,9 +161,4 @@ def test_drafted_tokens_the_grammar_forces_are_kept_without_logits_and_the_answe
     for i, off in enumerate(answers[False]):
         for on in answers[True][2 * i:2 * i + 2]:
             assert json.loads(on.text).keys() == PERSON["properties"].keys()
-            first = next((i for i, (x, y) in enumerate(zip(off.token_ids, on.token_ids)) if x != y), None)
-            if first is None:
-                assert on.token_ids == off.token_ids
-            else:  # a step with draft rows has another shape, and no llama.cpp setting is batch invariant
-                (_, best), (_, second) = off.logprobs[first].top[:2]
-                assert best - second < NEAR_TIE_NATS, f"token {first} differs with a gap of {best - second:.3f} nats"
+            assert_same_but_near_ties(off, on)
