@@ -47,6 +47,23 @@ class JumpForward:
                 return (token,)
         return tokens
 
+    def forced_positions(self, matcher: GrammarMatcher, tokens: Seq[int]) -> tuple[bool, ...]:
+        """For tokens to follow the matcher's state (the grammar allowing each): which of them
+        jump-forward would append itself, unsampled, once the ones before them are in. The
+        first never is: what the grammar forced before it was appended already. The matcher
+        is left as it was."""
+        if not tokens:
+            return ()
+        matcher = matcher.fork()
+        matcher.advance(tokens[0])
+        forced, run = [False], ()
+        for token in tokens[1:]:
+            run = run or self.forced_tokens(matcher)
+            forced.append(bool(run) and run[0] == token)
+            run = run[1:] if forced[-1] else ()
+            matcher.advance(token)
+        return tuple(forced)
+
     def _stands_alone(self, matcher: GrammarMatcher, text: bytes, token: int) -> bool:
         """No token the grammar allows here runs past `text`, and the model spells `text` followed
         by any byte the grammar allows after it with `token` first (one byte of lookahead: `":"`

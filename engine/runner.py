@@ -82,10 +82,9 @@ class ModelRunner(SingleWriter):
         for c in runs:
             tokens = np.asarray([*c.seq.tokens[c.start : c.start + c.length], *c.draft], dtype=np.int32)
             last = batch.add_run(tokens, c.start, c.seq.seq_id, c.wants_logits, n_logits=1 + len(c.draft))
-            if c.wants_logits and c.forced:
+            if c.wants_logits and c.forced:  # the rows before forced drafted tokens need none
                 sampling_row = last - len(c.draft)
-                batch.logits[sampling_row : last + 1] = 0
-                batch.logits[[sampling_row + j for j in c.logit_rows]] = 1
+                batch.logits[[sampling_row + j for j, forced in enumerate(c.forced) if forced]] = 0
             placed.append((c, last - c.n_rows + 1))
         self._layout = prompt_scores.map_outputs(batch.logits, batch.n_tokens, placed)
         self._n_outputs = batch.n_outputs

@@ -277,21 +277,13 @@ class Speculator(SingleWriter):
         return max(0, min(self.max_draft, seq.draft_cap, seq.token_budget(n_ctx) - 1))
 
     def _forced(self, seq: Sequence, draft: tuple[int, ...]) -> tuple[bool, ...]:
-        """Which drafted tokens jump-forward would append unsampled after the ones before them (its
-        own spelling of the text the grammar forces). Their rows need no logits, which at one
-        stream spares the projection most of a step's time; the first is never one (jump-forward
-        already appended what the grammar forced before it)."""
+        """Which drafted tokens jump-forward would append unsampled (as it does for this sequence:
+        not with logprobs). Their rows need no logits, which at one stream spares the projection
+        most of a step's time."""
         if self.jump is None or seq.matcher is None or seq.logprobs is not None:
             return ()
-        matcher = seq.matcher.fork()
-        forced, run = [False], ()
-        matcher.advance(draft[0])
-        for token in draft[1:]:
-            run = run or self.jump.forced_tokens(matcher)
-            forced.append(bool(run) and run[0] == token)
-            run = run[1:] if forced[-1] else ()
-            matcher.advance(token)
-        return tuple(forced) if any(forced) else ()
+        forced = self.jump.forced_positions(seq.matcher, draft)
+        return forced if any(forced) else ()
 
     def _draft_model_proposals(self, limits: dict[Sequence, int], n_ctx: int) -> dict[Sequence, Draft]:
         assert self.draft_model is not None
