@@ -53,7 +53,7 @@ def test_benchmark_runs_in_quick_mode_and_stores_its_run(name, capsys, tmp_path)
     if name == "draft-price":  # every case timed in every round; the headline is the trials' medians
         import statistics
         from bench.draft_price import break_even
-        drafted = [t for t in trials if "forced_rows" not in t]
+        drafted = [t for t in trials if "forced_rows" not in t and "step_draft_rows" not in t]
         assert {(t["streams"], t["draft_rows"], t["round"]) for t in drafted} == {
             (s, k, r) for s in (1, 2) for k in (0, 2) for r in (0, 1)}
         median = {(s, k): statistics.median(t["seconds"] for t in drafted if (t["streams"], t["draft_rows"]) == (s, k))
@@ -69,6 +69,13 @@ def test_benchmark_runs_in_quick_mode_and_stores_its_run(name, capsys, tmp_path)
             t_forced = statistics.median(t["seconds"] for t in forced if t["streams"] == s)
             assert manifest["headline"][f"forced_row_ms_s{s}_k1"] == round((t_forced - median[s, 0]) * 1000 / s, 2)
             assert t_forced < median[s, 2]  # two rows without the vocabulary's projection against four with it
+        # One draft row in the whole step, on the first sequence.
+        stepped = [t for t in trials if "step_draft_rows" in t]
+        assert {(t["streams"], t["step_draft_rows"], t["round"]) for t in stepped} == {
+            (s, 1, r) for s in (1, 2) for r in (0, 1)}
+        for s in (1, 2):
+            t_step = statistics.median(t["seconds"] for t in stepped if t["streams"] == s)
+            assert manifest["headline"][f"step_rows_added_ms_s{s}_k1"] == round((t_step - median[s, 0]) * 1000, 2)
     if name == "invariance":  # the drafted step's shape measured with both kernels, and counted in the tolerance
         for t in trials:
             (drift,) = t["draft_rows_drift"].values()  # 4 sequences with 2 draft rows each: 12 rows
