@@ -9,10 +9,14 @@ import llama_cpp
 
 _init_lock = threading.Lock()
 _initialised = False
+_repack_reports = 0  # load logs that named llama.cpp's buffer of repacked weights
 
 
 @llama_cpp.llama_log_callback
 def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    global _repack_reports
+    if b"CPU_REPACK" in text:
+        _repack_reports += 1
     # llama.cpp logs every tensor at load; only errors (level 4; 5 continues a line with
     # progress dots) are worth a user's attention.
     if os.environ.get("COBATCH_LLAMA_LOG") or (level == 4 and not _is_abort_report(text)):
@@ -35,6 +39,13 @@ def ensure_backend() -> None:
             llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _initialised = True
+
+
+def repack_reports() -> int:
+    """How many load logs so far named the CPU_REPACK buffer: llama.cpp copies weights there, in
+    the layout of its kernels that multiply four activation rows at a time, when the CPU has them.
+    No API says so; a model load that raised this count repacked."""
+    return _repack_reports
 
 
 def system_info() -> str:

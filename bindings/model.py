@@ -6,7 +6,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from bindings.library import ensure_backend, model_params
+from bindings.library import ensure_backend, model_params, repack_reports
 
 
 class ModelLoadError(RuntimeError):
@@ -25,6 +25,7 @@ class Model:
         params = model_params()
         params.use_mmap = use_mmap
         params.vocab_only = vocab_only
+        reports = repack_reports()
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:
             raise ModelLoadError(f"llama.cpp could not load {self.path} (not a GGUF it supports?)")
@@ -34,6 +35,9 @@ class Model:
         self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(handle)
         self.n_embd: int = llama_cpp.llama_model_n_embd(handle)
         self.n_params: int = llama_cpp.llama_model_n_params(handle)  # 0 for a vocabulary-only file
+        # Repacked weights multiply activations four rows at a time, and each row left over alone
+        # (a step's output rows cost by the block there). Models load one at a time in practice.
+        self.weights_repacked: bool = repack_reports() > reports
         self.bos_token: int = llama_cpp.llama_vocab_bos(self._vocab)
         self.eos_token: int = llama_cpp.llama_vocab_eos(self._vocab)  # chat templates name it
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))

@@ -33,7 +33,7 @@ from engine.speculation import Speculator, projection_ratio
 from engine.step_plan import Chunk, StepPlan
 from engine.stats import RECENT_STEPS, EngineStats, StatsBoard, StepProfile, StepRecord, TierStats
 from engine.thread_governor import ThreadGovernor
-from engine.tuning import LANE_HOLD_MAX_S
+from engine.tuning import LANE_HOLD_MAX_S, REPACKED_ROW_BLOCK
 from engine.verify import verify
 from sampling.sampler import BatchSampler
 
@@ -91,7 +91,7 @@ class EngineCore(SingleWriter):
         self.tokens_forced = 0  # appended by jump-forward, unsampled
         self.speculator = Speculator(
             cfg.speculative_max_draft, drafter=Drafter(words=PromptWords(tokenize, model.token_bytes)),
-            draft_model=draft_model, jump=self.jump,
+            draft_model=draft_model, jump=self.jump, row_block=REPACKED_ROW_BLOCK if model.weights_repacked else 1,
             projection_ratio=projection_ratio(model.n_vocab, model.n_embd, model.n_params)) if cfg.speculative else None
         self.thread_governor = ThreadGovernor(cfg.n_threads, runner.interrupter, adaptive=cfg.adaptive_threads)
         self.profiles = {"decode": StepProfile(), "mixed": StepProfile()}

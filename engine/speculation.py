@@ -22,6 +22,13 @@ are added past where the rule stops once the jump is in, and the best prefix of 
 most tokens per weighed second) is granted. A policy may bound the step's predicted time (the
 per-token latency target).
 
+Where llama.cpp repacked the weights, its kernels project a step's output rows four at a time and
+each row left over alone, rereading the whole projection: a step's output rows cost by the block.
+So the rows granted never begin a block they do not fill: they fill the block the step's own rows
+began (one stream's single row, fifteen streams'), or end on a multiple of four. A drafted token
+the grammar forces needs no output row (its row before has no logits): it is priced as a row
+without logits, and is kept whenever the token before it is.
+
 A draft row's price is the fit's cost of one more row with logits, but never less than its token
 cost plus the output projection's share in proportion to the model's weights (per token, the
 projection multiplies n_vocab x n_embd weights against the body's). Steps that all carry the same
@@ -61,6 +68,7 @@ from engine.jump_forward import JumpForward
 from engine.kv_cache import KvCache
 from engine.ownership import SingleWriter
 from engine.request import Priority
+from engine.prompt_scores import scored_positions
 from engine.sequence import Sequence
 from engine.stats import SpeculationStats
 from engine.step_cost import StepCost
@@ -90,8 +98,9 @@ class Speculator(SingleWriter):
     projection_ratio: float = 0.0  # the output projection's weights over the body's (projection_ratio())
     payoff: DraftPayoff = field(default_factory=DraftPayoff)
     jump: JumpForward | None = None  # the engine's jump-forward: drafted tokens it would force need no logits
+    row_block: int = 1  # output rows the projection's kernels multiply at once (4 on repacked weights)
     _steady: int | None = None  # this step's count of admitted sequences, once the step was considered
-    _draft_rows: int = 0  # this step's, and the fit's price of the step without them or its forced rows
+    _draft_rows: int = 0  # this step's with logits, and the fit's price of the step without them or its forced rows
     _undrafted_s: float = 0.0
     _forced_s: float = 0.0  # the fit's price of this step's forced rows (jump-forward's tokens)
 
@@ -129,18 +138,21 @@ class Speculator(SingleWriter):
             proposals.update(self._draft_model_proposals(unproposed, n_ctx))
         if not proposals:
             return
-        gains = {seq: self.acceptance.gains(draft, self.max_draft) for seq, draft in proposals.items()}
+        forced_of = {seq: self._forced(seq, draft.tokens) for seq, draft in proposals.items()}
+        gains = {seq: _kept_after_forced(self.acceptance.gains(draft, self.max_draft), forced_of[seq])
+                 for seq, draft in proposals.items()}
+        output_rows = outputs + sum(len(scored_positions(c)) for c in plan.chunks)
         granted = self.allot(gains, cost, plan.n_tokens, outputs, float(outputs), limit_s, room, steady, row_s,
-                             reference, forced)
+                             reference, forced, forced_of, self.row_block, output_rows)
         self._undrafted_s = cost.seconds(plan.n_tokens - forced, outputs)
         for i, chunk in enumerate(plan.chunks):
             k = granted.get(chunk.seq, 0)
             if k and kv.try_reserve(chunk.seq, len(chunk.seq.tokens) + k):
                 proposal = proposals[chunk.seq]
-                tokens = proposal.tokens[:k]
+                tokens, forced_tokens = proposal.tokens[:k], forced_of[chunk.seq][:k]
                 plan.chunks[i] = replace(chunk, draft=tokens, granted=replace(proposal, tokens=tokens),
-                                         forced=self._forced(chunk.seq, tokens))
-                self._draft_rows += k
+                                         forced=forced_tokens if any(forced_tokens) else ())
+                self._draft_rows += k - sum(forced_tokens)
             elif chunk.seq in proposals and chunk.seq.unverified_draft is None:
                 chunk.seq.unverified_draft = (proposals[chunk.seq], len(chunk.seq.tokens))
         self.steps_with_drafts += self.drafted
@@ -162,10 +174,12 @@ class Speculator(SingleWriter):
     def allot(gains: dict[Sequence, list[float]], cost: StepCost, tokens: int, outputs: int,
               expected_tokens: float, limit_s: float | None = None, room: int | None = None,
               steady: int | None = None, row_s: float | None = None,
-              reference: tuple[float, float] | None = None, forced: int = 0) -> dict[Sequence, int]:
+              reference: tuple[float, float] | None = None, forced: int = 0,
+              forced_drafts: dict[Sequence, tuple[bool, ...]] | None = None, row_block: int = 1,
+              output_rows: int | None = None) -> dict[Sequence, int]:
         """Draft rows per sequence (the rule in the module docstring), given the tokens each
         draft row is expected to add (`gains[seq][i]` for its i-th row, non-increasing). The planned
-        step feeds `tokens` rows, `outputs` of them with logits, and is expected to produce
+        step feeds `tokens` rows, `outputs` of them sampling rows, and is expected to produce
         `expected_tokens`; `limit_s` bounds its predicted seconds, `room` its extra rows.
         `steady` (more than `outputs`): the sequences whose decode steps are to come. A token is
         then worth what it costs in a decode step of all of them, the step it would otherwise
@@ -174,8 +188,21 @@ class Speculator(SingleWriter):
         row's price (default: the fit's). `reference`: the tokens and seconds of that decode step of
         all of them as measured, which replace the fit's price of it. `forced`: rows of `tokens`
         that jump-forward appended; a kept draft token spares none of them, so they count in the
-        step's predicted seconds but not in what a token is worth."""
+        step's predicted seconds but not in what a token is worth. `forced_drafts[seq][i]`: the
+        grammar forces the sequence's i-th drafted token, so the row before it needs no logits and
+        is priced as a row without. `row_block`: the projection multiplies this many output rows at
+        once and each row left over alone, so what is granted never starts a block of the step's
+        output rows (`output_rows`, default `outputs`) that it does not fill: it fills the block the
+        step's own rows started, or ends on a multiple of the block."""
         row_s = cost.per_token_s + cost.per_output_s if row_s is None else row_s
+        forced_drafts = forced_drafts or {}
+        output_rows = outputs if output_rows is None else output_rows
+        started = -(-output_rows // row_block) * row_block  # the output rows the step's blocks hold
+
+        def may_stop(rows_with_logits: int) -> bool:
+            end = output_rows + rows_with_logits
+            return end <= started or end % row_block == 0
+
         step_s = cost.seconds(tokens, outputs)
         # A step with one output row pays the jump to a matrix product with its first draft row:
         # that row is judged with the rows after it, as the best prefix of the greedy order.
@@ -188,7 +215,7 @@ class Speculator(SingleWriter):
         granted = dict.fromkeys(gains, 0)
         best, best_rate = {}, expected_tokens / ref_s
         predicted_s, weighed_s = step_s, ref_s  # the latter with each added cost times the margin
-        rows = 0
+        rows = logit_rows = 0
         left = float("inf") if room is None else room
         while left > 0:
             open_ = [seq for seq in gains if granted[seq] < len(gains[seq])]
@@ -196,18 +223,24 @@ class Speculator(SingleWriter):
                 break
             pick = max(open_, key=lambda s: (s.request.priority is Priority.INTERACTIVE, gains[s][granted[s]]))
             gain = gains[pick][granted[pick]]
-            added_s = row_s + (jump_s if rows == 0 else 0.0)
+            marks = forced_drafts.get(pick, ())
+            is_forced = granted[pick] < len(marks) and marks[granted[pick]]
+            price = cost.per_token_s if is_forced else row_s
+            added_s = price + (jump_s if logit_rows == 0 and not is_forced else 0.0)
             if limit_s is not None and predicted_s + added_s > limit_s:
                 break
-            if rows and gain * weighed_s <= DRAFT_GAIN_MARGIN * row_s * expected_tokens:
-                break  # past the jump, rows cost alike and gains only shrink: none after pays either
+            # Past the jump, rows cost alike and gains only shrink: once one does not pay, none
+            # after does (but the rows that fill a block begun come together).
+            if rows and may_stop(logit_rows) and gain * weighed_s <= DRAFT_GAIN_MARGIN * price * expected_tokens:
+                break
             granted[pick] += 1
             expected_tokens += gain
             predicted_s += added_s
             weighed_s += DRAFT_GAIN_MARGIN * added_s
             left -= 1
             rows += 1
-            if expected_tokens / weighed_s > best_rate:
+            logit_rows += not is_forced
+            if may_stop(logit_rows) and expected_tokens / weighed_s > best_rate:
                 best, best_rate = {seq: k for seq, k in granted.items() if k}, expected_tokens / weighed_s
         return best
 
@@ -331,6 +364,15 @@ def _a_certain_draft_pays(cost: StepCost, outputs: int, rows: int, row_s: float 
     row_s = cost.per_token_s + cost.per_output_s if row_s is None else row_s
     added_s = rows * row_s + (cost.multi_output_s if outputs == 1 else 0.0)
     return (tokens + rows) / (step_s + DRAFT_GAIN_MARGIN * added_s) > tokens / step_s
+
+
+def _kept_after_forced(gains: list[float], forced: tuple[bool, ...]) -> list[float]:
+    """A forced drafted token is kept whenever the one before it is: its expected gain is that one's."""
+    gains = list(gains)
+    for i in range(1, min(len(gains), len(forced))):
+        if forced[i]:
+            gains[i] = gains[i - 1]
+    return gains
 
 
 def _within_grammar(seq: Sequence, draft: Draft, n_ctx: int) -> Draft | None:

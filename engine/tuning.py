@@ -156,6 +156,11 @@ ACCEPTANCE_WEIGHT = 0.1  # weight of each drafted token's outcome in its bucket'
 # bench/results/20261201T003851Z-draft-price); elsewhere a row fewer costs a draft little.
 # Start and minimum otherwise judgement.
 DRAFT_CAP_START, DRAFT_CAP_MIN = 7, 3
+# The same kernels make a step's output rows cost by the block of four, whatever the streams: at
+# 16 streams on the AMD EPYC, 1 draft row added 18.8 ms to an 85.4 ms step and 4 rows 16.8 ms
+# (3 rows 29.2, 5 rows 34.3, 8 rows 34.4). So the draft rows granted bring a step's output rows to
+# a multiple of four where llama.cpp repacked the weights (bindings/model.py says whether it did).
+REPACKED_ROW_BLOCK = 4
 # A draft row must promise this many times its cost: acceptance comes in runs (a copied passage
 # is accepted until it ends), so a rate learned on a run overstates the next row. Without it,
 # 16 streams drafted and lost 4-8% (bench speculative, paragraph and story at C=16, 2026-11-27:

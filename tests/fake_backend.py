@@ -33,6 +33,7 @@ def expected_tokens(prompt: list[int], n: int) -> list[int]:
 class FakeModel:
     n_vocab = N_VOCAB
     n_embd, n_params = 8, 0  # no weights: no projection share for the draft rows' price
+    weights_repacked = False  # rows cost alike, one at a time
     token_bytes = tuple(b"" if i < 2 else bytes([ord("a") + i % 26]) for i in range(N_VOCAB))
     eog_tokens = frozenset({EOG})
     special_tokens = frozenset({0, EOG})

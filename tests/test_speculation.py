@@ -136,6 +136,66 @@ def test_at_one_stream_the_jump_to_a_matrix_product_is_paid_only_by_a_run_of_lik
     assert _allot(two, jumpy)
 
 
+def _ends_in_a_block(outputs: int, granted: dict, forced: dict | None = None, block: int = 4) -> bool:
+    """The granted rows with logits fill the block the step's own output rows began, or end on a
+    multiple of the block: never a block begun and left short."""
+    forced = forced or {}
+    logit_rows = sum(k - sum(forced.get(seq, ())[:k]) for seq, k in granted.items())
+    end = outputs + logit_rows
+    return end % block == 0 or end <= -(-outputs // block) * block
+
+
+def test_on_repacked_weights_draft_rows_fill_blocks_of_four_output_rows():
+    # Sixteen streams: a block of four output rows costs about what one row alone does, so one or
+    # two drafts get nothing, and drafts come four rows at a time.
+    cost = StepCost(fixed_s=0.040, per_token_s=0.0005, per_output_s=0.0015)
+    crowd = [_Seq(acceptance=0.95) for _ in range(16)]
+    gains = {seq: [0.95, 0.9] if i < 3 else [] for i, seq in enumerate(crowd)}
+    step = dict(cost=cost, tokens=16, outputs=16, expected_tokens=16.0)
+    linear = Speculator.allot(gains, **step)
+    assert sum(linear.values()) == 6  # rows cost alike: every likely row is granted
+    blocked = Speculator.allot(gains, **step, row_block=4)
+    assert sum(blocked.values()) == 4 and _ends_in_a_block(16, blocked)
+    assert Speculator.allot({crowd[0]: [0.95]}, **step, row_block=4) == {}  # one row would begin a block alone
+    # Fifteen streams and a prompt's last row: the block they began takes one draft row.
+    assert Speculator.allot({crowd[0]: [0.95]}, **step, row_block=4, output_rows=15) == {crowd[0]: 1}
+    # One stream's single row begins a block: one to three rows fill it, more go by fours.
+    alone = _Seq(acceptance=0.9)
+    granted = _allot([alone], FIXED_HEAVY, offered=9, row_block=4)[alone]
+    assert granted in (3, 7)
+    assert _allot([alone], FIXED_HEAVY, offered=2, row_block=4)[alone] == 2
+
+
+def test_a_forced_drafted_token_needs_no_output_row_and_costs_a_row_without_logits():
+    cost = StepCost(fixed_s=0.010, per_token_s=0.0015, per_output_s=0.0025)  # a row with logits: 0.87 of a token
+    seq = _Seq(acceptance=0.95)
+    # Six drafted tokens, two of them forced by the grammar: four rows with logits fill a block.
+    marks = (False, True, True, False, False, False)
+    gains = {seq: [0.95, 0.95, 0.95, 0.9, 0.85, 0.8]}
+    step = dict(cost=cost, tokens=16, outputs=16, expected_tokens=16.0, row_block=4)
+    assert Speculator.allot(gains, **step) == {}  # 4 or 5 drafted tokens are 4 or 5 rows: no whole block pays
+    granted = Speculator.allot(gains, **step, forced_drafts={seq: marks})
+    assert granted == {seq: 6} and _ends_in_a_block(16, granted, {seq: marks})
+
+
+@settings(max_examples=200, deadline=None)
+@given(outputs=st.integers(1, 20), data=st.data())
+def test_granted_draft_rows_never_leave_a_block_begun_and_short(outputs, data):
+    cost = StepCost(fixed_s=data.draw(st.floats(0.001, 0.05)), per_token_s=0.0005,
+                    per_output_s=data.draw(st.floats(0.0001, 0.004)),
+                    multi_output_s=data.draw(st.sampled_from([0.0, 0.01])))
+    seqs = [_Seq() for _ in range(data.draw(st.integers(1, 4)))]
+    gains, forced = {}, {}
+    for seq in seqs:
+        rates = data.draw(st.lists(st.floats(0.3, 1.0), min_size=1, max_size=9))
+        gains[seq] = list(np.cumprod(rates))
+        forced[seq] = (False, *data.draw(st.lists(st.booleans(), min_size=len(rates) - 1, max_size=len(rates) - 1)))
+    granted = Speculator.allot(gains, cost, outputs, outputs, float(outputs), forced_drafts=forced, row_block=4,
+                               room=data.draw(st.integers(1, 40)))
+    assert _ends_in_a_block(outputs, granted, forced)
+    assert all(0 < k <= len(gains[seq]) for seq, k in granted.items())
+
+
 def test_a_batch_where_rows_cost_nearly_a_token_drafts_nothing_even_at_high_acceptance():
     # 16 streams, a row ~0.9 of the step's time per token (as measured at C=16 with Gemma 3's
     # vocabulary): even a 0.95 rate is within the margin, so no draft is verified.
