@@ -26,8 +26,9 @@ Where llama.cpp repacked the weights, its kernels project a step's output rows f
 each row left over alone, rereading the whole projection: a step's output rows cost by the block.
 So the rows granted never begin a block they do not fill: they fill the block the step's own rows
 began (one stream's single row, fifteen streams'), or end on a multiple of four. A drafted token
-the grammar forces needs no output row (its row before has no logits): it is priced as a row
-without logits, and is kept whenever the token before it is.
+the grammar forces needs no output row (its row before has no logits), and is kept whenever the
+token before it is; kept, it spares only its row in a later step (jump-forward feeds it there),
+not a sampling row, so it is worth no token itself: it carries the draft on to the tokens after it.
 
 A draft row's price is the fit's cost of one more row with logits, but never less than its token
 cost plus the output projection's share in proportion to the model's weights (per token, the
@@ -189,8 +190,8 @@ class Speculator(SingleWriter):
         all of them as measured, which replace the fit's price of it. `forced`: rows of `tokens`
         that jump-forward appended; a kept draft token spares none of them, so they count in the
         step's predicted seconds but not in what a token is worth. `forced_drafts[seq][i]`: the
-        grammar forces the sequence's i-th drafted token, so the row before it needs no logits and
-        is priced as a row without. `row_block`: the projection multiplies this many output rows at
+        grammar forces the sequence's i-th drafted token, so the row before it needs no logits.
+        `row_block`: the projection multiplies this many output rows at
         once and each row left over alone, so what is granted never starts a block of the step's
         output rows (`output_rows`, default `outputs`) that it does not fill: it fills the block the
         step's own rows started, or ends on a multiple of the block."""
@@ -224,19 +225,25 @@ class Speculator(SingleWriter):
             pick = max(open_, key=lambda s: (s.request.priority is Priority.INTERACTIVE, gains[s][granted[s]]))
             gain = gains[pick][granted[pick]]
             marks = forced_drafts.get(pick, ())
-            is_forced = granted[pick] < len(marks) and marks[granted[pick]]
-            price = cost.per_token_s if is_forced else row_s
-            added_s = price + (jump_s if logit_rows == 0 and not is_forced else 0.0)
+            if granted[pick] < len(marks) and marks[granted[pick]]:
+                # A forced token kept spares its row in a later step (jump-forward would feed it
+                # there), not a sampling row: worth nothing itself, it costs its row only when
+                # the draft misses before it, and carries the draft on to the tokens after it.
+                is_forced, added_s, net_s, gain = True, cost.per_token_s, cost.per_token_s * (1.0 - gain), 0.0
+            else:
+                is_forced, added_s = False, row_s + (jump_s if logit_rows == 0 else 0.0)
+                net_s = added_s
             if limit_s is not None and predicted_s + added_s > limit_s:
                 break
             # Past the jump, rows cost alike and gains only shrink: once one does not pay, none
             # after does (but the rows that fill a block begun come together).
-            if rows and may_stop(logit_rows) and gain * weighed_s <= DRAFT_GAIN_MARGIN * price * expected_tokens:
+            if (rows and not is_forced and may_stop(logit_rows)
+                    and gain * weighed_s <= DRAFT_GAIN_MARGIN * row_s * expected_tokens):
                 break
             granted[pick] += 1
             expected_tokens += gain
             predicted_s += added_s
-            weighed_s += DRAFT_GAIN_MARGIN * added_s
+            weighed_s += DRAFT_GAIN_MARGIN * net_s
             left -= 1
             rows += 1
             logit_rows += not is_forced
@@ -367,7 +374,7 @@ def _a_certain_draft_pays(cost: StepCost, outputs: int, rows: int, row_s: float 
 
 
 def _kept_after_forced(gains: list[float], forced: tuple[bool, ...]) -> list[float]:
-    """A forced drafted token is kept whenever the one before it is: its expected gain is that one's."""
+    """A forced drafted token is kept whenever the one before it is: its chance is that one's."""
     gains = list(gains)
     for i in range(1, min(len(gains), len(forced))):
         if forced[i]:

@@ -166,16 +166,21 @@ def test_on_repacked_weights_draft_rows_fill_blocks_of_four_output_rows():
     assert _allot([alone], FIXED_HEAVY, offered=2, row_block=4)[alone] == 2
 
 
-def test_a_forced_drafted_token_needs_no_output_row_and_costs_a_row_without_logits():
-    cost = StepCost(fixed_s=0.010, per_token_s=0.0015, per_output_s=0.0025)  # a row with logits: 0.87 of a token
+def test_a_forced_drafted_token_needs_no_output_row_and_is_worth_no_token_itself():
+    cost = StepCost(fixed_s=0.040, per_token_s=0.0005, per_output_s=0.0015)
     seq = _Seq(acceptance=0.95)
-    # Six drafted tokens, two of them forced by the grammar: four rows with logits fill a block.
-    marks = (False, True, True, False, False, False)
     gains = {seq: [0.95, 0.95, 0.95, 0.9, 0.85, 0.8]}
     step = dict(cost=cost, tokens=16, outputs=16, expected_tokens=16.0, row_block=4)
-    assert Speculator.allot(gains, **step) == {}  # 4 or 5 drafted tokens are 4 or 5 rows: no whole block pays
+    assert Speculator.allot(gains, **step) == {seq: 4}  # four rows with logits fill a block
+    # Two of the six tokens forced by the grammar: six tokens take the block's four rows.
+    marks = (False, True, True, False, False, False)
     granted = Speculator.allot(gains, **step, forced_drafts={seq: marks})
     assert granted == {seq: 6} and _ends_in_a_block(16, granted, {seq: marks})
+    # Forced tokens spare no sampling row: a draft whose rows with logits cannot pay is not
+    # carried by forced tokens after them, however likely.
+    row_heavy = StepCost(fixed_s=0.010, per_token_s=0.0015, per_output_s=0.0025)
+    run, marks = {seq: [0.95] * 12}, (False, True, True) * 4  # 4 rows with logits, 8 forced tokens
+    assert Speculator.allot(run, **{**step, "cost": row_heavy}, forced_drafts={seq: marks}) == {}
 
 
 @settings(max_examples=200, deadline=None)
