@@ -328,7 +328,7 @@ class EngineCore(SingleWriter):
         self.kv_cache.computed(seq, verified.accepted)
         self.kv_cache.drop_uncomputed(seq)
         assert self.speculator is not None and chunk.granted is not None
-        self.speculator.verified(seq, chunk.granted, verified.accepted, sum(chunk.forced))
+        self.speculator.verified(seq, chunk.granted, verified.accepted, chunk.forced)
         return verified.reason, verified.error
 
     def _jump_forward(self, seq: Sequence) -> FinishReason | None:

@@ -25,7 +25,9 @@ per-token latency target).
 Where llama.cpp repacked the weights, its kernels project a step's output rows four at a time and
 each row left over alone, rereading the whole projection: a step's output rows cost by the block.
 So the rows granted never begin a block they do not fill: they fill the block the step's own rows
-began (one stream's single row, fifteen streams'), or end on a multiple of four. A drafted token
+began (one stream's single row, fifteen streams'), or end on a multiple of four; past one block,
+the rows that fill the step's own are priced as rows without logits (the projection of their
+block is computed anyway). A drafted token
 the grammar forces needs no output row (its row before has no logits), and is kept whenever the
 token before it is; kept, it spares only its row in a later step (jump-forward feeds it there),
 not a sampling row, so it is worth no token itself: it carries the draft on to the tokens after it.
@@ -104,6 +106,8 @@ class Speculator(SingleWriter):
     _draft_rows: int = 0  # this step's with logits, and the fit's price of the step without them or its forced rows
     _undrafted_s: float = 0.0
     _forced_s: float = 0.0  # the fit's price of this step's forced rows (jump-forward's tokens)
+    _forced_row_s: float = 0.0  # and of one row without logits
+    _kept_forced: int = 0  # this step's drafted tokens the grammar forced, kept
 
     def draft(self, plan: StepPlan, kv: KvCache, cost: StepCost | None, room: int, n_ctx: int,
               limit_s: float | None, running: int = 0) -> None:
@@ -118,13 +122,15 @@ class Speculator(SingleWriter):
         # spares a sampling row and its share of the step, never these (they are fed either way).
         forced = plan.n_tokens - outputs if plan.decode_only else 0
         self._forced_s = 0.0 if cost is None else forced * cost.per_token_s
+        self._forced_row_s, self._kept_forced = (0.0 if cost is None else cost.per_token_s), 0
         if cost is None or room <= 0 or limit_s == 0.0 or self.payoff.holds_back(steady):
             return
         reference = self.payoff.plain_step(steady)
         if reference is None and steady >= PAYOFF_MIN_STREAMS and not plan.decode_only:
             return  # a step with prompt chunks is never weighed itself: it drafts only against measured plain steps
         row_s = self.row_price(cost, steady)
-        if not _a_certain_draft_pays(cost, steady, min(room, self.max_draft), row_s, reference):
+        output_rows = outputs + sum(len(scored_positions(c)) for c in plan.chunks)
+        if not self.worth_looking(cost, steady, room, row_s, reference, output_rows):
             return  # looking for drafts costs Python time on every sequence: not where none can pay
         proposals: dict[Sequence, Draft] = {}
         unproposed: dict[Sequence, int] = {}  # the draft limit of sequences the model-free sources left
@@ -142,7 +148,6 @@ class Speculator(SingleWriter):
         forced_of = {seq: self._forced(seq, draft.tokens) for seq, draft in proposals.items()}
         gains = {seq: _kept_after_forced(self.acceptance.gains(draft, self.max_draft), forced_of[seq])
                  for seq, draft in proposals.items()}
-        output_rows = outputs + sum(len(scored_positions(c)) for c in plan.chunks)
         granted = self.allot(gains, cost, plan.n_tokens, outputs, float(outputs), limit_s, room, steady, row_s,
                              reference, forced, forced_of, self.row_block, output_rows)
         self._undrafted_s = cost.seconds(plan.n_tokens - forced, outputs)
@@ -166,9 +171,12 @@ class Speculator(SingleWriter):
     def step_done(self, decode_only: bool, advanced: int, seconds: float) -> None:
         """The planned step advanced its sequences by `advanced` tokens (sampled, and drafted ones
         kept; not those jump-forward appended after them) in `seconds`; `decode_only`: it carried
-        no prompt chunk (only such steps are compared, like with like)."""
+        no prompt chunk (only such steps are compared, like with like). Kept drafted tokens the
+        grammar forced count as jump-forward's: they are its tokens, fed a step early."""
         if decode_only and self._steady is not None:
-            self.payoff.record(self._steady, advanced, seconds - self._forced_s, self._draft_rows, self._undrafted_s)
+            kept_forced_s = self._kept_forced * self._forced_row_s
+            self.payoff.record(self._steady, advanced - self._kept_forced, seconds - self._forced_s - kept_forced_s,
+                               self._draft_rows, self._undrafted_s)
         self._steady = None
 
     @staticmethod
@@ -230,6 +238,12 @@ class Speculator(SingleWriter):
                 # there), not a sampling row: worth nothing itself, it costs its row only when
                 # the draft misses before it, and carries the draft on to the tokens after it.
                 is_forced, added_s, net_s, gain = True, cost.per_token_s, cost.per_token_s * (1.0 - gain), 0.0
+            elif output_rows + logit_rows < started and output_rows >= row_block > 1:
+                # A row that fills a block the step's own rows began and projected as a matrix
+                # product: its projection is computed anyway, and its row costs what a row
+                # without logits does.
+                is_forced, added_s = False, cost.per_token_s
+                net_s = added_s
             else:
                 is_forced, added_s = False, row_s + (jump_s if logit_rows == 0 else 0.0)
                 net_s = added_s
@@ -238,7 +252,7 @@ class Speculator(SingleWriter):
             # Past the jump, rows cost alike and gains only shrink: once one does not pay, none
             # after does (but the rows that fill a block begun come together).
             if (rows and not is_forced and may_stop(logit_rows)
-                    and gain * weighed_s <= DRAFT_GAIN_MARGIN * row_s * expected_tokens):
+                    and gain * weighed_s <= DRAFT_GAIN_MARGIN * added_s * expected_tokens):
                 break
             granted[pick] += 1
             expected_tokens += gain
@@ -250,6 +264,14 @@ class Speculator(SingleWriter):
             if may_stop(logit_rows) and expected_tokens / weighed_s > best_rate:
                 best, best_rate = {seq: k for seq, k in granted.items() if k}, expected_tokens / weighed_s
         return best
+
+    def worth_looking(self, cost: StepCost, steady: int, room: int, row_s: float,
+                      reference: tuple[float, float] | None, output_rows: int) -> bool:
+        """Whether a draft sure to be kept would pay in this step: its longest at `row_s` a row,
+        or the rows that fill the block of output rows the step began (priced as allot does)."""
+        fill = -output_rows % self.row_block if output_rows >= self.row_block else 0
+        return (_a_certain_draft_pays(cost, steady, min(room, self.max_draft), row_s, reference)
+                or _a_certain_draft_pays(cost, steady, min(room, fill), cost.per_token_s, reference))
 
     def row_price(self, cost: StepCost, streams: int = 1) -> float:
         """Seconds one more row with logits adds to a step of `streams` decoding (the module
@@ -263,14 +285,15 @@ class Speculator(SingleWriter):
             accepted={s: c.accepted for s, c in self.sources.items()},
             steps_with_drafts=self.steps_with_drafts, verified_rows=self.verified_rows)
 
-    def verified(self, seq: Sequence, draft: Draft, accepted: int, forced: int = 0) -> None:
-        """A draft was checked and its first `accepted` tokens kept; `forced` of its tokens needed
-        no logits."""
+    def verified(self, seq: Sequence, draft: Draft, accepted: int, forced: tuple[bool, ...] = ()) -> None:
+        """A draft was checked and its first `accepted` tokens kept; `forced[i]`: its i-th token
+        needed no logits."""
         counts = self.sources[draft.source]
         counts.drafted += len(draft.tokens)
         counts.accepted += accepted
-        self.verified_rows += len(draft.tokens) + 1 - forced
-        self.forced_draft_tokens += forced
+        self.verified_rows += len(draft.tokens) + 1 - sum(forced)
+        self.forced_draft_tokens += sum(forced)
+        self._kept_forced += sum(forced[:accepted])
         seq.unverified_draft = None  # judged by the model instead
         self._learn(seq, draft, accepted)
         seq.drafted_tokens += len(draft.tokens)
@@ -366,7 +389,9 @@ def projection_ratio(n_vocab: int, n_embd: int, n_params: int) -> float:
 def _a_certain_draft_pays(cost: StepCost, outputs: int, rows: int, row_s: float | None = None,
                           reference: tuple[float, float] | None = None) -> bool:
     """Whether `rows` draft rows sure to be kept would pass the allotment's rule in a decode step
-    of `outputs` sequences (`reference`: its tokens and seconds as measured)."""
+    of `outputs` sequences (`reference`: its tokens and seconds as measured); none: no rows."""
+    if rows <= 0:
+        return False
     tokens, step_s = reference if reference is not None else (float(outputs), cost.seconds(outputs, outputs))
     row_s = cost.per_token_s + cost.per_output_s if row_s is None else row_s
     added_s = rows * row_s + (cost.multi_output_s if outputs == 1 else 0.0)

@@ -159,6 +159,13 @@ def test_on_repacked_weights_draft_rows_fill_blocks_of_four_output_rows():
     assert Speculator.allot({crowd[0]: [0.95]}, **step, row_block=4) == {}  # one row would begin a block alone
     # Fifteen streams and a prompt's last row: the block they began takes one draft row.
     assert Speculator.allot({crowd[0]: [0.95]}, **step, row_block=4, output_rows=15) == {crowd[0]: 1}
+    # There its projection is computed anyway: it costs a row without logits, and pays where a
+    # row of a block of its own would not.
+    row_heavy = dict(step, cost=StepCost(fixed_s=0.010, per_token_s=0.0015, per_output_s=0.0025))
+    likely = {seq: [0.9, 0.85, 0.8, 0.75] for seq in crowd[:2]}
+    assert Speculator.allot(likely, **row_heavy, row_block=4) == {}
+    filled = Speculator.allot(likely, **row_heavy, row_block=4, output_rows=13)
+    assert sum(filled.values()) == 3 and _ends_in_a_block(13, filled)
     # One stream's single row begins a block: one to three rows fill it, more go by fours.
     alone = _Seq(acceptance=0.9)
     granted = _allot([alone], FIXED_HEAVY, offered=9, row_block=4)[alone]
@@ -219,6 +226,13 @@ def test_a_step_where_no_draft_can_pay_looks_for_none():
     crowd = [_Seq(acceptance=1.0) for _ in range(16)]
     assert _allot(crowd, row_heavy) == {}  # the allotment agrees: nothing is skipped that would pay
     assert _allot(crowd[:1], row_heavy)
+    # On repacked weights, rows that fill a block of output rows the step began cost rows without
+    # logits: those can pay where the step has them.
+    repacked, plain = Speculator(max_draft=31, row_block=4), Speculator(max_draft=31)
+    price = row_heavy.per_token_s + row_heavy.per_output_s
+    assert not repacked.worth_looking(row_heavy, 16, 32, price, None, output_rows=16)
+    assert repacked.worth_looking(row_heavy, 16, 32, price, None, output_rows=15)
+    assert not plain.worth_looking(row_heavy, 16, 32, price, None, output_rows=15)
 
 
 def test_a_fit_that_cannot_tell_fixed_from_row_costs_prices_rows_by_the_projections_share():
@@ -481,6 +495,23 @@ def test_a_kept_draft_is_worth_a_sampling_row_not_the_forced_tokens_fed_in_its_s
 
 
 # ---- the measured payoff ---------------------------------------------------------------------
+def test_kept_drafted_tokens_the_grammar_forced_count_for_the_payoff_as_jump_forward_s():
+    # They are jump-forward's tokens fed a step early: a drafted step is credited with neither
+    # them nor their rows, as a plain step is not with the forced tokens it appends.
+    from engine.step_plan import StepPlan
+    cost = StepCost(fixed_s=0.010, per_token_s=0.002, per_output_s=0.003)
+    spec = Speculator(max_draft=31)
+    spec.draft(StepPlan(), None, cost, room=16, n_ctx=4096, limit_s=None, running=4)
+    seq = _Seq()
+    seq.unverified_draft, seq.drafted_tokens, seq.accepted_tokens = None, 0, 0
+    spec.verified(seq, Draft((5, 6, 7, 8), PROMPT_LOOKUP, 4), 3, (False, True, True, False))
+    spec.step_done(True, advanced=8, seconds=0.050)
+    plain = spec.payoff.plain[4]
+    assert plain.tokens.value == 8 - 2  # two forced tokens kept
+    assert plain.seconds.value == pytest.approx(0.050 - 2 * cost.per_token_s)
+    assert spec.forced_draft_tokens == 2 and spec.verified_rows == 4 + 1 - 2
+
+
 def test_drafts_stop_where_drafted_steps_made_fewer_tokens_per_second_and_are_tried_again_later():
     payoff = DraftPayoff()
     for _ in range(PAYOFF_MIN_STEPS):
