@@ -27,10 +27,12 @@ each row left over alone, rereading the whole projection: a step's output rows c
 So the rows granted never begin a block they do not fill: they fill the block the step's own rows
 began (one stream's single row, fifteen streams'), or end on a multiple of four; past one block,
 the rows that fill the step's own are priced as rows without logits (the projection of their
-block is computed anyway). A drafted token
-the grammar forces needs no output row (its row before has no logits), and is kept whenever the
-token before it is; kept, it spares only its row in a later step (jump-forward feeds it there),
-not a sampling row, so it is worth no token itself: it carries the draft on to the tokens after it.
+block is computed anyway).
+
+A drafted token the grammar forces needs no output row (the row before it has no logits), and is
+kept whenever the token before it is. Kept, it spares only its row in a later step (jump-forward
+feeds it there), not a sampling row: it is worth no token itself, and carries the draft on to the
+tokens after it.
 
 A draft row's price is the fit's cost of one more row with logits, but never less than its token
 cost plus the output projection's share in proportion to the model's weights (per token, the
@@ -199,10 +201,10 @@ class Speculator(SingleWriter):
         that jump-forward appended; a kept draft token spares none of them, so they count in the
         step's predicted seconds but not in what a token is worth. `forced_drafts[seq][i]`: the
         grammar forces the sequence's i-th drafted token, so the row before it needs no logits.
-        `row_block`: the projection multiplies this many output rows at
-        once and each row left over alone, so what is granted never starts a block of the step's
-        output rows (`output_rows`, default `outputs`) that it does not fill: it fills the block the
-        step's own rows started, or ends on a multiple of the block."""
+        `row_block`: the projection multiplies this many output rows at once and each row left
+        over alone, so what is granted never begins a block of the step's output rows
+        (`output_rows`, default `outputs`) that it does not fill: it fills the block the step's
+        own rows began, or ends on a multiple of the block."""
         row_s = cost.per_token_s + cost.per_output_s if row_s is None else row_s
         forced_drafts = forced_drafts or {}
         output_rows = outputs if output_rows is None else output_rows
