@@ -107,9 +107,9 @@ class Speculator(SingleWriter):
     _steady: int | None = None  # this step's count of admitted sequences, once the step was considered
     _draft_rows: int = 0  # this step's with logits, and the fit's price of the step without them or its forced rows
     _undrafted_s: float = 0.0
-    _forced_s: float = 0.0  # the fit's price of this step's forced rows (jump-forward's tokens)
-    _forced_row_s: float = 0.0  # and of one row without logits
-    _kept_forced: int = 0  # this step's drafted tokens the grammar forced, kept
+    _forced_rows: int = 0  # this step's rows of tokens jump-forward appended,
+    _kept_forced: int = 0  # and of drafted tokens the grammar forced, kept
+    _forced_row_s: float = 0.0  # the fit's price of a row without logits
 
     def draft(self, plan: StepPlan, kv: KvCache, cost: StepCost | None, room: int, n_ctx: int,
               limit_s: float | None, running: int = 0) -> None:
@@ -123,8 +123,8 @@ class Speculator(SingleWriter):
         # Tokens jump-forward appended, fed before their sequence's sampling row: a kept draft
         # spares a sampling row and its share of the step, never these (they are fed either way).
         forced = plan.n_tokens - outputs if plan.decode_only else 0
-        self._forced_s = 0.0 if cost is None else forced * cost.per_token_s
-        self._forced_row_s, self._kept_forced = (0.0 if cost is None else cost.per_token_s), 0
+        self._forced_rows, self._kept_forced = forced, 0
+        self._forced_row_s = 0.0 if cost is None else cost.per_token_s
         if cost is None or room <= 0 or limit_s == 0.0 or self.payoff.holds_back(steady):
             return
         reference = self.payoff.plain_step(steady)
@@ -176,9 +176,9 @@ class Speculator(SingleWriter):
         no prompt chunk (only such steps are compared, like with like). Kept drafted tokens the
         grammar forced count as jump-forward's: they are its tokens, fed a step early."""
         if decode_only and self._steady is not None:
-            kept_forced_s = self._kept_forced * self._forced_row_s
-            self.payoff.record(self._steady, advanced - self._kept_forced, seconds - self._forced_s - kept_forced_s,
-                               self._draft_rows, self._undrafted_s)
+            forced_s = (self._forced_rows + self._kept_forced) * self._forced_row_s
+            self.payoff.record(self._steady, advanced - self._kept_forced, seconds - forced_s, self._draft_rows,
+                               self._undrafted_s)
         self._steady = None
 
     @staticmethod
@@ -209,6 +209,7 @@ class Speculator(SingleWriter):
         forced_drafts = forced_drafts or {}
         output_rows = outputs if output_rows is None else output_rows
         started = -(-output_rows // row_block) * row_block  # the output rows the step's blocks hold
+        fill = _fill_rows(output_rows, row_block)
 
         def may_stop(rows_with_logits: int) -> bool:
             end = output_rows + rows_with_logits
@@ -235,19 +236,16 @@ class Speculator(SingleWriter):
             pick = max(open_, key=lambda s: (s.request.priority is Priority.INTERACTIVE, gains[s][granted[s]]))
             gain = gains[pick][granted[pick]]
             marks = forced_drafts.get(pick, ())
-            if granted[pick] < len(marks) and marks[granted[pick]]:
+            is_forced = granted[pick] < len(marks) and marks[granted[pick]]
+            if is_forced:
                 # A forced token kept spares its row in a later step (jump-forward would feed it
                 # there), not a sampling row: worth nothing itself, it costs its row only when
                 # the draft misses before it, and carries the draft on to the tokens after it.
-                is_forced, added_s, net_s, gain = True, cost.per_token_s, cost.per_token_s * (1.0 - gain), 0.0
-            elif output_rows + logit_rows < started and output_rows >= row_block > 1:
-                # A row that fills a block the step's own rows began and projected as a matrix
-                # product: its projection is computed anyway, and its row costs what a row
-                # without logits does.
-                is_forced, added_s = False, cost.per_token_s
-                net_s = added_s
+                added_s, net_s, gain = cost.per_token_s, cost.per_token_s * (1.0 - gain), 0.0
             else:
-                is_forced, added_s = False, row_s + (jump_s if logit_rows == 0 else 0.0)
+                # A row that fills a block the step's own rows began costs what a row without
+                # logits does: that block's projection is computed anyway.
+                added_s = cost.per_token_s if logit_rows < fill else row_s + (jump_s if logit_rows == 0 else 0.0)
                 net_s = added_s
             if limit_s is not None and predicted_s + added_s > limit_s:
                 break
@@ -271,7 +269,7 @@ class Speculator(SingleWriter):
                       reference: tuple[float, float] | None, output_rows: int) -> bool:
         """Whether a draft sure to be kept would pay in this step: its longest at `row_s` a row,
         or the rows that fill the block of output rows the step began (priced as allot does)."""
-        fill = -output_rows % self.row_block if output_rows >= self.row_block else 0
+        fill = _fill_rows(output_rows, self.row_block)
         return (_a_certain_draft_pays(cost, steady, min(room, self.max_draft), row_s, reference)
                 or _a_certain_draft_pays(cost, steady, min(room, fill), cost.per_token_s, reference))
 
@@ -398,6 +396,12 @@ def _a_certain_draft_pays(cost: StepCost, outputs: int, rows: int, row_s: float 
     row_s = cost.per_token_s + cost.per_output_s if row_s is None else row_s
     added_s = rows * row_s + (cost.multi_output_s if outputs == 1 else 0.0)
     return (tokens + rows) / (step_s + DRAFT_GAIN_MARGIN * added_s) > tokens / step_s
+
+
+def _fill_rows(output_rows: int, row_block: int) -> int:
+    """Rows with logits that fill the last block a step's own output rows began, where those
+    already make a matrix product (a block or more); 0 where blocks are one row."""
+    return -output_rows % row_block if output_rows >= row_block else 0
 
 
 def _kept_after_forced(gains: list[float], forced: tuple[bool, ...]) -> list[float]:
